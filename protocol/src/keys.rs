@@ -1,0 +1,166 @@
+//! Redis key names for one cluster, and the ack format.
+//!
+//! All keys of cluster `C` share the hash tag `{C}` so they live in one Redis Cluster slot and a
+//! MULTI/EXEC or Lua script may touch them together:
+//!
+//! ```text
+//! brownout:{C}:state    hash     epoch, version, command (JSON), sig
+//! brownout:{C}:notify   channel  "<epoch>:<version>"
+//! brownout:{C}:log      stream   every command (MAXLEN ~ 10000)
+//! brownout:{C}:acks     hash     instance id -> Ack
+//! brownout:{C}:leader   string   "<replica id>:<fencing token>" with PX expiry
+//! ```
+
+use std::fmt;
+
+/// A cluster name that is not usable inside a Redis hash tag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cluster name {0:?} is invalid: use 1-64 characters from A-Z a-z 0-9 . _ -")]
+pub struct ClusterNameError(pub String);
+
+/// The Redis keys of one cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisKeys {
+    cluster: String,
+}
+
+impl RedisKeys {
+    /// # Errors
+    /// [`ClusterNameError`] when the name is empty, too long, or holds characters (such as `{`,
+    /// `}` or `:`) that would break the hash tag or the key layout.
+    pub fn new(cluster: &str) -> Result<RedisKeys, ClusterNameError> {
+        let ok = !cluster.is_empty()
+            && cluster.len() <= 64
+            && cluster.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if ok { Ok(RedisKeys { cluster: cluster.to_string() }) } else { Err(ClusterNameError(cluster.into())) }
+    }
+
+    pub fn cluster(&self) -> &str {
+        &self.cluster
+    }
+    fn key(&self, suffix: &str) -> String {
+        format!("brownout:{{{}}}:{}", self.cluster, suffix)
+    }
+    pub fn state(&self) -> String {
+        self.key("state")
+    }
+    pub fn notify(&self) -> String {
+        self.key("notify")
+    }
+    pub fn log(&self) -> String {
+        self.key("log")
+    }
+    pub fn acks(&self) -> String {
+        self.key("acks")
+    }
+    pub fn leader(&self) -> String {
+        self.key("leader")
+    }
+    /// The counter the publisher increments for versions.
+    pub fn version_counter(&self) -> String {
+        self.key("version")
+    }
+    /// The counter that hands out leader epochs (fencing tokens).
+    pub fn epoch_counter(&self) -> String {
+        self.key("epoch")
+    }
+}
+
+/// The `notify` payload: `"<epoch>:<version>"`.
+pub fn notify_payload(epoch: u64, version: u64) -> String {
+    format!("{epoch}:{version}")
+}
+
+/// Parses a `notify` payload.
+pub fn parse_notify(s: &str) -> Option<(u64, u64)> {
+    let (e, v) = s.split_once(':')?;
+    Some((e.parse().ok()?, v.parse().ok()?))
+}
+
+/// What a serving instance wrote in the acks hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ack {
+    /// `"<epoch>:<version>:<applied_at_ms>"`
+    Applied { epoch: u64, version: u64, applied_at_ms: u64 },
+    /// `"nack:<epoch>:<version>:<at_ms>:<reason>"`
+    Refused { epoch: u64, version: u64, at_ms: u64, reason: String },
+}
+
+/// An acks-hash value that is neither form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed ack {0:?}")]
+pub struct AckParseError(pub String);
+
+impl fmt::Display for Ack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ack::Applied { epoch, version, applied_at_ms } => {
+                write!(f, "{epoch}:{version}:{applied_at_ms}")
+            }
+            Ack::Refused { epoch, version, at_ms, reason } => {
+                write!(f, "nack:{epoch}:{version}:{at_ms}:{reason}")
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for Ack {
+    type Err = AckParseError;
+    fn from_str(s: &str) -> Result<Ack, AckParseError> {
+        let err = || AckParseError(s.to_string());
+        if let Some(rest) = s.strip_prefix("nack:") {
+            let mut it = rest.splitn(4, ':');
+            let epoch = it.next().and_then(|x| x.parse().ok()).ok_or_else(err)?;
+            let version = it.next().and_then(|x| x.parse().ok()).ok_or_else(err)?;
+            let at_ms = it.next().and_then(|x| x.parse().ok()).ok_or_else(err)?;
+            let reason = it.next().unwrap_or("").to_string();
+            return Ok(Ack::Refused { epoch, version, at_ms, reason });
+        }
+        let mut it = s.split(':');
+        let mut num = || it.next().and_then(|x| x.parse::<u64>().ok()).ok_or_else(err);
+        let (epoch, version, applied_at_ms) = (num()?, num()?, num()?);
+        if it.next().is_some() {
+            return Err(err());
+        }
+        Ok(Ack::Applied { epoch, version, applied_at_ms })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_one_hash_tag() {
+        let k = RedisKeys::new("prod").unwrap();
+        for key in [k.state(), k.notify(), k.log(), k.acks(), k.leader(), k.version_counter()] {
+            assert!(key.starts_with("brownout:{prod}:"), "{key}");
+        }
+        assert_eq!(k.state(), "brownout:{prod}:state");
+    }
+
+    #[test]
+    fn cluster_names_that_break_the_tag_are_refused() {
+        for bad in ["", "a{b", "a}b", "a:b", "sp ace", &"x".repeat(65)] {
+            assert!(RedisKeys::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(RedisKeys::new("eu-west_1.a").is_ok());
+    }
+
+    #[test]
+    fn acks_round_trip() {
+        let a = Ack::Applied { epoch: 3, version: 1042, applied_at_ms: 17 };
+        assert_eq!(a.to_string(), "3:1042:17");
+        assert_eq!("3:1042:17".parse::<Ack>().unwrap(), a);
+        let n = Ack::Refused { epoch: 3, version: 9, at_ms: 5, reason: "bad signature: x:y".into() };
+        assert_eq!(n.to_string().parse::<Ack>().unwrap(), n);
+        assert!("3:x:1".parse::<Ack>().is_err());
+        assert!("1:2:3:4".parse::<Ack>().is_err());
+    }
+
+    #[test]
+    fn notify_round_trips() {
+        assert_eq!(parse_notify(&notify_payload(4, 99)), Some((4, 99)));
+        assert_eq!(parse_notify("4"), None);
+    }
+}

@@ -1,0 +1,32 @@
+//! Wire types shared by the three brownout processes.
+//!
+//! This crate owns every byte that crosses a process boundary:
+//!
+//! - [`command`]: the degradation command the control plane publishes (ARCHITECTURE.md §3),
+//!   its tiers, criticalities, feature states and shed parameters;
+//! - [`signing`]: HMAC-SHA256 over a command's exact JSON bytes, verified in constant time;
+//! - [`keys`]: the Redis key names of one cluster (all share the hash tag `{cluster}`) and the
+//!   ack format written to the acks hash;
+//! - [`failure`]: the failure event (NDJSON ingest and OTLP-derived) and category inference;
+//! - [`snapshot`]: the gpu-agent snapshot (GPUs and engines, KV fragmentation ratios).
+//!
+//! It has no IO and no async: everything here is a value, a parser or a pure function.
+
+pub mod command;
+pub mod failure;
+pub mod keys;
+pub mod signing;
+pub mod snapshot;
+
+pub use command::{
+    Command, Criticality, FeatureState, FeatureStatus, Limits, Reason, Shed, Tier, TierParseError,
+};
+pub use failure::{Category, FailureEvent, FailureParseError};
+pub use keys::{Ack, AckParseError, ClusterNameError, RedisKeys, notify_payload, parse_notify};
+pub use signing::{SignedCommand, VerifyError, sign, verify};
+pub use snapshot::{AgentSnapshot, EngineStats, GpuStats, KvStats};
+
+/// Milliseconds since the Unix epoch, the time unit of every wire type.
+pub fn now_ms() -> u64 {
+    u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0)
+}

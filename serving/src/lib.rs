@@ -1,0 +1,19 @@
+//! brownout's bundled serving tier.
+//!
+//! ```text
+//!  api/ (OpenAI-compatible HTTP, /metrics, /debug/kv, /v1/features)
+//!    │ requests (criticality, feature)          ▲ degradation state
+//!    v                                           │
+//!  scheduler/ (continuous batching, chunked prefill, preemption)   control/ (Redis subscriber,
+//!    │ batches of sequence chunks                                   signed commands, acks)
+//!    v
+//!  model/ (GGUF, tokenizer, Llama forward on CPU or CUDA) ── reads/writes K/V through block tables
+//!    │
+//!  kvcache/ (pure: block pool, prefix cache, block tables, fragmentation ratios)
+//! ```
+
+pub mod api;
+pub mod control;
+pub mod kvcache;
+pub mod model;
+pub mod scheduler;

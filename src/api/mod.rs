@@ -1,0 +1,1 @@
+//! api (placeholder until its issue lands).

@@ -1,0 +1,1 @@
+//! degrade (placeholder until its issue lands).

@@ -1,0 +1,1 @@
+//! ingest (placeholder until its issue lands).

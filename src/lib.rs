@@ -1,0 +1,26 @@
+//! brownout's control plane.
+//!
+//! Data flows left to right (ARCHITECTURE.md §1):
+//!
+//! ```text
+//! ingest (OTLP, NDJSON, snapshots, webhooks) ─> store (ClickHouse | SQLite)
+//!                                               ├─> patterns  (template mining + clustering)
+//!                                               ├─> slo       (budgets, burn rates, alerts)
+//!                                               └─> degrade   (policy, leader lease, Redis publish)
+//! web (UI, JSON API, /metrics) and report (weekly roadmap) read from all of them.
+//! ```
+//!
+//! `serve` wires them into one process; `demo` adds serving engines, simulated gpu-agents and the
+//! load generator; `loadgen` drives any OpenAI-compatible endpoint.
+
+pub mod api;
+pub mod degrade;
+pub mod demo;
+pub mod ingest;
+pub mod loadgen;
+pub mod patterns;
+pub mod report;
+pub mod serve;
+pub mod slo;
+pub mod store;
+pub mod web;

@@ -1,0 +1,1 @@
+//! store (placeholder until its issue lands).

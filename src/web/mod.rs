@@ -1,0 +1,1 @@
+//! web (placeholder until its issue lands).
