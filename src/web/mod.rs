@@ -1,1 +1,602 @@
-//! web (placeholder until its issue lands).
+//! The built-in web UI: server-rendered pages over view models, readable without JavaScript.
+//!
+//! - [`model`]: the view-model structs of every page and the [`UiDataSource`] trait the process
+//!   wiring implements over the real components (store, patterns, SLO engine, degrade, agents);
+//! - [`demo`]: [`DemoDataSource`], fixed realistic sample data for tests and screenshots;
+//! - [`chart`]: SVG sparklines, line charts with thresholds, tier timelines, gauge bars;
+//! - this file: [`router`], the Tera templates (`templates/web/*.html`, embedded at compile time),
+//!   the formatting filters and the error page.
+//!
+//! Pages: `/` overview → `/services/{service}` → `/services/{service}/instances/{instance}` (its
+//! logs) is seed 003's three-level drill-down, one click per level; `/hosts`, `/hosts/{host}`,
+//! `/patterns`, `/slos`, `/degradation`, `/debug/resource` (seed 001's console). Every view is
+//! also served as JSON under `/ui/api/...`; the only script (`/static/brownout.js`) polls
+//! `/ui/api/overview` to keep the tier badges live, writing text only (`textContent`).
+//!
+//! Escaping: Tera autoescapes every `.html` template; the only `| safe` output is SVG built by
+//! [`chart`], which escapes its own text. Links to traces are rendered only for `http(s)://`
+//! URLs. A strict Content-Security-Policy (no inline script) is a second fence, not the first.
+
+pub mod chart;
+pub mod demo;
+pub mod model;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Json, Response};
+use axum::routing::get;
+use serde::Serialize;
+use serde_json::Value;
+
+pub use demo::{DemoDataSource, Vocabulary};
+pub use model::*;
+
+use chart::{LineOpts, Severity, Threshold, YFormat};
+
+/// The templates, embedded so the binary does not depend on its working directory.
+const TEMPLATES: &[(&str, &str)] = &[
+    ("base.html", include_str!("../../templates/web/base.html")),
+    (
+        "macros.html",
+        include_str!("../../templates/web/macros.html"),
+    ),
+    (
+        "overview.html",
+        include_str!("../../templates/web/overview.html"),
+    ),
+    ("hosts.html", include_str!("../../templates/web/hosts.html")),
+    ("host.html", include_str!("../../templates/web/host.html")),
+    (
+        "service.html",
+        include_str!("../../templates/web/service.html"),
+    ),
+    (
+        "instance.html",
+        include_str!("../../templates/web/instance.html"),
+    ),
+    (
+        "patterns.html",
+        include_str!("../../templates/web/patterns.html"),
+    ),
+    ("slos.html", include_str!("../../templates/web/slos.html")),
+    (
+        "degradation.html",
+        include_str!("../../templates/web/degradation.html"),
+    ),
+    (
+        "resource.html",
+        include_str!("../../templates/web/resource.html"),
+    ),
+    ("error.html", include_str!("../../templates/web/error.html")),
+];
+const CSS: &str = include_str!("../../templates/web/static/brownout.css");
+const JS: &str = include_str!("../../templates/web/static/brownout.js");
+
+/// Sent with every response: no inline script, nothing from elsewhere.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+                   connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// Seed 003's KV alert thresholds (P2 at 85 %, P1 at 92 %) and seed 000's VRAM watermark.
+const KV_WARN: f64 = 0.85;
+const KV_CRIT: f64 = 0.92;
+const VRAM_WARN: f64 = 0.75;
+/// The TTFT SLO (seed 001: basic Q&A under 2 s is P0).
+const TTFT_SLO_S: f64 = 2.0;
+
+#[derive(Clone)]
+struct AppState {
+    source: Arc<dyn UiDataSource>,
+    tera: Arc<tera::Tera>,
+}
+
+/// Builds the Tera instance with the embedded templates, filters and chart functions.
+///
+/// # Panics
+/// If an embedded template does not parse: a build defect, caught by every web test.
+pub fn templates() -> tera::Tera {
+    let mut t = tera::Tera::default();
+    t.add_raw_templates(TEMPLATES.iter().copied())
+        .unwrap_or_else(|e| panic!("embedded web templates must parse: {e:?}"));
+    t.autoescape_on(vec![".html"]);
+    t.register_filter("pct", filter_pct);
+    t.register_filter("num", filter_num);
+    t.register_filter("secs", filter_secs);
+    t.register_filter("gib", filter_gib);
+    t.register_filter("clock", filter_clock);
+    t.register_filter("ago", filter_ago);
+    t.register_filter("http_url", filter_http_url);
+    t.register_filter("path", filter_path);
+    t.register_function("gauge", fn_gauge);
+    t.register_function("spark", fn_spark);
+    t
+}
+
+/// The UI router over `source`. Mount it at the root of the control plane's HTTP server.
+pub fn router(source: Arc<dyn UiDataSource>) -> Router {
+    let state = AppState {
+        source,
+        tera: Arc::new(templates()),
+    };
+    Router::new()
+        .route("/", get(overview))
+        .route("/hosts", get(hosts))
+        .route("/hosts/{host}", get(host))
+        .route("/services/{service}", get(service))
+        .route("/services/{service}/instances/{instance}", get(instance))
+        .route("/patterns", get(patterns))
+        .route("/slos", get(slos))
+        .route("/degradation", get(degradation))
+        .route("/debug/resource", get(resource))
+        .route("/ui/api/overview", get(api_overview))
+        .route("/ui/api/hosts", get(api_hosts))
+        .route("/ui/api/patterns", get(api_patterns))
+        .route("/ui/api/slos", get(api_slos))
+        .route("/ui/api/degradation", get(api_degradation))
+        .route("/ui/api/resource", get(api_resource))
+        .route(
+            "/static/brownout.css",
+            get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], CSS) }),
+        )
+        .route(
+            "/static/brownout.js",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+                    JS,
+                )
+            }),
+        )
+        .fallback(not_found)
+        .layer(axum::middleware::map_response(security_headers))
+        .with_state(state)
+}
+
+async fn security_headers(mut res: Response) -> Response {
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    res
+}
+
+// ---- errors -----------------------------------------------------------------------------------
+
+/// Everything a page handler can fail with; renders itself as an HTML error page.
+enum PageError {
+    Ui(UiError),
+    /// A template failed to render: a defect. Logged; the client sees a generic page.
+    Render(tera::Error),
+    NoRoute,
+}
+
+impl From<UiError> for PageError {
+    fn from(e: UiError) -> Self {
+        PageError::Ui(e)
+    }
+}
+
+impl PageError {
+    fn parts(&self) -> (StatusCode, &'static str, String) {
+        match self {
+            PageError::Ui(e @ UiError::NotFound { .. }) => {
+                (StatusCode::NOT_FOUND, "not_found", e.to_string())
+            }
+            PageError::Ui(UiError::Unavailable { component, .. }) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                format!("{component} is unavailable right now; try again shortly"),
+            ),
+            PageError::Render(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "render_failed",
+                "this page could not be rendered".into(),
+            ),
+            PageError::NoRoute => (StatusCode::NOT_FOUND, "not_found", "no such page".into()),
+        }
+    }
+}
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        match &self {
+            PageError::Ui(UiError::Unavailable { component, detail }) => {
+                tracing::warn!(component, detail, "ui data source unavailable")
+            }
+            PageError::Render(e) => tracing::error!(error = ?e, "ui template failed to render"),
+            _ => {}
+        }
+        let (status, code, message) = self.parts();
+        let mut ctx = tera::Context::new();
+        ctx.insert("status", &status.as_u16());
+        ctx.insert("code", code);
+        ctx.insert("message", &message);
+        ctx.insert("page", "error");
+        let body = ERROR_TERA
+            .render("error.html", &ctx)
+            .unwrap_or_else(|_| "error".into());
+        (status, Html(body)).into_response()
+    }
+}
+
+static ERROR_TERA: std::sync::LazyLock<tera::Tera> = std::sync::LazyLock::new(templates);
+
+/// JSON endpoints answer errors as `{"code", "message"}`.
+struct ApiError(UiError);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code, message) = PageError::Ui(self.0).parts();
+        (
+            status,
+            Json(serde_json::json!({"code": code, "message": message})),
+        )
+            .into_response()
+    }
+}
+
+async fn not_found() -> PageError {
+    PageError::NoRoute
+}
+
+type Page = Result<Html<String>, PageError>;
+
+fn render(st: &AppState, name: &str, page: &str, view: &impl Serialize, extra: Value) -> Page {
+    let mut ctx = tera::Context::from_serialize(view).map_err(PageError::Render)?;
+    ctx.insert("page", page);
+    if let Value::Object(m) = extra {
+        for (k, v) in m {
+            ctx.insert(k, &v);
+        }
+    }
+    st.tera
+        .render(name, &ctx)
+        .map(Html)
+        .map_err(PageError::Render)
+}
+
+// ---- pages ------------------------------------------------------------------------------------
+
+async fn overview(State(st): State<AppState>) -> Page {
+    let v = st.source.overview().await?;
+    render(&st, "overview.html", "overview", &v, Value::Null)
+}
+
+async fn hosts(State(st): State<AppState>) -> Page {
+    let v = st.source.hosts().await?;
+    render(&st, "hosts.html", "hosts", &v, Value::Null)
+}
+
+async fn host(State(st): State<AppState>, Path(name): Path<String>) -> Page {
+    let v = st.source.host(&name).await?;
+    let vram = chart::line_chart(
+        &[model::Series {
+            name: "max VRAM used".into(),
+            points: v.vram_series.clone(),
+        }],
+        &LineOpts {
+            y_range: Some((0.0, 1.0)),
+            y_format: YFormat::Percent,
+            thresholds: vec![Threshold {
+                value: VRAM_WARN,
+                label: "75% watermark".into(),
+                severity: Severity::Warn,
+            }],
+            title: "VRAM used, last hour".into(),
+            ..LineOpts::default()
+        },
+    );
+    let kv = chart::line_chart(
+        &v.kv_series,
+        &LineOpts {
+            y_range: Some((0.0, 1.0)),
+            y_format: YFormat::Percent,
+            thresholds: kv_thresholds(),
+            title: "KV-cache usage per engine, last hour".into(),
+            ..LineOpts::default()
+        },
+    );
+    let queue = chart::line_chart(
+        &[model::Series {
+            name: "waiting requests".into(),
+            points: v.queue_series.clone(),
+        }],
+        &LineOpts {
+            title: "Queue depth, last hour".into(),
+            ..LineOpts::default()
+        },
+    );
+    render(
+        &st,
+        "host.html",
+        "hosts",
+        &v,
+        serde_json::json!({"charts": {"vram": vram, "kv": kv, "queue": queue}}),
+    )
+}
+
+fn kv_thresholds() -> Vec<Threshold> {
+    vec![
+        Threshold {
+            value: KV_WARN,
+            label: "85% P2".into(),
+            severity: Severity::Warn,
+        },
+        Threshold {
+            value: KV_CRIT,
+            label: "92% P1".into(),
+            severity: Severity::Crit,
+        },
+    ]
+}
+
+async fn service(State(st): State<AppState>, Path(name): Path<String>) -> Page {
+    let v = st.source.service(&name).await?;
+    let err = chart::line_chart(
+        &[model::Series {
+            name: "error ratio".into(),
+            points: v.service.error_trend.clone(),
+        }],
+        &LineOpts {
+            y_format: YFormat::Percent,
+            title: "Error ratio, last hour".into(),
+            ..LineOpts::default()
+        },
+    );
+    render(
+        &st,
+        "service.html",
+        "overview",
+        &v,
+        serde_json::json!({"charts": {"errors": err}}),
+    )
+}
+
+async fn instance(
+    State(st): State<AppState>,
+    Path((service, inst)): Path<(String, String)>,
+) -> Page {
+    let v = st.source.instance(&service, &inst).await?;
+    render(&st, "instance.html", "overview", &v, Value::Null)
+}
+
+async fn patterns(State(st): State<AppState>) -> Page {
+    let v = st.source.patterns().await?;
+    render(&st, "patterns.html", "patterns", &v, Value::Null)
+}
+
+async fn slos(State(st): State<AppState>) -> Page {
+    let v = st.source.slos().await?;
+    let charts: Vec<chart::Svg> = v
+        .slos
+        .iter()
+        .map(|s| {
+            chart::line_chart(
+                &[model::Series {
+                    name: "budget remaining".into(),
+                    points: s.budget_series.clone(),
+                }],
+                &LineOpts {
+                    y_range: Some((
+                        s.budget_series.iter().map(|p| p.value).fold(0.0, f64::min),
+                        1.0,
+                    )),
+                    y_format: YFormat::Percent,
+                    thresholds: vec![
+                        Threshold {
+                            value: 0.25,
+                            label: "25% left".into(),
+                            severity: Severity::Warn,
+                        },
+                        Threshold {
+                            value: 0.0,
+                            label: "budget spent".into(),
+                            severity: Severity::Crit,
+                        },
+                    ],
+                    title: format!(
+                        "{}: error budget burn-down over {}",
+                        s.summary.name, s.period
+                    ),
+                    ..LineOpts::default()
+                },
+            )
+        })
+        .collect();
+    render(
+        &st,
+        "slos.html",
+        "slos",
+        &v,
+        serde_json::json!({"charts": charts}),
+    )
+}
+
+async fn degradation(State(st): State<AppState>) -> Page {
+    let v = st.source.degradation().await?;
+    let charts: Vec<chart::Svg> = v
+        .clusters
+        .iter()
+        .map(|c| chart::tier_timeline(&c.timeline, c.window_start_ms, c.window_end_ms, 900))
+        .collect();
+    render(
+        &st,
+        "degradation.html",
+        "degradation",
+        &v,
+        serde_json::json!({"charts": charts}),
+    )
+}
+
+async fn resource(State(st): State<AppState>) -> Page {
+    let v = st.source.resource().await?;
+    render(
+        &st,
+        "resource.html",
+        "resource",
+        &v,
+        serde_json::json!({"ttft_slo_s": TTFT_SLO_S}),
+    )
+}
+
+// ---- JSON -------------------------------------------------------------------------------------
+
+async fn api_overview(State(st): State<AppState>) -> Result<Json<OverviewView>, ApiError> {
+    st.source.overview().await.map(Json).map_err(ApiError)
+}
+async fn api_hosts(State(st): State<AppState>) -> Result<Json<HostsView>, ApiError> {
+    st.source.hosts().await.map(Json).map_err(ApiError)
+}
+async fn api_patterns(State(st): State<AppState>) -> Result<Json<PatternsView>, ApiError> {
+    st.source.patterns().await.map(Json).map_err(ApiError)
+}
+async fn api_slos(State(st): State<AppState>) -> Result<Json<SloView>, ApiError> {
+    st.source.slos().await.map(Json).map_err(ApiError)
+}
+async fn api_degradation(State(st): State<AppState>) -> Result<Json<DegradationView>, ApiError> {
+    st.source.degradation().await.map(Json).map_err(ApiError)
+}
+async fn api_resource(State(st): State<AppState>) -> Result<Json<ResourceView>, ApiError> {
+    st.source.resource().await.map(Json).map_err(ApiError)
+}
+
+// ---- filters and functions --------------------------------------------------------------------
+
+fn num_arg(args: &HashMap<String, Value>, key: &str, default: f64) -> f64 {
+    args.get(key).and_then(Value::as_f64).unwrap_or(default)
+}
+
+fn as_f64(v: &Value, filter: &str) -> tera::Result<f64> {
+    v.as_f64()
+        .ok_or_else(|| tera::Error::msg(format!("filter {filter} expects a number, got {v}")))
+}
+
+/// `0.853 | pct` → `85.3%` (`digits`, default 1).
+fn filter_pct(v: &Value, args: &HashMap<String, Value>) -> tera::Result<Value> {
+    let x = as_f64(v, "pct")?;
+    let d = num_arg(args, "digits", 1.0) as usize;
+    Ok(Value::String(format!("{:.*}%", d, x * 100.0)))
+}
+
+/// `12.345 | num` → `12.3` (`digits`, default 1).
+fn filter_num(v: &Value, args: &HashMap<String, Value>) -> tera::Result<Value> {
+    let x = as_f64(v, "num")?;
+    let d = num_arg(args, "digits", 1.0) as usize;
+    Ok(Value::String(format!("{x:.d$}")))
+}
+
+/// Seconds as `340 ms` or `2.70 s`.
+fn filter_secs(v: &Value, _: &HashMap<String, Value>) -> tera::Result<Value> {
+    Ok(Value::String(YFormat::Seconds.fmt(as_f64(v, "secs")?)))
+}
+
+/// Bytes as GiB with one decimal.
+fn filter_gib(v: &Value, _: &HashMap<String, Value>) -> tera::Result<Value> {
+    Ok(Value::String(format!(
+        "{:.1} GiB",
+        as_f64(v, "gib")? / f64::from(1u32 << 30)
+    )))
+}
+
+/// Unix ms as `HH:MM:SS` UTC.
+fn filter_clock(v: &Value, _: &HashMap<String, Value>) -> tera::Result<Value> {
+    let ms = v
+        .as_i64()
+        .ok_or_else(|| tera::Error::msg("filter clock expects unix ms"))?;
+    Ok(Value::String(
+        chrono::DateTime::from_timestamp_millis(ms)
+            .map(|t| t.format("%H:%M:%S").to_string())
+            .unwrap_or_default(),
+    ))
+}
+
+/// Unix ms relative to `now` (unix ms): `42 s ago`, `7 min ago`, `3 h ago`, `2 d ago`.
+fn filter_ago(v: &Value, args: &HashMap<String, Value>) -> tera::Result<Value> {
+    let t = v
+        .as_f64()
+        .ok_or_else(|| tera::Error::msg("filter ago expects unix ms"))?;
+    let now = num_arg(args, "now", t);
+    let s = ((now - t) / 1000.0).max(0.0);
+    let text = if s < 90.0 {
+        format!("{s:.0} s ago")
+    } else if s < 90.0 * 60.0 {
+        format!("{:.0} min ago", s / 60.0)
+    } else if s < 36.0 * 3600.0 {
+        format!("{:.0} h ago", s / 3600.0)
+    } else {
+        format!("{:.0} d ago", s / 86_400.0)
+    };
+    Ok(Value::String(text))
+}
+
+/// Percent-encodes one path segment: everything but RFC 3986 unreserved characters, so a name
+/// with `/`, `?`, `#` or quotes stays one segment and one attribute value.
+fn filter_path(v: &Value, _: &HashMap<String, Value>) -> tera::Result<Value> {
+    let s = v
+        .as_str()
+        .ok_or_else(|| tera::Error::msg("filter path expects a string"))?;
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    Ok(Value::String(out))
+}
+
+/// The URL if it is `http://` or `https://`, else the empty string (no `javascript:` links).
+fn filter_http_url(v: &Value, _: &HashMap<String, Value>) -> tera::Result<Value> {
+    let s = v.as_str().unwrap_or("").trim();
+    let lower = s.to_ascii_lowercase();
+    let ok = (lower.starts_with("http://") || lower.starts_with("https://"))
+        && !s.chars().any(|c| c.is_control() || c.is_whitespace());
+    Ok(Value::String(if ok {
+        s.to_string()
+    } else {
+        String::new()
+    }))
+}
+
+/// `gauge(ratio=, warn=, crit=, label=, text=)`: a [`chart::gauge_bar`] (its label is escaped there).
+fn fn_gauge(args: &HashMap<String, Value>) -> tera::Result<Value> {
+    let ratio = num_arg(args, "ratio", f64::NAN);
+    let label = args.get("label").and_then(Value::as_str).unwrap_or("");
+    let text = args.get("text").and_then(Value::as_str);
+    let svg = chart::gauge_bar(
+        ratio,
+        num_arg(args, "warn", 0.8),
+        num_arg(args, "crit", 0.9),
+        label,
+        text,
+    );
+    Ok(Value::String(svg.as_str().to_string()))
+}
+
+/// `spark(points=, width=, height=)`: a [`chart::sparkline`] of `[{ts_ms, value}]`.
+fn fn_spark(args: &HashMap<String, Value>) -> tera::Result<Value> {
+    let points: Vec<Point> = match args.get("points") {
+        Some(v) => serde_json::from_value(v.clone())
+            .map_err(|e| tera::Error::msg(format!("spark points: {e}")))?,
+        None => Vec::new(),
+    };
+    let svg = chart::sparkline(
+        &points,
+        num_arg(args, "width", 120.0) as u32,
+        num_arg(args, "height", 28.0) as u32,
+    );
+    Ok(Value::String(svg.as_str().to_string()))
+}

@@ -1,0 +1,615 @@
+//! Server-rendered SVG charts: sparkline, line chart with threshold lines, tier timeline and gauge
+//! bar. No JavaScript, no external library: each function returns a finished `<svg>` element.
+//!
+//! Every piece of text that reaches the SVG (series names, labels, tooltips) goes through
+//! [`escape`]; numbers are formatted by us. So the result can be inserted into a page unescaped
+//! (`| safe` in the templates) — [`Svg`] is the only type the templates trust that way.
+
+use std::fmt::Write as _;
+
+use brownout_protocol::Tier;
+use serde::Serialize;
+
+use super::model::{Point, Series, TierChange};
+
+/// A finished SVG element. Only this module constructs it, which is what makes `| safe` sound.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Svg(String);
+
+impl Svg {
+    /// The markup.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Escapes text for HTML/SVG element content and quoted attribute values.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// How the y axis labels a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum YFormat {
+    /// 0.853 → `85%`.
+    Percent,
+    /// 1.25 → `1.25 s`.
+    Seconds,
+    /// Plain number.
+    Plain,
+}
+
+impl YFormat {
+    /// Formats `v` for an axis or tooltip.
+    pub fn fmt(self, v: f64) -> String {
+        match self {
+            YFormat::Percent => format!("{:.0}%", v * 100.0),
+            YFormat::Seconds if v < 1.0 => format!("{:.0} ms", v * 1000.0),
+            YFormat::Seconds => format!("{v:.2} s"),
+            YFormat::Plain if v.abs() >= 100.0 || v.fract() == 0.0 => format!("{v:.0}"),
+            YFormat::Plain => format!("{v:.1}"),
+        }
+    }
+}
+
+/// A horizontal reference line (an SLO target, an alert threshold).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Threshold {
+    pub value: f64,
+    pub label: String,
+    /// `warn` or `crit` (a CSS class, not user input).
+    pub severity: Severity,
+}
+
+/// Colour class of a threshold or gauge zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    Warn,
+    Crit,
+}
+
+impl Severity {
+    fn class(self) -> &'static str {
+        match self {
+            Severity::Warn => "warn",
+            Severity::Crit => "crit",
+        }
+    }
+}
+
+/// Options of [`line_chart`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineOpts {
+    pub width: u32,
+    pub height: u32,
+    /// Fixed y range; `None` fits the data (and the thresholds).
+    pub y_range: Option<(f64, f64)>,
+    pub y_format: YFormat,
+    pub thresholds: Vec<Threshold>,
+    /// Accessible name of the chart.
+    pub title: String,
+}
+
+impl Default for LineOpts {
+    fn default() -> Self {
+        LineOpts {
+            width: 560,
+            height: 180,
+            y_range: None,
+            y_format: YFormat::Plain,
+            thresholds: Vec::new(),
+            title: String::new(),
+        }
+    }
+}
+
+/// Finite values only: NaN and infinities are dropped rather than poisoning the scale.
+fn finite(points: &[Point]) -> impl Iterator<Item = &Point> {
+    points.iter().filter(|p| p.value.is_finite())
+}
+
+fn time_range<'a>(series: impl Iterator<Item = &'a Point>) -> Option<(u64, u64)> {
+    let mut lo = u64::MAX;
+    let mut hi = 0;
+    for p in series {
+        lo = lo.min(p.ts_ms);
+        hi = hi.max(p.ts_ms);
+    }
+    (lo <= hi).then_some((lo, hi))
+}
+
+/// A tiny trend line without axes (e.g. 120×28), last point marked.
+pub fn sparkline(points: &[Point], width: u32, height: u32) -> Svg {
+    let (w, h) = (f64::from(width), f64::from(height));
+    let mut s = format!(
+        r#"<svg class="spark" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="trend">"#
+    );
+    let pts: Vec<&Point> = finite(points).collect();
+    if let Some((t0, t1)) = time_range(pts.iter().copied()) {
+        let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+        for p in &pts {
+            lo = lo.min(p.value);
+            hi = hi.max(p.value);
+        }
+        if hi - lo < 1e-12 {
+            hi = lo + 1.0;
+        }
+        let x = |t: u64| {
+            if t1 == t0 {
+                w / 2.0
+            } else {
+                1.0 + (t - t0) as f64 / (t1 - t0) as f64 * (w - 4.0)
+            }
+        };
+        let y = |v: f64| 2.0 + (1.0 - (v - lo) / (hi - lo)) * (h - 4.0);
+        let mut d = String::new();
+        for (i, p) in pts.iter().enumerate() {
+            let _ = write!(
+                d,
+                "{}{:.1},{:.1}",
+                if i == 0 { "M" } else { "L" },
+                x(p.ts_ms),
+                y(p.value)
+            );
+        }
+        let _ = write!(s, r#"<path d="{d}" class="spark-line"/>"#);
+        if let Some(last) = pts.last() {
+            let _ = write!(
+                s,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="2" class="spark-dot"/>"#,
+                x(last.ts_ms),
+                y(last.value)
+            );
+        }
+    }
+    s.push_str("</svg>");
+    Svg(s)
+}
+
+fn nice_step(span: f64) -> f64 {
+    let raw = span / 4.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let norm = raw / mag;
+    let step = if norm < 1.5 {
+        1.0
+    } else if norm < 3.0 {
+        2.0
+    } else if norm < 7.0 {
+        5.0
+    } else {
+        10.0
+    };
+    step * mag
+}
+
+fn clock(ts_ms: u64) -> String {
+    chrono::DateTime::from_timestamp_millis(i64::try_from(ts_ms).unwrap_or(0))
+        .map(|t| t.format("%H:%M").to_string())
+        .unwrap_or_default()
+}
+
+/// A line chart with axes, a legend and horizontal threshold lines.
+pub fn line_chart(series: &[Series], opts: &LineOpts) -> Svg {
+    const PAD_L: f64 = 52.0;
+    const PAD_R: f64 = 12.0;
+    const PAD_T: f64 = 10.0;
+    const PAD_B: f64 = 38.0;
+    let (width, height) = (opts.width, opts.height);
+    let (w, h) = (f64::from(width), f64::from(height));
+    let (pw, ph) = (w - PAD_L - PAD_R, h - PAD_T - PAD_B);
+    let mut s = format!(
+        r#"<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{}"><title>{}</title>"#,
+        escape(&opts.title),
+        escape(&opts.title)
+    );
+    let all = || series.iter().flat_map(|se| finite(&se.points));
+    let Some((t0, t1)) = time_range(all()) else {
+        let _ = write!(
+            s,
+            r#"<text x="{:.0}" y="{:.0}" class="empty" text-anchor="middle">no data</text></svg>"#,
+            w / 2.0,
+            h / 2.0
+        );
+        return Svg(s);
+    };
+    let (lo, hi) = match opts.y_range {
+        Some(r) => r,
+        None => {
+            let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+            for v in all()
+                .map(|p| p.value)
+                .chain(opts.thresholds.iter().map(|t| t.value))
+            {
+                lo = lo.min(v);
+                hi = hi.max(v);
+            }
+            let lo = if lo >= 0.0 { 0.0 } else { lo };
+            let hi = if hi - lo < 1e-12 { lo + 1.0 } else { hi * 1.1 };
+            (lo, hi)
+        }
+    };
+    let x = |t: u64| {
+        if t1 == t0 {
+            PAD_L + pw / 2.0
+        } else {
+            PAD_L + (t - t0) as f64 / (t1 - t0) as f64 * pw
+        }
+    };
+    let y = |v: f64| PAD_T + (1.0 - ((v - lo) / (hi - lo)).clamp(-0.05, 1.05)) * ph;
+
+    // Grid and y labels.
+    let step = nice_step(hi - lo);
+    let mut v = (lo / step).ceil() * step;
+    while v <= hi + step * 1e-9 {
+        let yy = y(v);
+        let _ = write!(
+            s,
+            r#"<line x1="{PAD_L}" x2="{:.1}" y1="{yy:.1}" y2="{yy:.1}" class="grid"/><text x="{:.1}" y="{:.1}" class="axis" text-anchor="end">{}</text>"#,
+            PAD_L + pw,
+            PAD_L - 6.0,
+            yy + 4.0,
+            escape(&opts.y_format.fmt(v))
+        );
+        v += step;
+    }
+    // X labels: start, middle, end.
+    for t in [t0, t0 + (t1 - t0) / 2, t1] {
+        let _ = write!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" class="axis" text-anchor="middle">{}</text>"#,
+            x(t),
+            PAD_T + ph + 16.0,
+            clock(t)
+        );
+    }
+    // Thresholds.
+    for th in &opts.thresholds {
+        let yy = y(th.value);
+        let _ = write!(
+            s,
+            r#"<line x1="{PAD_L}" x2="{:.1}" y1="{yy:.1}" y2="{yy:.1}" class="threshold {}"><title>{}</title></line><text x="{:.1}" y="{:.1}" class="threshold-label {}" text-anchor="end">{}</text>"#,
+            PAD_L + pw,
+            th.severity.class(),
+            escape(&th.label),
+            PAD_L + pw - 2.0,
+            yy - 3.0,
+            th.severity.class(),
+            escape(&th.label)
+        );
+    }
+    // Series.
+    let mut legend_x = PAD_L;
+    for (i, se) in series.iter().enumerate() {
+        let class = format!("s{}", i % 6);
+        let mut d = String::new();
+        for (j, p) in finite(&se.points).enumerate() {
+            let _ = write!(
+                d,
+                "{}{:.1},{:.1}",
+                if j == 0 { "M" } else { "L" },
+                x(p.ts_ms),
+                y(p.value)
+            );
+        }
+        let last = finite(&se.points)
+            .last()
+            .map(|p| opts.y_format.fmt(p.value))
+            .unwrap_or_default();
+        let _ = write!(
+            s,
+            r#"<path d="{d}" class="line {class}"><title>{}: {}</title></path>"#,
+            escape(&se.name),
+            escape(&last)
+        );
+        if series.len() > 1 || !se.name.is_empty() {
+            let label = escape(&se.name);
+            let _ = write!(
+                s,
+                r#"<rect x="{legend_x:.1}" y="{:.1}" width="10" height="10" class="swatch {class}"/><text x="{:.1}" y="{:.1}" class="legend">{label}</text>"#,
+                h - 12.0,
+                legend_x + 14.0,
+                h - 3.0
+            );
+            legend_x += 24.0 + 7.0 * se.name.chars().count().min(24) as f64;
+        }
+    }
+    s.push_str("</svg>");
+    Svg(s)
+}
+
+fn tier_class(t: Tier) -> &'static str {
+    match t {
+        Tier::T0 => "t0",
+        Tier::T1 => "t1",
+        Tier::T2 => "t2",
+        Tier::T3 => "t3",
+    }
+}
+
+/// The tier over time as a stepped band: height and colour grow with the tier, each segment has
+/// a tooltip with its reason. `changes` is oldest first; each lasts until the next (the last until
+/// `end_ms`). Segments before `start_ms` are clipped.
+pub fn tier_timeline(changes: &[TierChange], start_ms: u64, end_ms: u64, width: u32) -> Svg {
+    const PAD_L: f64 = 28.0;
+    const ROW: f64 = 14.0;
+    let height = 4.0 * ROW + 24.0;
+    let w = f64::from(width);
+    let pw = w - PAD_L - 8.0;
+    let mut s = format!(
+        r#"<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height:.0}" viewBox="0 0 {width} {height:.0}" role="img" aria-label="tier timeline">"#
+    );
+    for t in Tier::ALL {
+        let yy = 4.0 + (3 - t.as_u8()) as f64 * ROW;
+        let _ = write!(
+            s,
+            r#"<text x="2" y="{:.1}" class="axis">{t}</text><line x1="{PAD_L}" x2="{:.1}" y1="{:.1}" y2="{:.1}" class="grid"/>"#,
+            yy + ROW - 3.0,
+            PAD_L + pw,
+            yy + ROW,
+            yy + ROW
+        );
+    }
+    let span = end_ms.saturating_sub(start_ms).max(1) as f64;
+    let x = |t: u64| PAD_L + (t.clamp(start_ms, end_ms) - start_ms) as f64 / span * pw;
+    for (i, c) in changes.iter().enumerate() {
+        let until = changes.get(i + 1).map_or(end_ms, |n| n.ts_ms);
+        if until <= start_ms || c.ts_ms >= end_ms {
+            continue;
+        }
+        let (x0, x1) = (x(c.ts_ms), x(until));
+        let level = f64::from(c.tier.as_u8());
+        let top = 4.0 + (3.0 - level) * ROW;
+        let bar_h = (level + 1.0) * ROW;
+        let tip = format!(
+            "{} from {} — {}{}",
+            c.tier,
+            clock(c.ts_ms),
+            c.reason.trigger,
+            if c.reason.detail.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", c.reason.detail)
+            }
+        );
+        let _ = write!(
+            s,
+            r#"<rect x="{x0:.1}" y="{top:.1}" width="{:.1}" height="{bar_h:.1}" class="tier {}"><title>{}</title></rect>"#,
+            (x1 - x0).max(1.0),
+            tier_class(c.tier),
+            escape(&tip)
+        );
+    }
+    for t in [
+        start_ms,
+        start_ms + (end_ms.saturating_sub(start_ms)) / 2,
+        end_ms,
+    ] {
+        let _ = write!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" class="axis" text-anchor="middle">{}</text>"#,
+            x(t),
+            height - 4.0,
+            clock(t)
+        );
+    }
+    s.push_str("</svg>");
+    Svg(s)
+}
+
+/// A horizontal bar for a 0–1 ratio, coloured by zone, with tick marks at `warn` and `crit` and
+/// the value (or `text`, when given) to its right.
+pub fn gauge_bar(ratio: f64, warn: f64, crit: f64, label: &str, text: Option<&str>) -> Svg {
+    const W: f64 = 178.0;
+    const BAR: f64 = 120.0;
+    const H: f64 = 14.0;
+    let r = if ratio.is_finite() {
+        ratio.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let zone = if ratio >= crit {
+        "crit"
+    } else if ratio >= warn {
+        "warn"
+    } else {
+        "ok"
+    };
+    let value = if ratio.is_finite() {
+        format!("{:.0}%", ratio * 100.0)
+    } else {
+        "n/a".into()
+    };
+    let shown = escape(text.unwrap_or(&value));
+    let label = escape(label);
+    let mut s = format!(
+        r#"<svg class="gauge" xmlns="http://www.w3.org/2000/svg" width="{W:.0}" height="{H:.0}" viewBox="0 0 {W:.0} {H:.0}" role="img" aria-label="{label}: {shown}"><title>{label}: {shown}</title><rect x="0" y="1" width="{BAR:.0}" height="{:.0}" class="gauge-bg"/><rect x="0" y="1" width="{:.1}" height="{:.0}" class="gauge-fill {zone}"/>"#,
+        H - 2.0,
+        r * BAR,
+        H - 2.0,
+    );
+    for (v, class) in [(warn, "warn"), (crit, "crit")] {
+        if (0.0..=1.0).contains(&v) {
+            let _ = write!(
+                s,
+                r#"<line x1="{0:.1}" x2="{0:.1}" y1="0" y2="{H:.0}" class="tick {class}"/>"#,
+                v * BAR
+            );
+        }
+    }
+    let _ = write!(
+        s,
+        r#"<text x="{:.0}" y="11" class="gauge-text">{shown}</text></svg>"#,
+        BAR + 6.0
+    );
+    Svg(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brownout_protocol::Reason;
+
+    fn pts(vals: &[f64]) -> Vec<Point> {
+        vals.iter()
+            .enumerate()
+            .map(|(i, v)| Point {
+                ts_ms: i as u64 * 60_000,
+                value: *v,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn escape_covers_markup_characters() {
+        assert_eq!(
+            escape(r#"<a href="x">'&'</a>"#),
+            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
+        );
+    }
+
+    #[test]
+    fn text_in_charts_is_escaped() {
+        let evil = "</text><script>alert(1)</script>";
+        let line = line_chart(
+            &[Series {
+                name: evil.into(),
+                points: pts(&[1.0, 2.0]),
+            }],
+            &LineOpts {
+                title: evil.into(),
+                thresholds: vec![Threshold {
+                    value: 1.5,
+                    label: evil.into(),
+                    severity: Severity::Crit,
+                }],
+                ..LineOpts::default()
+            },
+        );
+        let reason = Reason {
+            trigger: evil.into(),
+            detail: evil.into(),
+            ..Reason::default()
+        };
+        let tl = tier_timeline(
+            &[TierChange {
+                ts_ms: 0,
+                tier: Tier::T2,
+                reason,
+                version: 1,
+            }],
+            0,
+            10,
+            300,
+        );
+        let g = gauge_bar(0.5, 0.85, 0.92, evil, Some(evil));
+        for svg in [line, tl, g] {
+            assert!(!svg.as_str().contains("<script>"), "{}", svg.as_str());
+            assert!(svg.as_str().contains("&lt;script&gt;"));
+        }
+    }
+
+    #[test]
+    fn empty_and_non_finite_input_render_without_panicking() {
+        let empty = line_chart(&[], &LineOpts::default());
+        assert!(empty.as_str().contains("no data"));
+        let nan = sparkline(&pts(&[f64::NAN, f64::INFINITY]), 100, 20);
+        assert!(!nan.as_str().contains("NaN"));
+        let one = sparkline(&pts(&[3.0]), 100, 20);
+        assert!(one.as_str().contains("<circle"));
+        assert!(
+            gauge_bar(f64::NAN, 0.8, 0.9, "x", None)
+                .as_str()
+                .contains("n/a")
+        );
+    }
+
+    #[test]
+    fn gauge_zone_follows_thresholds() {
+        let cases = [
+            (0.5, "gauge-fill ok"),
+            (0.86, "gauge-fill warn"),
+            (0.95, "gauge-fill crit"),
+            (1.7, "gauge-fill crit"),
+        ];
+        for (ratio, class) in cases {
+            assert!(
+                gauge_bar(ratio, 0.85, 0.92, "kv", None)
+                    .as_str()
+                    .contains(class),
+                "{ratio}"
+            );
+        }
+    }
+
+    #[test]
+    fn threshold_line_sits_at_its_value() {
+        let svg = line_chart(
+            &[Series {
+                name: "p99".into(),
+                points: pts(&[0.0, 4.0]),
+            }],
+            &LineOpts {
+                height: 148,
+                y_range: Some((0.0, 4.0)),
+                thresholds: vec![Threshold {
+                    value: 2.0,
+                    label: "SLO 2 s".into(),
+                    severity: Severity::Crit,
+                }],
+                ..LineOpts::default()
+            },
+        );
+        // Plot height 100 from y=10: value 2 of 0–4 sits at y=60.
+        assert!(
+            svg.as_str()
+                .contains(r#"y1="60.0" y2="60.0" class="threshold crit""#),
+            "{}",
+            svg.as_str()
+        );
+    }
+
+    #[test]
+    fn timeline_clips_to_window_and_sizes_by_tier() {
+        let r = Reason::default();
+        let changes = [
+            TierChange {
+                ts_ms: 0,
+                tier: Tier::T1,
+                reason: r.clone(),
+                version: 1,
+            },
+            TierChange {
+                ts_ms: 500,
+                tier: Tier::T3,
+                reason: r.clone(),
+                version: 2,
+            },
+            TierChange {
+                ts_ms: 2_000,
+                tier: Tier::T0,
+                reason: r,
+                version: 3,
+            },
+        ];
+        let svg = tier_timeline(&changes, 250, 1_000, 128);
+        let s = svg.as_str();
+        assert_eq!(
+            s.matches("class=\"tier ").count(),
+            2,
+            "the change after the window is dropped"
+        );
+        assert!(s.contains("class=\"tier t1\"") && s.contains("class=\"tier t3\""));
+    }
+}
