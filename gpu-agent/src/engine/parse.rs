@@ -1,0 +1,368 @@
+//! Pure parsing of an engine's `/metrics` (Prometheus text format) and the bundled tier's
+//! `/debug/kv` JSON into [`EngineMetrics`].
+//!
+//! The text is parsed with the `prometheus-parse` crate. Its name pattern is `\w+`, which has no
+//! `:` — and every vLLM name has one (`vllm:kv_cache_usage_perc`). [`parse_metrics`] therefore
+//! swaps `:` in metric names for [`COLON`] before parsing and back afterwards; label values are
+//! left untouched.
+
+use std::collections::HashMap;
+
+use prometheus_parse::{Scrape, Value};
+use serde::Deserialize;
+
+use super::histogram::Histogram;
+
+/// What stands in for `:` in metric names while `prometheus-parse` reads them.
+const COLON: &str = "__colon__";
+
+/// Why a `/metrics` body gave nothing usable.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ParseError {
+    #[error("no vLLM (vllm:*) or brownout (brownout_kv_*, brownout_serving_*) metrics in the body")]
+    NoEngineMetrics,
+    #[error("the body is not valid Prometheus text: {0}")]
+    Text(String),
+}
+
+/// The figures the agent takes from one engine's `/metrics`. Absent metrics stay `None` so the
+/// caller can tell "zero" from "not exported".
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EngineMetrics {
+    /// `model_name` label of the vLLM series.
+    pub model: Option<String>,
+    /// `vllm:kv_cache_usage_perc`, else the deprecated `vllm:gpu_cache_usage_perc` (0–1).
+    pub kv_usage_ratio: Option<f64>,
+    /// From `vllm:cache_config_info{block_size=..}`.
+    pub block_size: Option<u32>,
+    /// `brownout_kv_blocks_total`, else `vllm:cache_config_info{num_gpu_blocks=..}`.
+    pub num_blocks_total: Option<u64>,
+    /// `brownout_kv_blocks_used`.
+    pub num_blocks_used: Option<u64>,
+    pub internal_fragmentation_ratio: Option<f64>,
+    pub reserved_unused_ratio: Option<f64>,
+    pub token_occupancy_ratio: Option<f64>,
+    pub external_fragmentation_ratio: Option<f64>,
+    /// Sums over label sets (data-parallel engines behind one server).
+    pub num_requests_running: Option<f64>,
+    pub num_requests_waiting: Option<f64>,
+    pub num_preemptions_total: Option<f64>,
+    /// `brownout_serving_tier` (bundled tier only).
+    pub tier: Option<u8>,
+    /// `vllm:time_to_first_token_seconds`, cumulative, label sets merged.
+    pub ttft: Option<Histogram>,
+    /// True when any `brownout_*` series was present: the bundled serving tier, which also
+    /// serves `/debug/kv`.
+    pub bundled: bool,
+}
+
+/// Averages a gauge over label sets; sums are kept separately.
+#[derive(Default)]
+struct Acc {
+    sum: f64,
+    n: u32,
+}
+
+impl Acc {
+    fn add(&mut self, v: f64) {
+        if v.is_finite() {
+            self.sum += v;
+            self.n += 1;
+        }
+    }
+    fn mean(&self) -> Option<f64> {
+        (self.n > 0).then(|| self.sum / f64::from(self.n))
+    }
+    fn total(&self) -> Option<f64> {
+        (self.n > 0).then_some(self.sum)
+    }
+}
+
+/// Rewrites `:` in the metric name of one exposition line (sample, `# HELP`, `# TYPE`).
+fn escape_name(line: &str) -> String {
+    let line = line.trim_start();
+    if let Some(rest) = line.strip_prefix('#') {
+        // "# HELP name doc" / "# TYPE name type": only the third token is a name.
+        let rest_trim = rest.trim_start();
+        for kw in ["HELP", "TYPE"] {
+            if let Some(after) = rest_trim.strip_prefix(kw) {
+                let after = after.trim_start();
+                let end = after.find(char::is_whitespace).unwrap_or(after.len());
+                return format!(
+                    "# {kw} {}{}",
+                    after[..end].replace(':', COLON),
+                    &after[end..]
+                );
+            }
+        }
+        return line.to_string();
+    }
+    let end = line
+        .find(|c: char| c == '{' || c.is_whitespace())
+        .unwrap_or(line.len());
+    if line[..end].contains(':') {
+        format!("{}{}", line[..end].replace(':', COLON), &line[end..])
+    } else {
+        line.to_string()
+    }
+}
+
+fn value_of(v: &Value) -> Option<f64> {
+    match v {
+        Value::Counter(x) | Value::Gauge(x) | Value::Untyped(x) => Some(*x),
+        Value::Histogram(_) | Value::Summary(_) => None,
+    }
+}
+
+/// Parses one `/metrics` body.
+///
+/// # Errors
+/// [`ParseError::NoEngineMetrics`] when the body holds no `vllm:*` and no `brownout_kv_*` /
+/// `brownout_serving_*` series (e.g. the URL points at something that is not an engine).
+pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
+    let lines = body.lines().map(|l| Ok(escape_name(l)));
+    let scrape = Scrape::parse(lines).map_err(|e| ParseError::Text(e.to_string()))?;
+
+    let mut out = EngineMetrics::default();
+    let mut kv_new = Acc::default();
+    let mut kv_old = Acc::default();
+    let (mut running, mut waiting, mut preempt) = (Acc::default(), Acc::default(), Acc::default());
+    let (mut blocks_total, mut blocks_used) = (Acc::default(), Acc::default());
+    let (mut internal, mut reserved, mut occupancy, mut external, mut tier) = (
+        Acc::default(),
+        Acc::default(),
+        Acc::default(),
+        Acc::default(),
+        Acc::default(),
+    );
+    let mut config_blocks = Acc::default();
+    let mut ttft_pairs: Vec<(f64, f64)> = Vec::new();
+    let mut seen_engine_series = false;
+
+    for sample in &scrape.samples {
+        let name = sample.metric.replace(COLON, ":");
+        let is_vllm = name.starts_with("vllm:");
+        if is_vllm {
+            seen_engine_series = true;
+            if out.model.is_none() {
+                out.model = sample.labels.get("model_name").map(str::to_string);
+            }
+        }
+        if name.starts_with("brownout_kv_") || name.starts_with("brownout_serving_") {
+            seen_engine_series = true;
+            out.bundled = true;
+        }
+        if name == "vllm:time_to_first_token_seconds" {
+            if let Value::Histogram(buckets) = &sample.value {
+                ttft_pairs.extend(buckets.iter().map(|b| (b.less_than, b.count)));
+            }
+            continue;
+        }
+        if name == "vllm:cache_config_info" {
+            if let Some(bs) = sample
+                .labels
+                .get("block_size")
+                .and_then(|v| v.parse::<u32>().ok())
+            {
+                out.block_size = Some(bs);
+            }
+            if let Some(n) = sample
+                .labels
+                .get("num_gpu_blocks")
+                .and_then(|v| v.parse::<f64>().ok())
+            {
+                config_blocks.add(n);
+            }
+            continue;
+        }
+        let Some(v) = value_of(&sample.value) else {
+            continue;
+        };
+        let acc = match name.as_str() {
+            "vllm:kv_cache_usage_perc" => &mut kv_new,
+            "vllm:gpu_cache_usage_perc" => &mut kv_old,
+            "vllm:num_requests_running" => &mut running,
+            "vllm:num_requests_waiting" => &mut waiting,
+            "vllm:num_preemptions_total" => &mut preempt,
+            "brownout_kv_blocks_total" => &mut blocks_total,
+            "brownout_kv_blocks_used" => &mut blocks_used,
+            "brownout_kv_internal_fragmentation_ratio" => &mut internal,
+            "brownout_kv_reserved_unused_ratio" => &mut reserved,
+            "brownout_kv_token_occupancy_ratio" => &mut occupancy,
+            "brownout_kv_external_fragmentation_ratio" => &mut external,
+            "brownout_serving_tier" => &mut tier,
+            _ => continue,
+        };
+        acc.add(v);
+    }
+    if !seen_engine_series {
+        return Err(ParseError::NoEngineMetrics);
+    }
+
+    // Usage is a per-engine ratio: several data-parallel engines are averaged.
+    out.kv_usage_ratio = kv_new.mean().or_else(|| kv_old.mean());
+    out.num_requests_running = running.total();
+    out.num_requests_waiting = waiting.total();
+    out.num_preemptions_total = preempt.total();
+    out.num_blocks_total = blocks_total
+        .total()
+        .or_else(|| config_blocks.total())
+        .map(|v| v.max(0.0) as u64);
+    out.num_blocks_used = blocks_used.total().map(|v| v.max(0.0) as u64);
+    out.internal_fragmentation_ratio = internal.mean();
+    out.reserved_unused_ratio = reserved.mean();
+    out.token_occupancy_ratio = occupancy.mean();
+    out.external_fragmentation_ratio = external.mean();
+    out.tier = tier.total().map(|t| t.clamp(0.0, 3.0) as u8);
+    if !ttft_pairs.is_empty() {
+        out.ttft = Some(Histogram::from_pairs(ttft_pairs));
+    }
+    Ok(out)
+}
+
+/// The bundled serving tier's `/debug/kv` body. Every field is optional and unknown fields are
+/// ignored, so the agent keeps working while that endpoint grows; the KV figures may sit at the
+/// top level or under `"kv"`.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+pub struct DebugKv {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub block_size: Option<u32>,
+    #[serde(default)]
+    pub num_blocks_total: Option<u64>,
+    #[serde(default)]
+    pub num_blocks_used: Option<u64>,
+    #[serde(default)]
+    pub usage_ratio: Option<f64>,
+    #[serde(default)]
+    pub internal_fragmentation_ratio: Option<f64>,
+    #[serde(default)]
+    pub reserved_unused_ratio: Option<f64>,
+    #[serde(default)]
+    pub token_occupancy_ratio: Option<f64>,
+    #[serde(default)]
+    pub external_fragmentation_ratio: Option<f64>,
+    /// Bytes of K and V one block holds over all layers (the simulated probe uses it).
+    #[serde(default)]
+    pub bytes_per_block: Option<u64>,
+    /// Resident model weights, all routes.
+    #[serde(default)]
+    pub model_weights_bytes: Option<u64>,
+    /// The scheduler's batch limit (the simulated probe's saturation point).
+    #[serde(default)]
+    pub max_num_seqs: Option<u32>,
+}
+
+/// Parses `/debug/kv`.
+///
+/// # Errors
+/// The JSON error when the body is not a JSON object.
+pub fn parse_debug_kv(body: &[u8]) -> Result<DebugKv, serde_json::Error> {
+    let v: serde_json::Value = serde_json::from_slice(body)?;
+    let mut top: DebugKv = serde_json::from_value(v.clone())?;
+    if let Some(kv) = v.get("kv").filter(|k| k.is_object()) {
+        let inner: DebugKv = serde_json::from_value(kv.clone())?;
+        top = DebugKv {
+            model: top.model.or(inner.model),
+            block_size: inner.block_size.or(top.block_size),
+            num_blocks_total: inner.num_blocks_total.or(top.num_blocks_total),
+            num_blocks_used: inner.num_blocks_used.or(top.num_blocks_used),
+            usage_ratio: inner.usage_ratio.or(top.usage_ratio),
+            internal_fragmentation_ratio: inner
+                .internal_fragmentation_ratio
+                .or(top.internal_fragmentation_ratio),
+            reserved_unused_ratio: inner.reserved_unused_ratio.or(top.reserved_unused_ratio),
+            token_occupancy_ratio: inner.token_occupancy_ratio.or(top.token_occupancy_ratio),
+            external_fragmentation_ratio: inner
+                .external_fragmentation_ratio
+                .or(top.external_fragmentation_ratio),
+            bytes_per_block: inner.bytes_per_block.or(top.bytes_per_block),
+            model_weights_bytes: inner.model_weights_bytes.or(top.model_weights_bytes),
+            max_num_seqs: inner.max_num_seqs.or(top.max_num_seqs),
+        };
+    }
+    Ok(top)
+}
+
+/// Label sets seen per metric name; used by tests to check the parser kept every series.
+pub fn series_count(body: &str) -> HashMap<String, usize> {
+    let lines = body.lines().map(|l| Ok(escape_name(l)));
+    let mut out = HashMap::new();
+    if let Ok(scrape) = Scrape::parse(lines) {
+        for s in scrape.samples {
+            *out.entry(s.metric.replace(COLON, ":")).or_insert(0) += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_with_colons_are_escaped_only_in_the_name() {
+        let cases = [
+            ("vllm:x{a=\"b:c\"} 1", "vllm__colon__x{a=\"b:c\"} 1"),
+            ("# HELP vllm:x Some: doc", "# HELP vllm__colon__x Some: doc"),
+            ("# TYPE vllm:x gauge", "# TYPE vllm__colon__x gauge"),
+            ("plain 1", "plain 1"),
+            ("# comment: here", "# comment: here"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(escape_name(input), want, "{input}");
+        }
+    }
+
+    #[test]
+    fn new_usage_name_wins_over_the_deprecated_one() {
+        let body = "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\n\
+                    # TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name=\"m\"} 0.9\n";
+        assert_eq!(parse_metrics(body).unwrap().kv_usage_ratio, Some(0.5));
+    }
+
+    #[test]
+    fn data_parallel_engines_are_summed_or_averaged() {
+        let body = "# TYPE vllm:num_requests_running gauge\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n\
+            vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 4.0\n\
+            # TYPE vllm:kv_cache_usage_perc gauge\n\
+            vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.2\n\
+            vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.4\n";
+        let m = parse_metrics(body).unwrap();
+        assert_eq!(m.num_requests_running, Some(7.0));
+        assert!((m.kv_usage_ratio.unwrap() - 0.3).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_body_without_engine_metrics_is_an_error() {
+        for body in ["", "# TYPE up gauge\nup 1\n", "not prometheus at all"] {
+            assert_eq!(
+                parse_metrics(body),
+                Err(ParseError::NoEngineMetrics),
+                "{body:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn debug_kv_reads_top_level_and_nested_shapes() {
+        let flat = br#"{"block_size":16,"num_blocks_total":100,"num_blocks_used":40,"bytes_per_block":737280,"extra":[1]}"#;
+        let nested = br#"{"model":"smollm2","kv":{"block_size":16,"num_blocks_total":100,"num_blocks_used":40,"bytes_per_block":737280}}"#;
+        for body in [&flat[..], &nested[..]] {
+            let d = parse_debug_kv(body).unwrap();
+            assert_eq!(
+                (
+                    d.block_size,
+                    d.num_blocks_total,
+                    d.num_blocks_used,
+                    d.bytes_per_block
+                ),
+                (Some(16), Some(100), Some(40), Some(737_280))
+            );
+        }
+        assert!(parse_debug_kv(b"[1,2]").is_err());
+        assert!(parse_debug_kv(b"{").is_err());
+    }
+}
