@@ -15,5 +15,6 @@
 pub mod api;
 pub mod control;
 pub mod kvcache;
+pub mod metrics;
 pub mod model;
 pub mod scheduler;

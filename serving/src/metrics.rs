@@ -1,0 +1,320 @@
+//! The serving tier's Prometheus metrics: vLLM's names (label `model_name`) so vLLM dashboards
+//! work unchanged, plus `brownout_kv_*` (fragmentation) and `brownout_serving_*` (tiers,
+//! shedding, features). One [`Metrics`] per engine, registered in its own [`Registry`].
+
+use brownout_protocol::KvStats;
+use prometheus::{
+    CounterVec, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+/// vLLM's TTFT buckets (seconds).
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+];
+/// vLLM's inter-token latency buckets (seconds).
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+/// vLLM's request latency buckets (seconds).
+const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+];
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    model_name: String,
+    pub kv_cache_usage_perc: GaugeVec,
+    pub num_requests_running: GaugeVec,
+    pub num_requests_waiting: GaugeVec,
+    pub num_preemptions: CounterVec,
+    pub ttft: HistogramVec,
+    pub itl: HistogramVec,
+    pub e2e: HistogramVec,
+    pub prompt_tokens: CounterVec,
+    pub generation_tokens: CounterVec,
+    pub prefix_cache_queries: CounterVec,
+    pub prefix_cache_hits: CounterVec,
+    pub kv_blocks_total: IntGaugeVec,
+    pub kv_blocks_used: IntGaugeVec,
+    pub kv_internal_fragmentation: GaugeVec,
+    pub kv_reserved_unused: GaugeVec,
+    pub kv_token_occupancy: GaugeVec,
+    pub kv_external_fragmentation: GaugeVec,
+    pub serving_tier: GaugeVec,
+    pub shed_total: IntCounterVec,
+    pub feature_disabled_total: IntCounterVec,
+    pub requests_total: IntCounterVec,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("model_name", &self.model_name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
+    r.register(Box::new(c.clone()))
+        .expect("metric names are unique and valid");
+    c
+}
+
+impl Metrics {
+    pub fn new(model_name: &str) -> Metrics {
+        let r = Registry::new();
+        let m = &["model_name"];
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            reg(
+                &r,
+                GaugeVec::new(Opts::new(name, help), labels).expect("valid"),
+            )
+        };
+        let counter = |name: &str, help: &str| {
+            reg(
+                &r,
+                CounterVec::new(Opts::new(name, help), m).expect("valid"),
+            )
+        };
+        let hist = |name: &str, help: &str, b: &[f64]| {
+            reg(
+                &r,
+                HistogramVec::new(HistogramOpts::new(name, help).buckets(b.to_vec()), m)
+                    .expect("valid"),
+            )
+        };
+        let metrics = Metrics {
+            model_name: model_name.to_string(),
+            kv_cache_usage_perc: gauge(
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                m,
+            ),
+            num_requests_running: gauge(
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                m,
+            ),
+            num_requests_waiting: gauge(
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                m,
+            ),
+            num_preemptions: counter(
+                "vllm:num_preemptions_total",
+                "Cumulative number of preemption from the engine.",
+            ),
+            ttft: hist(
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                TTFT_BUCKETS,
+            ),
+            itl: hist(
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                ITL_BUCKETS,
+            ),
+            e2e: hist(
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                E2E_BUCKETS,
+            ),
+            prompt_tokens: counter(
+                "vllm:prompt_tokens_total",
+                "Number of prefill tokens processed.",
+            ),
+            generation_tokens: counter(
+                "vllm:generation_tokens_total",
+                "Number of generation tokens processed.",
+            ),
+            prefix_cache_queries: counter(
+                "vllm:prefix_cache_queries_total",
+                "Prefix cache queries, in terms of number of queried tokens.",
+            ),
+            prefix_cache_hits: counter(
+                "vllm:prefix_cache_hits_total",
+                "Prefix cache hits, in terms of number of cached tokens.",
+            ),
+            kv_blocks_total: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new("brownout_kv_blocks_total", "KV blocks in the pool."),
+                    m,
+                )
+                .expect("valid"),
+            ),
+            kv_blocks_used: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new("brownout_kv_blocks_used", "KV blocks held by sequences."),
+                    m,
+                )
+                .expect("valid"),
+            ),
+            kv_internal_fragmentation: gauge(
+                "brownout_kv_internal_fragmentation_ratio",
+                "Empty slots in each sequence's last KV block over used block capacity.",
+                m,
+            ),
+            kv_reserved_unused: gauge(
+                "brownout_kv_reserved_unused_ratio",
+                "Whole KV blocks allocated ahead of tokens over used block capacity.",
+                m,
+            ),
+            kv_token_occupancy: gauge(
+                "brownout_kv_token_occupancy_ratio",
+                "Token slots holding tokens over used block capacity.",
+                m,
+            ),
+            kv_external_fragmentation: gauge(
+                "brownout_kv_external_fragmentation_ratio",
+                "1 - largest free run of KV blocks / free blocks (0 for paging).",
+                m,
+            ),
+            serving_tier: gauge(
+                "brownout_serving_tier",
+                "Degradation tier in force (0-3).",
+                m,
+            ),
+            shed_total: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "brownout_serving_shed_total",
+                        "Requests refused with 429 by load shedding.",
+                    ),
+                    &["model_name", "criticality"],
+                )
+                .expect("valid"),
+            ),
+            feature_disabled_total: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "brownout_serving_feature_disabled_total",
+                        "Requests refused with 503 because their feature is disabled.",
+                    ),
+                    &["model_name", "feature"],
+                )
+                .expect("valid"),
+            ),
+            requests_total: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "brownout_serving_requests_total",
+                        "Finished requests by outcome.",
+                    ),
+                    &["model_name", "outcome"],
+                )
+                .expect("valid"),
+            ),
+            registry: r,
+        };
+        // Make every labelled series exist from the start (dashboards see zeros, not gaps).
+        let n = [model_name];
+        for c in [
+            &metrics.num_preemptions,
+            &metrics.prompt_tokens,
+            &metrics.generation_tokens,
+            &metrics.prefix_cache_queries,
+            &metrics.prefix_cache_hits,
+        ] {
+            c.with_label_values(&n);
+        }
+        for h in [&metrics.ttft, &metrics.itl, &metrics.e2e] {
+            h.with_label_values(&n);
+        }
+        for c in ["critical", "default", "sheddable"] {
+            metrics.shed_total.with_label_values(&[model_name, c]);
+        }
+        metrics.serving_tier.with_label_values(&n).set(0.0);
+        metrics
+    }
+
+    pub fn model_name(&self) -> &str {
+        &self.model_name
+    }
+
+    fn l(&self) -> [&str; 1] {
+        [self.model_name.as_str()]
+    }
+
+    pub fn set_kv(&self, s: &KvStats) {
+        let l = self.l();
+        self.kv_cache_usage_perc
+            .with_label_values(&l)
+            .set(s.usage_ratio);
+        self.kv_blocks_total
+            .with_label_values(&l)
+            .set(s.num_blocks_total as i64);
+        self.kv_blocks_used
+            .with_label_values(&l)
+            .set(s.num_blocks_used as i64);
+        self.kv_internal_fragmentation
+            .with_label_values(&l)
+            .set(s.internal_fragmentation_ratio);
+        self.kv_reserved_unused
+            .with_label_values(&l)
+            .set(s.reserved_unused_ratio);
+        self.kv_token_occupancy
+            .with_label_values(&l)
+            .set(s.token_occupancy_ratio);
+        self.kv_external_fragmentation
+            .with_label_values(&l)
+            .set(s.external_fragmentation_ratio);
+    }
+
+    pub fn set_queue(&self, running: usize, waiting: usize) {
+        let l = self.l();
+        self.num_requests_running
+            .with_label_values(&l)
+            .set(running as f64);
+        self.num_requests_waiting
+            .with_label_values(&l)
+            .set(waiting as f64);
+    }
+
+    pub fn inc(&self, c: &CounterVec, by: f64) {
+        if by > 0.0 {
+            c.with_label_values(&self.l()).inc_by(by);
+        }
+    }
+
+    pub fn observe(&self, h: &HistogramVec, v: f64) {
+        h.with_label_values(&self.l()).observe(v);
+    }
+
+    pub fn set_tier(&self, tier: u8) {
+        self.serving_tier
+            .with_label_values(&self.l())
+            .set(f64::from(tier));
+    }
+    pub fn inc_shed(&self, criticality: &str) {
+        self.shed_total
+            .with_label_values(&[self.model_name.as_str(), criticality])
+            .inc();
+    }
+    pub fn inc_feature_disabled(&self, feature: &str) {
+        self.feature_disabled_total
+            .with_label_values(&[self.model_name.as_str(), feature])
+            .inc();
+    }
+    pub fn inc_outcome(&self, outcome: &str) {
+        self.requests_total
+            .with_label_values(&[self.model_name.as_str(), outcome])
+            .inc();
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding into a Vec cannot fail");
+        String::from_utf8(buf).expect("prometheus text is UTF-8")
+    }
+}

@@ -1,0 +1,676 @@
+//! The engine loop: one dedicated OS thread owns the [`Scheduler`] and the model backend (the
+//! forward pass is CPU-heavy and must not sit on tokio's workers). Async code talks to it
+//! through an [`EngineHandle`]: a bounded inbox, one unbounded event channel per request (bounded
+//! in practice by `max_tokens`), and shared status for `/metrics`.
+//!
+//! ```text
+//!  handlers ──submit──> inbox (bounded) ──> engine thread: schedule → forward → sample
+//!     ^                                            │
+//!     └──────── SeqEvent::{Token, Finished, Failed} per request
+//! ```
+//! A request whose receiver is dropped (client gone, stop string seen) is aborted at the next
+//! step and its blocks freed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use brownout_protocol::{Category, Criticality, KvStats};
+use tokio::sync::{mpsc, oneshot};
+
+use super::batch::{AdmissionError, FinishReason, NewSeq, Scheduler, SchedulerConfig};
+use super::sampling::SamplingParams;
+use crate::control::ControlHandle;
+use crate::kvcache::{KvCacheManager, KvConfig, SeqId, SeqKvInfo};
+use crate::metrics::Metrics;
+use crate::model::{Route, SeqChunk};
+
+/// What the engine needs from a model: a forward pass over sequence chunks whose K/V live in
+/// the blocks of their block tables. Returns the last position's logits per chunk.
+pub trait ModelBackend: Send + 'static {
+    /// # Errors
+    /// A message describing what failed (reported to the client as a model error).
+    fn forward(&mut self, route: Route, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, String>;
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub model_name: String,
+    pub sched: SchedulerConfig,
+    pub kv: KvConfig,
+    pub eos_token_ids: Vec<u32>,
+    /// A request waiting longer than this for KV blocks fails with `timeout_resource`.
+    pub max_queue_wait: Duration,
+    /// Capacity of the inbox; a full inbox refuses new requests (HTTP 503).
+    pub inbox_capacity: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> EngineConfig {
+        EngineConfig {
+            model_name: "model".into(),
+            sched: SchedulerConfig::default(),
+            kv: KvConfig::default(),
+            eos_token_ids: Vec::new(),
+            max_queue_wait: Duration::from_secs(60),
+            inbox_capacity: 4096,
+        }
+    }
+}
+
+/// A generation request.
+#[derive(Debug, Clone)]
+pub struct EngineRequest {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub criticality: Criticality,
+    pub route: Route,
+}
+
+/// Figures about one finished request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SeqStats {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_prompt_tokens: usize,
+    pub num_preemptions: u32,
+    pub queue_s: f64,
+    pub ttft_s: f64,
+    pub e2e_s: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum SeqEvent {
+    Token(u32),
+    Finished {
+        reason: FinishReason,
+        stats: SeqStats,
+    },
+    Failed {
+        category: Category,
+        message: String,
+        stats: SeqStats,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error(transparent)]
+    Admission(#[from] AdmissionError),
+    #[error("the engine queue is full")]
+    QueueFull,
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// `/debug/kv`'s content.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DebugKv {
+    pub mode: &'static str,
+    pub pool: KvStats,
+    pub num_free_blocks: usize,
+    pub num_cached_blocks: usize,
+    pub kv_quota_blocks: usize,
+    pub max_num_seqs: usize,
+    pub running: Vec<u64>,
+    pub waiting: Vec<u64>,
+    pub sequences: Vec<SeqKvInfo>,
+}
+
+enum EngineMsg {
+    Add {
+        id: u64,
+        req: EngineRequest,
+        tx: mpsc::UnboundedSender<SeqEvent>,
+        arrived: Instant,
+    },
+    DebugKv(oneshot::Sender<DebugKv>),
+    SetKvQuota(usize),
+}
+
+/// Status published by the engine after every step.
+#[derive(Debug, Clone, Default)]
+pub struct EngineStatus {
+    pub kv: KvStats,
+    pub num_running: usize,
+    pub num_waiting: usize,
+    pub num_preemptions_total: u64,
+    pub max_num_seqs: usize,
+    pub steps: u64,
+}
+
+struct Shared {
+    status: Mutex<EngineStatus>,
+    max_model_len: usize,
+    block_size: usize,
+    kv_quota_blocks: AtomicUsize,
+    stopped: AtomicBool,
+}
+
+/// Cloneable handle on a running engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<EngineMsg>,
+    shared: Arc<Shared>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle").finish_non_exhaustive()
+    }
+}
+
+impl EngineHandle {
+    /// Checks a request's shape against `max_model_len` and the KV quota.
+    ///
+    /// # Errors
+    /// [`AdmissionError`] when it can never run.
+    pub fn check_admission(
+        &self,
+        prompt_len: usize,
+        max_tokens: usize,
+    ) -> Result<(), AdmissionError> {
+        if prompt_len == 0 {
+            return Err(AdmissionError::EmptyPrompt);
+        }
+        if prompt_len + max_tokens > self.shared.max_model_len {
+            return Err(AdmissionError::TooLong {
+                prompt: prompt_len,
+                max_tokens,
+                max_model_len: self.shared.max_model_len,
+            });
+        }
+        let needed = (prompt_len + max_tokens).div_ceil(self.shared.block_size);
+        let quota = self.shared.kv_quota_blocks.load(Ordering::Relaxed);
+        if needed > quota {
+            return Err(AdmissionError::OverKvQuota { needed, quota });
+        }
+        Ok(())
+    }
+
+    /// Queues a request; its events arrive on the returned receiver. Drop the receiver to abort.
+    ///
+    /// # Errors
+    /// [`SubmitError`]: refused at admission, queue full, engine stopped.
+    pub fn submit(
+        &self,
+        req: EngineRequest,
+    ) -> Result<(u64, mpsc::UnboundedReceiver<SeqEvent>), SubmitError> {
+        self.check_admission(req.prompt.len(), req.params.max_tokens)?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.tx
+            .try_send(EngineMsg::Add {
+                id,
+                req,
+                tx,
+                arrived: Instant::now(),
+            })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => SubmitError::QueueFull,
+                mpsc::error::TrySendError::Closed(_) => SubmitError::Stopped,
+            })?;
+        Ok((id, rx))
+    }
+
+    pub async fn debug_kv(&self) -> Option<DebugKv> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(EngineMsg::DebugKv(tx)).await.ok()?;
+        rx.await.ok()
+    }
+
+    /// Sets the most KV blocks one request may hold.
+    pub async fn set_kv_quota_blocks(&self, n: usize) {
+        self.shared.kv_quota_blocks.store(n, Ordering::Relaxed);
+        let _ = self.tx.send(EngineMsg::SetKvQuota(n)).await;
+    }
+
+    pub fn status(&self) -> EngineStatus {
+        self.shared
+            .status
+            .lock()
+            .expect("status lock never poisoned")
+            .clone()
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.shared.max_model_len
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.shared.stopped.load(Ordering::Relaxed)
+    }
+}
+
+struct ReqState {
+    tx: mpsc::UnboundedSender<SeqEvent>,
+    arrived: Instant,
+    scheduled_at: Option<Instant>,
+    first_token_at: Option<Instant>,
+    last_token_at: Option<Instant>,
+}
+
+/// Starts the engine thread. It stops when every [`EngineHandle`] is dropped.
+///
+/// # Errors
+/// When the OS refuses a thread.
+pub fn spawn_engine<B: ModelBackend>(
+    cfg: EngineConfig,
+    backend: B,
+    metrics: Arc<Metrics>,
+    control: Option<ControlHandle>,
+) -> std::io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel(cfg.inbox_capacity.max(1));
+    let shared = Arc::new(Shared {
+        status: Mutex::new(EngineStatus {
+            max_num_seqs: cfg.sched.max_num_seqs,
+            ..EngineStatus::default()
+        }),
+        max_model_len: cfg.sched.max_model_len,
+        block_size: cfg.kv.block_size,
+        kv_quota_blocks: AtomicUsize::new(cfg.kv.num_blocks),
+        stopped: AtomicBool::new(false),
+    });
+    let handle = EngineHandle {
+        tx,
+        shared: shared.clone(),
+        next_id: Arc::new(AtomicU64::new(1)),
+    };
+    let join = std::thread::Builder::new()
+        .name("brownout-engine".into())
+        .spawn(move || {
+            let mut e = Engine::new(cfg, backend, metrics, control, shared.clone());
+            e.run(rx);
+            shared.stopped.store(true, Ordering::Relaxed);
+        })?;
+    Ok((handle, join))
+}
+
+struct Engine<B> {
+    cfg: EngineConfig,
+    sched: Scheduler,
+    backend: B,
+    metrics: Arc<Metrics>,
+    control: Option<ControlHandle>,
+    shared: Arc<Shared>,
+    reqs: HashMap<SeqId, ReqState>,
+    last_prefix: (u64, u64),
+    last_preemptions: u64,
+    steps: u64,
+}
+
+impl<B: ModelBackend> Engine<B> {
+    fn new(
+        cfg: EngineConfig,
+        backend: B,
+        metrics: Arc<Metrics>,
+        control: Option<ControlHandle>,
+        shared: Arc<Shared>,
+    ) -> Self {
+        let sched = Scheduler::new(cfg.sched, KvCacheManager::new(cfg.kv));
+        Engine {
+            cfg,
+            sched,
+            backend,
+            metrics,
+            control,
+            shared,
+            reqs: HashMap::new(),
+            last_prefix: (0, 0),
+            last_preemptions: 0,
+            steps: 0,
+        }
+    }
+
+    fn run(&mut self, mut rx: mpsc::Receiver<EngineMsg>) {
+        loop {
+            if !self.sched.has_work() {
+                match rx.blocking_recv() {
+                    Some(m) => self.handle(m),
+                    None => return,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(m) => self.handle(m),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        if !self.sched.has_work() {
+                            return;
+                        }
+                        break;
+                    }
+                }
+            }
+            self.apply_control();
+            self.drop_gone_and_expired();
+            if !self.step() && self.sched.has_work() {
+                // Nothing could be scheduled (e.g. max_num_seqs lowered to below the running
+                // count is impossible; waiting for blocks is): don't spin.
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            self.publish();
+        }
+    }
+
+    fn handle(&mut self, m: EngineMsg) {
+        match m {
+            EngineMsg::Add {
+                id,
+                req,
+                tx,
+                arrived,
+            } => {
+                let prompt_len = req.prompt.len();
+                let new = NewSeq {
+                    id,
+                    prompt: req.prompt,
+                    params: req.params,
+                    criticality: req.criticality,
+                    route: req.route,
+                    eos_token_ids: self.cfg.eos_token_ids.clone(),
+                };
+                match self.sched.add(new) {
+                    Ok(()) => {
+                        self.reqs.insert(
+                            SeqId(id),
+                            ReqState {
+                                tx,
+                                arrived,
+                                scheduled_at: None,
+                                first_token_at: None,
+                                last_token_at: None,
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        let _ = tx.send(SeqEvent::Failed {
+                            category: Category::KvCacheExhausted,
+                            message: e.to_string(),
+                            stats: SeqStats {
+                                prompt_tokens: prompt_len,
+                                ..SeqStats::default()
+                            },
+                        });
+                    }
+                }
+            }
+            EngineMsg::DebugKv(tx) => {
+                let kv = self.sched.kv();
+                let _ = tx.send(DebugKv {
+                    mode: kv.config().mode.as_str(),
+                    pool: kv.stats(),
+                    num_free_blocks: kv.num_free_blocks(),
+                    num_cached_blocks: kv.pool().map_or(0, |p| p.num_cached()),
+                    kv_quota_blocks: self.sched.kv_quota_blocks(),
+                    max_num_seqs: self.sched.config().max_num_seqs,
+                    running: self.sched.running_ids().iter().map(|s| s.0).collect(),
+                    waiting: self.sched.waiting_ids().iter().map(|s| s.0).collect(),
+                    sequences: kv.seq_infos(),
+                });
+            }
+            EngineMsg::SetKvQuota(n) => self.sched.set_kv_quota_blocks(n),
+        }
+    }
+
+    fn apply_control(&mut self) {
+        let base = self.cfg.sched.max_num_seqs;
+        let cap = self
+            .control
+            .as_ref()
+            .and_then(|c| c.current().command.limits.max_num_seqs)
+            .map_or(base, |m| base.min(m as usize));
+        if cap != self.sched.config().max_num_seqs {
+            self.sched.set_max_num_seqs(cap);
+        }
+    }
+
+    fn stats_of(&self, id: SeqId, now: Instant) -> SeqStats {
+        let s = self.sched.seq(id);
+        let r = self.reqs.get(&id);
+        let secs = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+            (Some(a), Some(b)) => b.saturating_duration_since(a).as_secs_f64(),
+            _ => 0.0,
+        };
+        SeqStats {
+            prompt_tokens: s.map_or(0, |s| s.prompt_len),
+            completion_tokens: s.map_or(0, |s| s.output().len()),
+            cached_prompt_tokens: s.map_or(0, |s| s.num_cached_prompt_tokens),
+            num_preemptions: s.map_or(0, |s| s.num_preemptions),
+            queue_s: secs(r.map(|r| r.arrived), r.and_then(|r| r.scheduled_at)),
+            ttft_s: secs(r.map(|r| r.arrived), r.and_then(|r| r.first_token_at)),
+            e2e_s: secs(r.map(|r| r.arrived), Some(now)),
+        }
+    }
+
+    fn finish(&mut self, id: SeqId, ev: impl FnOnce(SeqStats) -> SeqEvent) {
+        let stats = self.stats_of(id, Instant::now());
+        let event = ev(stats.clone());
+        let outcome = match &event {
+            SeqEvent::Finished { reason, .. } => reason.as_str(),
+            _ => "error",
+        };
+        self.metrics.inc_outcome(outcome);
+        if !matches!(
+            &event,
+            SeqEvent::Finished {
+                reason: FinishReason::Abort,
+                ..
+            }
+        ) {
+            self.metrics.observe(&self.metrics.e2e, stats.e2e_s);
+        }
+        if let Some(r) = self.reqs.remove(&id) {
+            let _ = r.tx.send(event);
+        }
+        self.sched.remove(id);
+    }
+
+    fn drop_gone_and_expired(&mut self) {
+        let now = Instant::now();
+        let gone: Vec<SeqId> = self
+            .reqs
+            .iter()
+            .filter(|(_, r)| r.tx.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.finish(id, |stats| SeqEvent::Finished {
+                reason: FinishReason::Abort,
+                stats,
+            });
+        }
+        let expired: Vec<SeqId> = self
+            .sched
+            .waiting_ids()
+            .into_iter()
+            .filter(|id| {
+                self.reqs.get(id).is_some_and(|r| {
+                    r.first_token_at.is_none()
+                        && now.duration_since(r.arrived) > self.cfg.max_queue_wait
+                })
+            })
+            .collect();
+        for id in expired {
+            let msg = format!(
+                "waited more than {:?} for KV blocks",
+                self.cfg.max_queue_wait
+            );
+            self.finish(id, |stats| SeqEvent::Failed {
+                category: Category::TimeoutResource,
+                message: msg,
+                stats,
+            });
+        }
+    }
+
+    /// One scheduling step and forward pass. Returns whether anything ran.
+    fn step(&mut self) -> bool {
+        let plan = self.sched.schedule();
+        if plan.chunks.is_empty() {
+            return false;
+        }
+        self.steps += 1;
+        let now = Instant::now();
+        for c in &plan.chunks {
+            if let Some(r) = self.reqs.get_mut(&c.seq) {
+                r.scheduled_at.get_or_insert(now);
+            }
+        }
+        for route in [Route::Primary, Route::Fallback] {
+            let chunks: Vec<_> = plan
+                .chunks
+                .iter()
+                .copied()
+                .filter(|c| self.sched.seq(c.seq).is_some_and(|s| s.route == route))
+                .collect();
+            if chunks.is_empty() {
+                continue;
+            }
+            let tables: Vec<Vec<u32>> = chunks
+                .iter()
+                .map(|c| {
+                    self.sched
+                        .kv()
+                        .block_table(c.seq)
+                        .expect("scheduled sequence has blocks")
+                        .iter()
+                        .map(|b| b.0)
+                        .collect()
+                })
+                .collect();
+            let result = {
+                let seq_chunks: Vec<SeqChunk<'_>> = chunks
+                    .iter()
+                    .zip(&tables)
+                    .map(|(c, t)| {
+                        let s = self.sched.seq(c.seq).expect("scheduled");
+                        SeqChunk {
+                            tokens: &s.tokens[c.start_pos..c.start_pos + c.num_tokens],
+                            start_pos: c.start_pos,
+                            block_table: t,
+                        }
+                    })
+                    .collect();
+                self.backend.forward(route, &seq_chunks)
+            };
+            match result {
+                Ok(logits) if logits.len() == chunks.len() => {
+                    for (c, l) in chunks.iter().zip(logits) {
+                        self.sched.chunk_done(c);
+                        if let Some(s) = self.sched.seq(c.seq) {
+                            if c.start_pos < s.prompt_len {
+                                let prompt_part =
+                                    (c.start_pos + c.num_tokens).min(s.prompt_len) - c.start_pos;
+                                self.metrics
+                                    .inc(&self.metrics.prompt_tokens, prompt_part as f64);
+                            }
+                        }
+                        if c.samples {
+                            self.sample_and_emit(c.seq, &l);
+                        }
+                    }
+                }
+                Ok(logits) => {
+                    let msg = format!(
+                        "model returned {} logits rows for {} chunks",
+                        logits.len(),
+                        chunks.len()
+                    );
+                    for c in &chunks {
+                        let m = msg.clone();
+                        self.finish(c.seq, |stats| SeqEvent::Failed {
+                            category: Category::ModelError,
+                            message: m,
+                            stats,
+                        });
+                    }
+                }
+                Err(msg) => {
+                    tracing::warn!(route = route.as_str(), error = %msg, "model forward failed");
+                    for c in &chunks {
+                        let m = msg.clone();
+                        self.finish(c.seq, |stats| SeqEvent::Failed {
+                            category: Category::ModelError,
+                            message: m,
+                            stats,
+                        });
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    fn sample_and_emit(&mut self, id: SeqId, logits: &[f32]) {
+        let Some(s) = self.sched.seq_mut(id) else {
+            return;
+        };
+        let tok = {
+            let super::batch::Sequence {
+                sampler, params, ..
+            } = s;
+            sampler.sample(logits, params)
+        };
+        let now = Instant::now();
+        if let Some(r) = self.reqs.get_mut(&id) {
+            match r.last_token_at {
+                None => {
+                    r.first_token_at = Some(now);
+                    self.metrics.observe(
+                        &self.metrics.ttft,
+                        now.duration_since(r.arrived).as_secs_f64(),
+                    );
+                }
+                Some(prev) => self
+                    .metrics
+                    .observe(&self.metrics.itl, now.duration_since(prev).as_secs_f64()),
+            }
+            r.last_token_at = Some(now);
+            let _ = r.tx.send(SeqEvent::Token(tok));
+        }
+        self.metrics.inc(&self.metrics.generation_tokens, 1.0);
+        if let Some(reason) = self.sched.append_token(id, tok) {
+            self.finish(id, |stats| SeqEvent::Finished { reason, stats });
+        }
+    }
+
+    fn publish(&mut self) {
+        let kv = self.sched.kv();
+        let stats = kv.stats();
+        self.metrics.set_kv(&stats);
+        self.metrics
+            .set_queue(self.sched.num_running(), self.sched.num_waiting());
+        let (q, h) = (kv.prefix_queries_tokens, kv.prefix_hits_tokens);
+        self.metrics.inc(
+            &self.metrics.prefix_cache_queries,
+            (q - self.last_prefix.0) as f64,
+        );
+        self.metrics.inc(
+            &self.metrics.prefix_cache_hits,
+            (h - self.last_prefix.1) as f64,
+        );
+        self.last_prefix = (q, h);
+        let p = self.sched.num_preemptions_total;
+        self.metrics.inc(
+            &self.metrics.num_preemptions,
+            (p - self.last_preemptions) as f64,
+        );
+        self.last_preemptions = p;
+        let mut st = self
+            .shared
+            .status
+            .lock()
+            .expect("status lock never poisoned");
+        *st = EngineStatus {
+            kv: stats,
+            num_running: self.sched.num_running(),
+            num_waiting: self.sched.num_waiting(),
+            num_preemptions_total: p,
+            max_num_seqs: self.sched.config().max_num_seqs,
+            steps: self.steps,
+        };
+    }
+}

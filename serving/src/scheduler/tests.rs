@@ -1,0 +1,238 @@
+//! Scheduler tests: priority, preemption by recompute, chunked prefill, admission, limits.
+
+use brownout_protocol::Criticality;
+
+use super::*;
+use crate::kvcache::{AllocMode, KvCacheManager, KvConfig, SeqId};
+use crate::model::Route;
+
+fn sched(num_blocks: usize, block_size: usize, max_num_seqs: usize, budget: usize) -> Scheduler {
+    let kv = KvCacheManager::new(KvConfig {
+        num_blocks,
+        block_size,
+        mode: AllocMode::Paged,
+        enable_prefix_caching: false,
+    });
+    Scheduler::new(
+        SchedulerConfig {
+            max_num_seqs,
+            max_num_batched_tokens: budget,
+            max_model_len: 1024,
+        },
+        kv,
+    )
+}
+
+fn req(id: u64, prompt_len: usize, max_tokens: usize, c: Criticality) -> NewSeq {
+    NewSeq {
+        id,
+        prompt: (0..prompt_len as u32)
+            .map(|i| i + id as u32 * 100)
+            .collect(),
+        params: SamplingParams {
+            max_tokens,
+            ..SamplingParams::default()
+        },
+        criticality: c,
+        route: Route::Primary,
+        eos_token_ids: vec![],
+    }
+}
+
+/// Runs one step with a fake forward: every sampled chunk appends token 7. Returns the plan and
+/// the ids that finished.
+fn step(s: &mut Scheduler) -> (StepPlan, Vec<u64>) {
+    let plan = s.schedule();
+    let mut done = Vec::new();
+    for c in &plan.chunks {
+        s.chunk_done(c);
+        if c.samples && s.append_token(c.seq, 7).is_some() {
+            s.remove(c.seq);
+            done.push(c.seq.0);
+        }
+    }
+    s.kv().check_invariants().unwrap();
+    (plan, done)
+}
+
+fn ids(v: &[SeqId]) -> Vec<u64> {
+    v.iter().map(|s| s.0).collect()
+}
+
+#[test]
+fn priority_is_criticality_then_arrival() {
+    use Criticality::*;
+    let mut s = sched(64, 4, 1, 100);
+    for (id, c) in [
+        (1, Sheddable),
+        (2, Default),
+        (3, Critical),
+        (4, Critical),
+        (5, Default),
+    ] {
+        s.add(req(id, 3, 2, c)).unwrap();
+    }
+    assert_eq!(ids(&s.waiting_ids()), [3, 4, 2, 5, 1]);
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.chunks.iter().map(|c| c.seq.0).collect::<Vec<_>>(), [3]);
+    // Run to completion one at a time: finishing order is the priority order.
+    let mut order = Vec::new();
+    while s.has_work() {
+        order.extend(step(&mut s).1);
+    }
+    assert_eq!(order, [3, 4, 2, 5, 1]);
+}
+
+#[test]
+fn blocks_running_out_preempts_the_lowest_priority_and_loses_nothing() {
+    // 4 blocks of 4 tokens. Two sequences of 6 prompt tokens take 2 blocks each.
+    let mut s = sched(4, 4, 8, 100);
+    s.add(req(1, 6, 6, Criticality::Default)).unwrap();
+    s.add(req(2, 6, 6, Criticality::Default)).unwrap();
+    step(&mut s); // prefill both, first token sampled
+    assert_eq!(s.num_running(), 2);
+    step(&mut s); // token 7 of each computed (position 6 still in block 1)
+    step(&mut s); // position 7
+    // Position 8 needs a third block for each: seq 2 (later arrival) is preempted.
+    let (plan, _) = step(&mut s);
+    assert_eq!(ids(&plan.preempted), [2]);
+    assert_eq!(plan.chunks.iter().map(|c| c.seq.0).collect::<Vec<_>>(), [1]);
+    let s2 = s.seq(SeqId(2)).unwrap();
+    assert_eq!(
+        (s2.num_computed, s2.num_preemptions, s2.output().len()),
+        (0, 1, 3)
+    );
+    assert_eq!(
+        s.kv().block_table(SeqId(2)),
+        None,
+        "preempted blocks are freed"
+    );
+    assert_eq!(s.num_preemptions_total, 1);
+    // Run on: seq 1 finishes, seq 2 recomputes its prompt + 3 outputs in one chunk and finishes.
+    let mut finished = Vec::new();
+    let mut recompute = None;
+    while s.has_work() {
+        let (plan, done) = step(&mut s);
+        if let Some(c) = plan
+            .chunks
+            .iter()
+            .find(|c| c.seq == SeqId(2) && c.start_pos == 0)
+        {
+            recompute = Some(c.num_tokens);
+        }
+        finished.extend(done);
+    }
+    assert_eq!(finished, [1, 2]);
+    assert_eq!(
+        recompute,
+        Some(9),
+        "prompt 6 + 3 generated tokens recomputed"
+    );
+}
+
+#[test]
+fn waiting_higher_priority_preempts_lower_running_but_not_equal_priority() {
+    // 4 blocks of 4; prompts of 7 tokens: 2 blocks each, and the first decode still fits.
+    let mut s = sched(4, 4, 8, 100);
+    s.add(req(1, 7, 8, Criticality::Sheddable)).unwrap();
+    s.add(req(2, 7, 8, Criticality::Default)).unwrap();
+    step(&mut s);
+    assert_eq!(s.kv().num_free_blocks(), 0);
+    // Another default cannot push the running default out, but does push the sheddable one.
+    s.add(req(3, 7, 8, Criticality::Default)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert_eq!(ids(&plan.preempted), [1]);
+    assert!(
+        plan.chunks
+            .iter()
+            .any(|c| c.seq == SeqId(3) && c.start_pos == 0)
+    );
+    assert!(
+        !plan.chunks.iter().any(|c| c.seq == SeqId(1)),
+        "the victim's chunk is withdrawn"
+    );
+    assert_eq!(ids(s.running_ids()), [2, 3]);
+    // A critical arrives while seq 2 needs a third block: seq 3 (lowest running) yields to
+    // seq 2's growth, then seq 2 (default) yields to the critical one.
+    s.add(req(4, 7, 8, Criticality::Critical)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert_eq!(ids(&plan.preempted), [3, 2]);
+    assert_eq!(ids(s.running_ids()), [4]);
+    assert_eq!(ids(&s.waiting_ids()), [2, 3, 1]);
+    // Everything still finishes.
+    let mut finished = Vec::new();
+    while s.has_work() {
+        finished.extend(step(&mut s).1);
+    }
+    finished.sort();
+    assert_eq!(finished, [1, 2, 3, 4]);
+}
+
+#[test]
+fn long_prompts_are_prefilled_in_chunks_within_the_token_budget() {
+    let mut s = sched(64, 4, 8, 4);
+    s.add(req(1, 10, 1, Criticality::Default)).unwrap();
+    let chunks: Vec<(usize, usize, bool)> = (0..3)
+        .map(|_| {
+            let c = step(&mut s).0.chunks[0];
+            (c.start_pos, c.num_tokens, c.samples)
+        })
+        .collect();
+    assert_eq!(chunks, [(0, 4, false), (4, 4, false), (8, 2, true)]);
+    assert!(!s.has_work());
+}
+
+#[test]
+fn admission_refuses_what_can_never_fit_and_limits_change_at_run_time() {
+    let mut s = sched(8, 4, 4, 100);
+    let cases: &[(usize, usize, Option<AdmissionError>)] = &[
+        (10, 22, None),
+        (0, 5, Some(AdmissionError::EmptyPrompt)),
+        (
+            10,
+            23,
+            Some(AdmissionError::OverKvQuota {
+                needed: 9,
+                quota: 8,
+            }),
+        ),
+        (
+            1000,
+            25,
+            Some(AdmissionError::TooLong {
+                prompt: 1000,
+                max_tokens: 25,
+                max_model_len: 1024,
+            }),
+        ),
+    ];
+    for (p, m, want) in cases {
+        assert_eq!(
+            s.check_admission(*p, *m).err(),
+            *want,
+            "prompt {p} max_tokens {m}"
+        );
+    }
+    s.set_kv_quota_blocks(2);
+    assert_eq!(
+        s.check_admission(4, 5),
+        Err(AdmissionError::OverKvQuota {
+            needed: 3,
+            quota: 2
+        })
+    );
+    s.set_kv_quota_blocks(100);
+    assert_eq!(s.kv_quota_blocks(), 8, "the quota never exceeds the pool");
+
+    let mut s = sched(64, 4, 4, 100);
+    for id in 1..=4 {
+        s.add(req(id, 2, 50, Criticality::Default)).unwrap();
+    }
+    step(&mut s);
+    assert_eq!(s.num_running(), 4);
+    s.set_max_num_seqs(2);
+    s.add(req(9, 2, 50, Criticality::Critical)).unwrap();
+    step(&mut s);
+    assert_eq!(s.num_running(), 4, "lowering max_num_seqs preempts nobody");
+    assert_eq!(ids(&s.waiting_ids()), [9]);
+}
