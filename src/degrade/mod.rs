@@ -1,1 +1,36 @@
-//! degrade (placeholder until its issue lands).
+//! Three-tier degradation: policy, controller, leader lease, signed publishing, operator API.
+//!
+//! ```text
+//!  inputs (snapshots, SLO alerts, Alertmanager, new patterns, operator override)
+//!     │  DegradeHandle::push_* / POST /v1/alertmanager / POST /api/v1/degrade/override
+//!     v
+//!  controller (pure state machine: Inputs -> Decision, hysteresis, hold-down)
+//!     │  every evaluation interval, in run_controller
+//!     v
+//!  transport ── Redis: leader lease (fencing epoch) + one Lua script per publish
+//!            └─ in-process bus (brownout demo): a watch channel the serving tiers read
+//!     │
+//!     v  acks (Redis hash / channel) -> per-instance decision→applied lag
+//! ```
+//!
+//! - [`policy`]: the YAML policy, validated;
+//! - [`controller`]: the pure state machine;
+//! - [`redis`]: leader lease, fenced publisher, acks reader;
+//! - [`bus`]: the in-process transport;
+//! - [`api`]: [`DegradeHandle`] (shared state + metrics), the HTTP router (Alertmanager webhook,
+//!   operator API) and [`run_controller`].
+
+pub mod api;
+pub mod bus;
+pub mod controller;
+pub mod policy;
+pub mod redis;
+
+pub use api::{
+    AckView, DecisionRecord, DegradeConfig, DegradeHandle, Transport, router, run_controller,
+};
+pub use bus::InProcBus;
+pub use controller::{
+    Controller, Crossing, Decision, Inputs, Override, PatternRate, SloAlert, Transition,
+};
+pub use policy::{Condition, FeaturePolicy, Policy, PolicyError, Signal};

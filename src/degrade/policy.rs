@@ -1,0 +1,715 @@
+//! The degradation policy: which features go dark at which tier, what raises each tier, what lets
+//! it fall back, and the tier-2 / tier-3 parameters.
+//!
+//! The YAML is parsed into raw serde structs (`deny_unknown_fields`) and validated into typed
+//! values ([`Policy`]). Every error names the field and the reason. `docs/DEGRADATION.md`
+//! describes the format; `examples/policy.yaml` is parsed by a test.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use brownout_protocol::{Criticality, Tier};
+use serde::Deserialize;
+
+/// Why a policy was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("cannot read policy file {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("policy YAML is invalid: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    #[error("policy field `{field}` is invalid: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> PolicyError {
+    PolicyError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw (as written)
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    #[serde(default = "default_eval_ms")]
+    evaluate_interval_ms: u64,
+    #[serde(default = "default_lease_ms")]
+    command_lease_ms: u64,
+    #[serde(default = "default_stale_ms")]
+    snapshot_stale_ms: u64,
+    #[serde(default = "default_history")]
+    decision_history: usize,
+    #[serde(default = "default_trend_window")]
+    trend_window_secs: u64,
+    #[serde(default)]
+    dry_run: bool,
+    features: Vec<RawFeature>,
+    tiers: RawTiers,
+}
+
+fn default_eval_ms() -> u64 {
+    1000
+}
+fn default_lease_ms() -> u64 {
+    30_000
+}
+fn default_stale_ms() -> u64 {
+    10_000
+}
+fn default_history() -> usize {
+    256
+}
+fn default_trend_window() -> u64 {
+    60
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFeature {
+    name: String,
+    criticality: String,
+    #[serde(default)]
+    disable_at_tier: Option<u8>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTiers {
+    t1: RawTier,
+    t2: RawTier,
+    t3: RawTier,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTier {
+    hold_down_secs: u64,
+    #[serde(default)]
+    enter: Vec<RawCondition>,
+    #[serde(default)]
+    params: Option<serde_yaml::Value>,
+}
+
+/// One condition, written as a single-key map (`- gpu_util: {...}`). serde_yaml 0.9 reads
+/// enums only from YAML tags, so this is a struct of options checked to hold exactly one.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCondition {
+    gpu_util: Option<RawRatio>,
+    kv_usage: Option<RawRatio>,
+    vram: Option<RawRatio>,
+    queue_depth: Option<RawCount>,
+    slo_alert: Option<RawSloAlert>,
+    alertmanager: Option<RawAlert>,
+    new_pattern: Option<RawPattern>,
+}
+
+enum OneCondition {
+    GpuUtil(RawRatio),
+    KvUsage(RawRatio),
+    Vram(RawRatio),
+    QueueDepth(RawCount),
+    SloAlert(RawSloAlert),
+    Alertmanager(RawAlert),
+    NewPattern(RawPattern),
+}
+
+impl RawCondition {
+    fn one(self, field: &str) -> Result<OneCondition, PolicyError> {
+        let mut v = Vec::new();
+        if let Some(x) = self.gpu_util {
+            v.push(OneCondition::GpuUtil(x));
+        }
+        if let Some(x) = self.kv_usage {
+            v.push(OneCondition::KvUsage(x));
+        }
+        if let Some(x) = self.vram {
+            v.push(OneCondition::Vram(x));
+        }
+        if let Some(x) = self.queue_depth {
+            v.push(OneCondition::QueueDepth(x));
+        }
+        if let Some(x) = self.slo_alert {
+            v.push(OneCondition::SloAlert(x));
+        }
+        if let Some(x) = self.alertmanager {
+            v.push(OneCondition::Alertmanager(x));
+        }
+        if let Some(x) = self.new_pattern {
+            v.push(OneCondition::NewPattern(x));
+        }
+        if v.len() != 1 {
+            return Err(invalid(
+                field,
+                "must hold exactly one of gpu_util, kv_usage, vram, queue_depth, slo_alert, alertmanager, new_pattern",
+            ));
+        }
+        Ok(v.remove(0))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRatio {
+    above_ratio: f64,
+    exit_below_ratio: f64,
+    #[serde(default)]
+    for_secs: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCount {
+    above: u64,
+    exit_below: u64,
+    #[serde(default)]
+    for_secs: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSloAlert {
+    slo: String,
+    severity: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAlert {
+    alertname: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPattern {
+    above_per_min: f64,
+    exit_below_per_min: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawT2Params {
+    #[serde(default = "default_route")]
+    model_route: String,
+    max_tokens_cap: u32,
+    max_num_seqs: u32,
+}
+
+fn default_route() -> String {
+    "fallback".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawT3Params {
+    #[serde(default = "default_admit")]
+    admit_min_criticality: String,
+    retry_after_base_secs: u32,
+    jitter_ratio: f64,
+    recovery_eta_max_secs: u64,
+}
+
+fn default_admit() -> String {
+    "critical".into()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validated
+// ---------------------------------------------------------------------------------------------
+
+/// A numeric signal the controller derives from agent snapshots or pattern rates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Signal {
+    /// Highest GPU utilisation over fresh hosts (0–1).
+    GpuUtil,
+    /// Highest KV-cache usage over fresh engines (0–1).
+    KvUsage,
+    /// Highest VRAM used/total over fresh GPUs (0–1).
+    Vram,
+    /// Waiting requests summed over fresh engines.
+    QueueDepth,
+    /// Highest rate (per minute) among new failure patterns.
+    NewPatternRate,
+}
+
+impl Signal {
+    /// The `Reason.trigger` name for this signal.
+    pub fn trigger(self) -> &'static str {
+        match self {
+            Signal::GpuUtil => "gpu_util",
+            Signal::KvUsage => "kv_usage",
+            Signal::Vram => "vram",
+            Signal::QueueDepth => "queue_depth",
+            Signal::NewPatternRate => "new_pattern",
+        }
+    }
+    pub const ALL: [Signal; 5] = [
+        Signal::GpuUtil,
+        Signal::KvUsage,
+        Signal::Vram,
+        Signal::QueueDepth,
+        Signal::NewPatternRate,
+    ];
+}
+
+/// One enter condition of a tier. Its exit is built in: a threshold below its own enter level,
+/// or the alert resolving.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Condition {
+    /// `signal > above` continuously for `for_ms` latches; `signal < exit_below` unlatches.
+    Threshold {
+        signal: Signal,
+        above: f64,
+        exit_below: f64,
+        for_ms: u64,
+    },
+    /// An SLO alert (by SLO name and severity, e.g. `page` / `ticket`) is firing.
+    SloAlert { slo: String, severity: String },
+    /// An Alertmanager alert with this `alertname` is firing.
+    Alertmanager { alertname: String },
+}
+
+impl Condition {
+    /// The `Reason.trigger` name.
+    pub fn trigger(&self) -> &'static str {
+        match self {
+            Condition::Threshold { signal, .. } => signal.trigger(),
+            Condition::SloAlert { .. } => "slo_burn",
+            Condition::Alertmanager { .. } => "alertmanager",
+        }
+    }
+
+    /// Human description, used in decision reasons.
+    pub fn describe(&self) -> String {
+        match self {
+            Condition::Threshold {
+                signal,
+                above,
+                exit_below,
+                for_ms,
+            } => format!(
+                "{} > {above} for {}s (exit below {exit_below})",
+                signal.trigger(),
+                for_ms / 1000
+            ),
+            Condition::SloAlert { slo, severity } => format!("SLO alert {slo}/{severity} firing"),
+            Condition::Alertmanager { alertname } => {
+                format!("Alertmanager alert {alertname} firing")
+            }
+        }
+    }
+}
+
+/// One feature and the tier at which it is greyed out (`None`: never).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeaturePolicy {
+    pub name: String,
+    pub criticality: Criticality,
+    pub disable_at: Option<Tier>,
+}
+
+/// Enter conditions and hold-down of one tier (T1, T2 or T3).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TierPolicy {
+    pub tier: Tier,
+    /// How long every condition of this tier and above must stay clear before stepping down.
+    pub hold_down_ms: u64,
+    pub enter: Vec<Condition>,
+}
+
+/// Tier-2 (precision) parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct T2Params {
+    /// The route the `default` traffic class goes to.
+    pub model_route: String,
+    pub max_tokens_cap: u32,
+    pub max_num_seqs: u32,
+}
+
+/// Tier-3 (load shedding) parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct T3Params {
+    pub admit_min_criticality: Criticality,
+    pub retry_after_base_secs: u32,
+    pub jitter_ratio: f64,
+    /// Upper bound of the recovery estimate (used when the trend gives none).
+    pub recovery_eta_max_ms: u64,
+}
+
+/// A validated policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub evaluate_interval: Duration,
+    /// A published command expires this long after it is issued unless republished.
+    pub command_lease_ms: u64,
+    /// Snapshots older than this are ignored.
+    pub snapshot_stale_ms: u64,
+    /// How many decisions the in-memory history keeps.
+    pub decision_history: usize,
+    /// Window over which signal trends (for the T3 recovery estimate) are fitted.
+    pub trend_window_ms: u64,
+    /// Record decisions, never publish.
+    pub dry_run: bool,
+    pub features: Vec<FeaturePolicy>,
+    /// T1, T2, T3 in order.
+    pub tiers: [TierPolicy; 3],
+    pub t2: T2Params,
+    pub t3: T3Params,
+}
+
+impl Policy {
+    /// Reads and validates a policy file.
+    ///
+    /// # Errors
+    /// [`PolicyError::Io`] when unreadable, otherwise as [`Policy::from_yaml`].
+    pub fn load(path: &Path) -> Result<Policy, PolicyError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Policy::from_yaml(&text)
+    }
+
+    /// Parses and validates policy YAML.
+    ///
+    /// # Errors
+    /// [`PolicyError::Yaml`] for syntax errors and unknown fields (with line/column),
+    /// [`PolicyError::Invalid`] naming the field that breaks a rule.
+    pub fn from_yaml(text: &str) -> Result<Policy, PolicyError> {
+        let raw: RawPolicy = serde_yaml::from_str(text)?;
+        validate(raw)
+    }
+
+    /// The policy of tier `t` (T1–T3); `None` for T0.
+    pub fn tier(&self, t: Tier) -> Option<&TierPolicy> {
+        match t {
+            Tier::T0 => None,
+            other => Some(&self.tiers[usize::from(other.as_u8()) - 1]),
+        }
+    }
+
+    /// A small built-in policy following the seeds (GPU 95% / 98% / 99.5% for 30 s, VRAM 75%).
+    pub fn seed_default() -> Policy {
+        Policy::from_yaml(include_str!("../../examples/policy.yaml"))
+            .expect("examples/policy.yaml is valid (checked by tests)")
+    }
+}
+
+fn check_name(field: &str, name: &str) -> Result<(), PolicyError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!("{name:?} must be 1-64 characters of A-Z a-z 0-9 _ - ."),
+        ))
+    }
+}
+
+fn check_ratio(field: &str, v: f64) -> Result<(), PolicyError> {
+    if v.is_finite() && (0.0..=1.0).contains(&v) {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!("{v} must be a ratio between 0 and 1"),
+        ))
+    }
+}
+
+fn validate(raw: RawPolicy) -> Result<Policy, PolicyError> {
+    if !(50..=60_000).contains(&raw.evaluate_interval_ms) {
+        return Err(invalid(
+            "evaluate_interval_ms",
+            "must be between 50 and 60000",
+        ));
+    }
+    if raw.command_lease_ms < 3 * raw.evaluate_interval_ms {
+        return Err(invalid(
+            "command_lease_ms",
+            "must be at least 3 evaluation intervals (it is refreshed every third of it)",
+        ));
+    }
+    if raw.snapshot_stale_ms == 0 {
+        return Err(invalid("snapshot_stale_ms", "must be positive"));
+    }
+    if raw.decision_history == 0 || raw.decision_history > 100_000 {
+        return Err(invalid("decision_history", "must be between 1 and 100000"));
+    }
+    if raw.trend_window_secs < 5 {
+        return Err(invalid("trend_window_secs", "must be at least 5"));
+    }
+
+    let mut features = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (i, f) in raw.features.into_iter().enumerate() {
+        let field = format!("features[{i}]");
+        check_name(&format!("{field}.name"), &f.name)?;
+        if !seen.insert(f.name.clone()) {
+            return Err(invalid(
+                format!("{field}.name"),
+                format!("duplicate feature {:?}", f.name),
+            ));
+        }
+        let criticality = Criticality::parse(&f.criticality).ok_or_else(|| {
+            invalid(
+                format!("{field}.criticality"),
+                format!("{:?} is not critical, default or sheddable", f.criticality),
+            )
+        })?;
+        let disable_at = match f.disable_at_tier {
+            None => None,
+            Some(t) => {
+                let tier = Tier::try_from(t)
+                    .map_err(|e| invalid(format!("{field}.disable_at_tier"), e.to_string()))?;
+                if tier == Tier::T0 {
+                    return Err(invalid(
+                        format!("{field}.disable_at_tier"),
+                        "0 would disable it in normal operation; use 1-3",
+                    ));
+                }
+                if criticality == Criticality::Critical {
+                    return Err(invalid(
+                        format!("{field}.disable_at_tier"),
+                        format!("{:?} is critical (P0) and is never disabled", f.name),
+                    ));
+                }
+                Some(tier)
+            }
+        };
+        features.push(FeaturePolicy {
+            name: f.name,
+            criticality,
+            disable_at,
+        });
+    }
+
+    let t1 = validate_tier(
+        "tiers.t1",
+        Tier::T1,
+        raw.tiers.t1.hold_down_secs,
+        raw.tiers.t1.enter,
+    )?;
+    if raw.tiers.t1.params.is_some() {
+        return Err(invalid(
+            "tiers.t1.params",
+            "tier 1 takes no params (features say what it sheds)",
+        ));
+    }
+    let t2 = validate_tier(
+        "tiers.t2",
+        Tier::T2,
+        raw.tiers.t2.hold_down_secs,
+        raw.tiers.t2.enter,
+    )?;
+    let t3 = validate_tier(
+        "tiers.t3",
+        Tier::T3,
+        raw.tiers.t3.hold_down_secs,
+        raw.tiers.t3.enter,
+    )?;
+
+    let t2p: RawT2Params = match raw.tiers.t2.params {
+        Some(v) => {
+            serde_yaml::from_value(v).map_err(|e| invalid("tiers.t2.params", e.to_string()))?
+        }
+        None => {
+            return Err(invalid(
+                "tiers.t2.params",
+                "required: model_route, max_tokens_cap, max_num_seqs",
+            ));
+        }
+    };
+    if !matches!(t2p.model_route.as_str(), "primary" | "fallback") {
+        return Err(invalid(
+            "tiers.t2.params.model_route",
+            "must be `primary` or `fallback`",
+        ));
+    }
+    if t2p.max_tokens_cap == 0 {
+        return Err(invalid(
+            "tiers.t2.params.max_tokens_cap",
+            "must be positive",
+        ));
+    }
+    if t2p.max_num_seqs == 0 {
+        return Err(invalid("tiers.t2.params.max_num_seqs", "must be positive"));
+    }
+    let t3p: RawT3Params = match raw.tiers.t3.params {
+        Some(v) => {
+            serde_yaml::from_value(v).map_err(|e| invalid("tiers.t3.params", e.to_string()))?
+        }
+        None => {
+            return Err(invalid(
+                "tiers.t3.params",
+                "required: admit_min_criticality, retry_after_base_secs, jitter_ratio, recovery_eta_max_secs",
+            ));
+        }
+    };
+    let admit = Criticality::parse(&t3p.admit_min_criticality).ok_or_else(|| {
+        invalid(
+            "tiers.t3.params.admit_min_criticality",
+            "must be critical or default",
+        )
+    })?;
+    if admit == Criticality::Sheddable {
+        return Err(invalid(
+            "tiers.t3.params.admit_min_criticality",
+            "sheddable would shed nothing; use critical or default",
+        ));
+    }
+    if t3p.retry_after_base_secs == 0 || t3p.retry_after_base_secs > 3600 {
+        return Err(invalid(
+            "tiers.t3.params.retry_after_base_secs",
+            "must be between 1 and 3600",
+        ));
+    }
+    check_ratio("tiers.t3.params.jitter_ratio", t3p.jitter_ratio)?;
+    if t3p.recovery_eta_max_secs == 0 {
+        return Err(invalid(
+            "tiers.t3.params.recovery_eta_max_secs",
+            "must be positive",
+        ));
+    }
+
+    Ok(Policy {
+        evaluate_interval: Duration::from_millis(raw.evaluate_interval_ms),
+        command_lease_ms: raw.command_lease_ms,
+        snapshot_stale_ms: raw.snapshot_stale_ms,
+        decision_history: raw.decision_history,
+        trend_window_ms: raw.trend_window_secs * 1000,
+        dry_run: raw.dry_run,
+        features,
+        tiers: [t1, t2, t3],
+        t2: T2Params {
+            model_route: t2p.model_route,
+            max_tokens_cap: t2p.max_tokens_cap,
+            max_num_seqs: t2p.max_num_seqs,
+        },
+        t3: T3Params {
+            admit_min_criticality: admit,
+            retry_after_base_secs: t3p.retry_after_base_secs,
+            jitter_ratio: t3p.jitter_ratio,
+            recovery_eta_max_ms: t3p.recovery_eta_max_secs * 1000,
+        },
+    })
+}
+
+fn validate_tier(
+    field: &str,
+    tier: Tier,
+    hold_down_secs: u64,
+    enter: Vec<RawCondition>,
+) -> Result<TierPolicy, PolicyError> {
+    if hold_down_secs > 86_400 {
+        return Err(invalid(
+            format!("{field}.hold_down_secs"),
+            "must be at most 86400",
+        ));
+    }
+    let mut out = Vec::new();
+    for (i, c) in enter.into_iter().enumerate() {
+        let f = format!("{field}.enter[{i}]");
+        let ratio = |signal: Signal, r: RawRatio, name: &str| -> Result<Condition, PolicyError> {
+            check_ratio(&format!("{f}.{name}.above_ratio"), r.above_ratio)?;
+            check_ratio(&format!("{f}.{name}.exit_below_ratio"), r.exit_below_ratio)?;
+            if r.exit_below_ratio >= r.above_ratio {
+                return Err(invalid(
+                    format!("{f}.{name}.exit_below_ratio"),
+                    format!(
+                        "{} must be below above_ratio {} (hysteresis)",
+                        r.exit_below_ratio, r.above_ratio
+                    ),
+                ));
+            }
+            Ok(Condition::Threshold {
+                signal,
+                above: r.above_ratio,
+                exit_below: r.exit_below_ratio,
+                for_ms: r.for_secs * 1000,
+            })
+        };
+        let cond = match c.one(&f)? {
+            OneCondition::GpuUtil(r) => ratio(Signal::GpuUtil, r, "gpu_util")?,
+            OneCondition::KvUsage(r) => ratio(Signal::KvUsage, r, "kv_usage")?,
+            OneCondition::Vram(r) => ratio(Signal::Vram, r, "vram")?,
+            OneCondition::QueueDepth(r) => {
+                if r.exit_below >= r.above {
+                    return Err(invalid(
+                        format!("{f}.queue_depth.exit_below"),
+                        "must be below `above` (hysteresis)",
+                    ));
+                }
+                Condition::Threshold {
+                    signal: Signal::QueueDepth,
+                    above: r.above as f64,
+                    exit_below: r.exit_below as f64,
+                    for_ms: r.for_secs * 1000,
+                }
+            }
+            OneCondition::SloAlert(a) => {
+                if a.slo.trim().is_empty() {
+                    return Err(invalid(format!("{f}.slo_alert.slo"), "must not be empty"));
+                }
+                if a.severity.trim().is_empty() {
+                    return Err(invalid(
+                        format!("{f}.slo_alert.severity"),
+                        "must not be empty",
+                    ));
+                }
+                Condition::SloAlert {
+                    slo: a.slo,
+                    severity: a.severity,
+                }
+            }
+            OneCondition::Alertmanager(a) => {
+                if a.alertname.trim().is_empty() {
+                    return Err(invalid(
+                        format!("{f}.alertmanager.alertname"),
+                        "must not be empty",
+                    ));
+                }
+                Condition::Alertmanager {
+                    alertname: a.alertname,
+                }
+            }
+            OneCondition::NewPattern(p) => {
+                let ok = p.above_per_min.is_finite()
+                    && p.above_per_min > 0.0
+                    && p.exit_below_per_min >= 0.0;
+                if !ok || p.exit_below_per_min >= p.above_per_min {
+                    return Err(invalid(
+                        format!("{f}.new_pattern"),
+                        "above_per_min must be positive and exit_below_per_min below it (hysteresis)",
+                    ));
+                }
+                Condition::Threshold {
+                    signal: Signal::NewPatternRate,
+                    above: p.above_per_min,
+                    exit_below: p.exit_below_per_min,
+                    for_ms: 0,
+                }
+            }
+        };
+        out.push(cond);
+    }
+    Ok(TierPolicy {
+        tier,
+        hold_down_ms: hold_down_secs * 1000,
+        enter: out,
+    })
+}
