@@ -5,6 +5,33 @@
 //! reads/writes K/V for each sequence through the block table the engine hands it.
 //!
 //! K/V layout (vLLM's): per layer, K and V each `[num_blocks][block_size][num_kv_heads][head_dim]`.
+//!
+//! ```text
+//!  gguf.rs      GGUF reader (+ writer for tiny-random)     quant.rs   ggml block formats
+//!  tokenizer.rs byte-level BPE from tokenizer.ggml.*       chat.rs    SmolLM2's ChatML template
+//!  llama.rs     hyper-parameters, weights, forward pass    cpu.rs     matrices, batched matmul
+//!  tiny.rs      the seeded tiny random model               fetch.rs   model cache + fetch
+//!  loaded.rs    LoadedModel: both routes resident, health check, greedy helper
+//!  bench.rs     decode/TTFT benchmark                      cuda.rs    CUDA presence probe
+//! ```
+
+mod bench;
+mod chat;
+pub mod cpu;
+mod cuda;
+mod fetch;
+pub mod gguf;
+pub mod llama;
+mod loaded;
+pub mod quant;
+pub mod tiny;
+pub mod tokenizer;
+
+pub use bench::{BenchReport, bench_model};
+pub use chat::{ChatMessage, DEFAULT_SYSTEM_PROMPT};
+pub use fetch::{MODEL_FILE, fetch_model, model_dir};
+pub use loaded::{Device, KvTensors, LoadedModel, ModelError, RouteHealth};
+pub use tokenizer::{StreamDecoder, Tokenizer};
 
 /// Shape and special tokens of a loaded model.
 #[derive(Debug, Clone, PartialEq)]
