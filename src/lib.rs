@@ -14,10 +14,13 @@
 //! load generator; `loadgen` drives any OpenAI-compatible endpoint.
 
 pub mod api;
+pub mod auth;
+pub mod config;
 pub mod degrade;
 pub mod demo;
 pub mod ingest;
 pub mod loadgen;
+pub mod metrics;
 pub mod patterns;
 pub mod report;
 pub mod serve;

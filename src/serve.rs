@@ -1,17 +1,397 @@
-//! `brownout serve`: the control plane process.
+//! `brownout serve`: the control plane process, built for composition.
+//!
+//! ```text
+//! let app = App::build(config, tokens).await?;         // store, spool+pipeline, hosts, metrics
+//! let extra: Router = my_component::router(app.state()); // others' routes and tasks read app.state()
+//! app.run(Listeners::bind(&config).await?, extra, shutdown).await?;
+//! ```
+//!
+//! - `:8080` serves [`build_router`] (query API, ingest routes, `/metrics`, `/healthz`) merged
+//!   with the extra router;
+//! - `:4318` serves the ingest routes (OTLP/HTTP, NDJSON, snapshots);
+//! - `:4317` serves OTLP/gRPC.
+//!
+//! On shutdown the listeners stop accepting, in-flight requests finish, the ingest writer
+//! flushes to the store or the spool, all within `server.shutdown_grace_ms`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::Router;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, watch};
+
+use crate::auth::Tokens;
+use crate::config::Config;
+use crate::ingest::hosts::HostRegistry;
+use crate::ingest::pipeline::PipelineTask;
+use crate::ingest::{FailureTagger, Pipeline, WriterStatus};
+use crate::metrics::Metrics;
+use crate::store::{FailureRow, Store};
 
 /// Command-line arguments of `brownout serve`.
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// TOML config file (see examples/brownout.toml).
+    /// TOML config file (see examples/brownout.toml and docs/CONFIG.md).
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
 }
 
-/// Runs the control plane until shutdown.
+/// Everything a request handler or background task of any component may need. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub store: Arc<dyn Store>,
+    pub metrics: Metrics,
+    pub hosts: HostRegistry,
+    pub tokens: Arc<Tokens>,
+    /// Submit rows here (they are counted, spooled when needed, never lost).
+    pub pipeline: Pipeline,
+    /// Assigns pattern ids to failures at ingest; `None` leaves them empty.
+    pub tagger: Option<Arc<dyn FailureTagger>>,
+    /// Every accepted failure, live (lossy for slow subscribers: `broadcast`).
+    pub failures_tx: broadcast::Sender<Arc<FailureRow>>,
+    pub writer_status: watch::Receiver<WriterStatus>,
+}
+
+impl AppState {
+    /// Subscribes to accepted failures as they arrive.
+    pub fn subscribe_failures(&self) -> broadcast::Receiver<Arc<FailureRow>> {
+        self.failures_tx.subscribe()
+    }
+}
+
+/// The 8080 router: query API + ingest routes + `/metrics` + `/healthz`. Merge more with
+/// `build_router(state).merge(other)`.
+pub fn build_router(state: AppState) -> Router {
+    let metrics = state.metrics.clone();
+    Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = metrics.clone();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                        m.render(),
+                    )
+                        .into_response()
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .merge(crate::api::router(state.clone()))
+        .merge(crate::ingest::http::router(state))
+}
+
+/// The three listeners. Bind them first (port 0 in tests) to learn the addresses.
+pub struct Listeners {
+    pub http: TcpListener,
+    pub otlp_http: TcpListener,
+    pub otlp_grpc: TcpListener,
+}
+
+impl Listeners {
+    /// Binds the configured addresses.
+    ///
+    /// # Errors
+    /// When a port is taken, naming it.
+    pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
+        let b = |a: SocketAddr, what: &'static str| async move {
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("cannot listen on {a} ({what})"))
+        };
+        Ok(Listeners {
+            http: b(config.http_addr, "server.http_addr").await?,
+            otlp_http: b(config.otlp_http_addr, "server.otlp_http_addr").await?,
+            otlp_grpc: b(config.otlp_grpc_addr, "server.otlp_grpc_addr").await?,
+        })
+    }
+
+    /// Three ephemeral ports on loopback (tests, demo).
+    ///
+    /// # Errors
+    /// When binding fails.
+    pub async fn loopback() -> anyhow::Result<Listeners> {
+        let l = || TcpListener::bind("127.0.0.1:0");
+        Ok(Listeners {
+            http: l().await?,
+            otlp_http: l().await?,
+            otlp_grpc: l().await?,
+        })
+    }
+
+    /// `(http, otlp_http, otlp_grpc)` addresses.
+    pub fn addrs(&self) -> (SocketAddr, SocketAddr, SocketAddr) {
+        let a = |l: &TcpListener| l.local_addr().expect("bound listener has an address");
+        (a(&self.http), a(&self.otlp_http), a(&self.otlp_grpc))
+    }
+}
+
+/// A built control plane, not yet serving.
+pub struct App {
+    state: AppState,
+    pipeline_task: PipelineTask,
+    writer_shutdown: watch::Sender<bool>,
+}
+
+impl App {
+    /// Opens the store, the spool and the ingest writer, and seeds host states.
+    ///
+    /// # Errors
+    /// When the store or the spool cannot be opened.
+    pub async fn build(config: Config, tokens: Tokens) -> anyhow::Result<App> {
+        let store =
+            crate::store::open(&config)
+                .await
+                .with_context(|| match &config.clickhouse {
+                    Some(ch) => format!("cannot open the ClickHouse store at {}", ch.url),
+                    None => format!(
+                        "cannot open the SQLite store at {}",
+                        config.sqlite_path().display()
+                    ),
+                })?;
+        App::build_with_store(config, tokens, store).await
+    }
+
+    /// Like [`App::build`] with a store already open (tests, demo).
+    ///
+    /// # Errors
+    /// When the spool cannot be opened.
+    pub async fn build_with_store(
+        config: Config,
+        tokens: Tokens,
+        store: Arc<dyn Store>,
+    ) -> anyhow::Result<App> {
+        let metrics = Metrics::new();
+        let (writer_shutdown, shutdown_rx) = watch::channel(false);
+        let (pipeline, pipeline_task, writer_status) = Pipeline::start(
+            Arc::clone(&store),
+            &config.spool_dir(),
+            &config.ingest,
+            &config.spool,
+            config.store_write_timeout,
+            metrics.clone(),
+            shutdown_rx,
+        )
+        .with_context(|| format!("cannot open the spool in {}", config.spool_dir().display()))?;
+        let hosts = HostRegistry::new(config.hosts);
+        let since = brownout_protocol::now_ms().saturating_sub(86_400_000);
+        match store.latest_snapshots(since).await {
+            Ok(s) => hosts.seed(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read stored snapshots; host states start empty")
+            }
+        }
+        let (failures_tx, _) = broadcast::channel(4096);
+        let state = AppState {
+            config: Arc::new(config),
+            store,
+            metrics,
+            hosts,
+            tokens: Arc::new(tokens),
+            pipeline,
+            tagger: None,
+            failures_tx,
+            writer_status,
+        };
+        Ok(App {
+            state,
+            pipeline_task,
+            writer_shutdown,
+        })
+    }
+
+    /// The shared state (clone it into other components).
+    pub fn state(&self) -> AppState {
+        self.state.clone()
+    }
+
+    /// Installs a failure tagger (before [`App::run`]).
+    pub fn set_tagger(&mut self, tagger: Arc<dyn FailureTagger>) {
+        self.state.tagger = Some(tagger);
+    }
+
+    /// Serves until `shutdown` resolves, then drains.
+    ///
+    /// # Errors
+    /// When a server fails.
+    pub async fn run(
+        self,
+        listeners: Listeners,
+        extra: Router,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let App {
+            state,
+            pipeline_task,
+            writer_shutdown,
+        } = self;
+        let (http_addr, otlp_http_addr, grpc_addr) = listeners.addrs();
+        tracing::info!(%http_addr, %otlp_http_addr, %grpc_addr, backend = state.store.backend(), "brownout serving");
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let grace = state.config.shutdown_grace;
+
+        let main = build_router(state.clone()).merge(extra);
+        let otlp_http = crate::ingest::http::router(state.clone());
+        let http_srv = axum::serve(listeners.http, main).with_graceful_shutdown(stopped());
+        let otlp_srv =
+            axum::serve(listeners.otlp_http, otlp_http).with_graceful_shutdown(stopped());
+        let grpc_srv = crate::ingest::grpc::serve(state.clone(), listeners.otlp_grpc, stopped());
+        let retention = tokio::spawn(retention_loop(state.clone(), stopped()));
+
+        let servers = async {
+            let (a, b, c) = tokio::join!(
+                async { http_srv.await.context("HTTP server") },
+                async { otlp_srv.await.context("OTLP/HTTP server") },
+                async { grpc_srv.await.context("OTLP/gRPC server") },
+            );
+            a.and(b).and(c)
+        };
+        tokio::pin!(servers);
+        let result = tokio::select! {
+            r = &mut servers => r,
+            () = shutdown => {
+                tracing::info!("shutting down");
+                let _ = stop_tx.send(true);
+                match tokio::time::timeout(grace, &mut servers).await {
+                    Ok(r) => r,
+                    Err(_) => { tracing::warn!("requests still in flight after the grace period"); Ok(()) }
+                }
+            }
+        };
+        let _ = stop_tx.send(true);
+        retention.abort();
+        // Drop our handles on the pipeline so the writer sees the end, then let it flush.
+        drop(state);
+        let _ = writer_shutdown.send(true);
+        if tokio::time::timeout(grace, pipeline_task.finish())
+            .await
+            .is_err()
+        {
+            tracing::error!(
+                "ingest writer did not finish within the grace period; unwritten batches are lost"
+            );
+        }
+        result
+    }
+}
+
+/// A control plane running in the background (tests, `demo`).
+pub struct Running {
+    pub http_addr: SocketAddr,
+    pub otlp_http_addr: SocketAddr,
+    pub otlp_grpc_addr: SocketAddr,
+    pub state: AppState,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Shuts down gracefully (ingest flushed to the store or spool) and waits.
+    ///
+    /// # Errors
+    /// What the servers returned.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let Running { task, state, .. } = self;
+        drop(state);
+        task.await.context("server task panicked")?
+    }
+}
+
+impl App {
+    /// Starts serving in a background task.
+    pub fn spawn(self, listeners: Listeners, extra: Router) -> Running {
+        let (http_addr, otlp_http_addr, otlp_grpc_addr) = listeners.addrs();
+        let state = self.state();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(self.run(listeners, extra, async move {
+            let _ = rx.await;
+        }));
+        Running {
+            http_addr,
+            otlp_http_addr,
+            otlp_grpc_addr,
+            state,
+            stop: Some(stop),
+            task,
+        }
+    }
+}
+
+/// Drops data past `storage.retention_days`, hourly.
+async fn retention_loop(state: AppState, stopped: impl std::future::Future<Output = ()>) {
+    tokio::pin!(stopped);
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
+    loop {
+        tokio::select! {
+            () = &mut stopped => return,
+            _ = tick.tick() => {
+                let cutoff = brownout_protocol::now_ms().saturating_sub(u64::from(state.config.retention_days) * 86_400_000);
+                match state.store.drop_before(cutoff).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(dropped = n, "retention: old data dropped"),
+                    Err(e) => tracing::warn!(error = %e, "retention failed; will retry"),
+                }
+            }
+        }
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { () = ctrl_c => {}, () = term => {} }
+}
+
+/// Loads the config, refuses to start without tokens, and serves with `extra` routes.
 ///
 /// # Errors
-/// Always, until the ingest issue lands.
-pub async fn run(_args: ServeArgs) -> anyhow::Result<()> {
-    anyhow::bail!("brownout serve: not implemented yet")
+/// Bad config (file, field, reason), missing tokens, unavailable store, taken ports.
+pub async fn run_with(
+    config: Config,
+    extra: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    config.require_tokens()?;
+    let tokens = Tokens::from_config(&config);
+    let listeners = Listeners::bind(&config).await?;
+    let app = App::build(config, tokens).await?;
+    app.run(listeners, extra, shutdown).await
+}
+
+/// Runs the control plane until Ctrl-C / SIGTERM.
+///
+/// # Errors
+/// See [`run_with`].
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Config::load(args.config.as_deref())?;
+    run_with(config, Router::new(), shutdown_signal()).await
 }

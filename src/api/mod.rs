@@ -1,1 +1,311 @@
-//! api (placeholder until its issue lands).
+//! The query API (read token): traces, failures, hosts, ingest status. JSON, paginated.
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /api/v1/traces/{trace_id}` | `{trace_id, spans: [...]}` (404 when unknown) |
+//! | `GET /api/v1/failures?since=&until=&service=&category=&feature=&criticality=&pattern=&limit=&cursor=` | `{items, next_cursor}` newest first |
+//! | `GET /api/v1/hosts` | `{hosts: [{host, state, last_seen_ms, age_ms, snapshot}]}` |
+//! | `GET /api/v1/ingest/status` | `{backend, store_up, spool_bytes}` |
+//!
+//! `since`/`until` take unix milliseconds or RFC 3339; defaults are the last hour.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use brownout_protocol::{Category, Criticality};
+use serde::Deserialize;
+
+use crate::auth::{Guard, Role};
+use crate::serve::AppState;
+use crate::store::{FailureCursor, FailureQuery};
+
+/// The one HTTP error type: a status, a stable machine-readable code and a human message.
+/// Internal details go to the log, never to the client.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub retry_after_secs: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            retry_after_secs: None,
+        }
+    }
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, code, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+    pub fn unavailable(
+        code: &'static str,
+        message: impl Into<String>,
+        retry_after_secs: u32,
+    ) -> ApiError {
+        ApiError {
+            retry_after_secs: Some(retry_after_secs),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
+        }
+    }
+    /// Logs `err` and answers 500 without details.
+    pub fn internal(context: &str, err: &dyn std::fmt::Display) -> ApiError {
+        tracing::error!(error = %err, "{context}");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("{context}; see the server log"),
+        )
+    }
+    /// A store that cannot answer is "unavailable", not a bug: 503.
+    pub fn store(err: &crate::store::StoreError) -> ApiError {
+        tracing::warn!(error = %err, "store query failed");
+        ApiError::unavailable("store_unavailable", "the store cannot answer right now", 5)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
+        let mut r = (self.status, Json(body)).into_response();
+        if let Some(s) = self.retry_after_secs {
+            r.headers_mut().insert(header::RETRY_AFTER, s.into());
+        }
+        r
+    }
+}
+
+/// Parses unix ms or RFC 3339.
+pub fn parse_time(field: &str, s: &str) -> Result<u64, ApiError> {
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(ms);
+    }
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .and_then(|t| u64::try_from(t.timestamp_millis()).ok())
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "bad_parameter",
+                format!("{field}={s:?} is neither unix milliseconds nor RFC 3339"),
+            )
+        })
+}
+
+/// The query API's routes, guarded by the read token.
+pub fn router(state: AppState) -> Router {
+    let guard = Guard {
+        role: Role::Read,
+        tokens: state.tokens.clone(),
+    };
+    Router::new()
+        .route("/api/v1/traces/{trace_id}", get(trace))
+        .route("/api/v1/failures", get(failures))
+        .route("/api/v1/hosts", get(hosts))
+        .route("/api/v1/ingest/status", get(ingest_status))
+        .route_layer(axum::middleware::from_fn_with_state(
+            guard,
+            crate::auth::require,
+        ))
+        .with_state(state)
+}
+
+async fn trace(
+    State(state): State<AppState>,
+    Path(trace_id): Path<String>,
+) -> Result<Response, ApiError> {
+    if trace_id.len() != 32 || !trace_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::bad_request(
+            "bad_parameter",
+            "trace_id must be 32 hex digits",
+        ));
+    }
+    let spans = state
+        .store
+        .trace(&trace_id.to_ascii_lowercase())
+        .await
+        .map_err(|e| ApiError::store(&e))?;
+    if spans.is_empty() {
+        return Err(ApiError::not_found(format!(
+            "no spans for trace {trace_id}"
+        )));
+    }
+    Ok(
+        Json(serde_json::json!({"trace_id": trace_id.to_ascii_lowercase(), "spans": spans}))
+            .into_response(),
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailureParams {
+    since: Option<String>,
+    until: Option<String>,
+    service: Option<String>,
+    category: Option<String>,
+    feature: Option<String>,
+    criticality: Option<String>,
+    pattern: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+/// Turns query parameters into a [`FailureQuery`] (shared with other components' pages).
+///
+/// # Errors
+/// 400 naming the parameter.
+fn failure_query(p: FailureParams, now_ms: u64) -> Result<FailureQuery, ApiError> {
+    let since_ms = p
+        .since
+        .as_deref()
+        .map(|s| parse_time("since", s))
+        .transpose()?
+        .unwrap_or(now_ms.saturating_sub(3_600_000));
+    let until_ms = p
+        .until
+        .as_deref()
+        .map(|s| parse_time("until", s))
+        .transpose()?
+        .unwrap_or(now_ms + 60_000);
+    if until_ms <= since_ms {
+        return Err(ApiError::bad_request(
+            "bad_parameter",
+            "until must be after since",
+        ));
+    }
+    let limit = match p.limit.as_deref() {
+        None => 100,
+        Some(s) => match s.parse::<usize>() {
+            Ok(n) if (1..=1000).contains(&n) => n,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "bad_parameter",
+                    format!("limit={s:?} must be an integer from 1 to 1000"),
+                ));
+            }
+        },
+    };
+    if let Some(c) = p.category.as_deref() {
+        if Category::parse(c).is_none() {
+            let all: Vec<&str> = Category::ALL.iter().map(|c| c.as_str()).collect();
+            return Err(ApiError::bad_request(
+                "bad_parameter",
+                format!("category={c:?} is not one of {}", all.join(", ")),
+            ));
+        }
+    }
+    let criticality = match p.criticality.as_deref() {
+        None => None,
+        Some(c) => Some(
+            Criticality::parse(c)
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "bad_parameter",
+                        format!("criticality={c:?} is not critical, default or sheddable"),
+                    )
+                })?
+                .as_str()
+                .to_string(),
+        ),
+    };
+    let cursor = match p.cursor.as_deref() {
+        None | Some("") => None,
+        Some(c) => Some(FailureCursor::decode(c).ok_or_else(|| {
+            ApiError::bad_request("bad_parameter", "cursor is not one this server issued")
+        })?),
+    };
+    let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
+    Ok(FailureQuery {
+        since_ms,
+        until_ms,
+        service: nonempty(p.service),
+        category: nonempty(p.category),
+        feature: nonempty(p.feature),
+        criticality,
+        pattern: nonempty(p.pattern),
+        limit,
+        cursor,
+    })
+}
+
+async fn failures(
+    State(state): State<AppState>,
+    params: Result<Query<FailureParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::bad_request("bad_parameter", e.body_text()))?;
+    let q = failure_query(p, brownout_protocol::now_ms())?;
+    let page = state
+        .store
+        .failures(&q)
+        .await
+        .map_err(|e| ApiError::store(&e))?;
+    Ok(Json(page).into_response())
+}
+
+async fn hosts(State(state): State<AppState>) -> Response {
+    Json(serde_json::json!({"hosts": state.hosts.list(brownout_protocol::now_ms())}))
+        .into_response()
+}
+
+async fn ingest_status(State(state): State<AppState>) -> Response {
+    let s = *state.writer_status.borrow();
+    Json(serde_json::json!({"backend": state.store.backend(), "store_up": s.store_up, "spool_bytes": s.spool_bytes}))
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(pairs: &[(&str, &str)]) -> FailureParams {
+        let q: String = pairs.iter().map(|(k, v)| format!("{k}={v}&")).collect();
+        serde_urlencoded_like(&q)
+    }
+
+    fn serde_urlencoded_like(q: &str) -> FailureParams {
+        let uri: axum::http::Uri = format!("/x?{q}").parse().unwrap();
+        Query::<FailureParams>::try_from_uri(&uri).unwrap().0
+    }
+
+    #[test]
+    fn failure_params_validate() {
+        let ok = failure_query(
+            params(&[
+                ("since", "1000"),
+                ("until", "2000"),
+                ("category", "model_error"),
+                ("limit", "5"),
+            ]),
+            0,
+        )
+        .unwrap();
+        assert_eq!((ok.since_ms, ok.until_ms, ok.limit), (1000, 2000, 5));
+        let rfc = failure_query(
+            params(&[("since", "2026-11-30T00:00:00Z")]),
+            1_800_000_000_000,
+        )
+        .unwrap();
+        assert_eq!(rfc.since_ms, 1_795_996_800_000);
+        let bad = [
+            (vec![("since", "yesterday")], "since"),
+            (vec![("since", "2000"), ("until", "1000")], "until"),
+            (vec![("limit", "0")], "limit"),
+            (vec![("limit", "abc")], "limit"),
+            (vec![("category", "martian")], "category"),
+            (vec![("criticality", "urgent")], "criticality"),
+            (vec![("cursor", "zz")], "cursor"),
+        ];
+        for (p, want) in bad {
+            let e = failure_query(params(&p), 10_000_000).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            assert!(e.message.contains(want), "{p:?}: {}", e.message);
+        }
+    }
+}

@@ -1,1 +1,90 @@
-//! ingest (placeholder until its issue lands).
+//! Ingest: everything that arrives from outside and must not be lost.
+//!
+//! - [`http`]: OTLP/HTTP (`POST /v1/traces`, `POST /v1/logs`; protobuf and JSON; gzip; partial
+//!   success), `POST /v1/failures` (NDJSON, per-line errors) and `POST /v1/agents/snapshot`.
+//! - [`grpc`]: OTLP/gRPC trace and logs services (tonic, opentelemetry-proto types).
+//! - [`otlp`]: pure conversion of OTLP messages into rows and failure events.
+//! - [`pipeline`]: bounded memory → batches → store, with [`spool`] as the on-disk fallback.
+//! - [`hosts`]: per-host last-seen and fresh/stale/down from snapshots.
+//!
+//! All receivers end in [`accept`], which tags failures, counts, publishes them to live
+//! subscribers and submits one batch to the pipeline.
+
+pub mod grpc;
+pub mod hosts;
+pub mod http;
+pub mod otlp;
+pub mod pipeline;
+pub mod spool;
+
+use std::sync::Arc;
+
+use brownout_protocol::{AgentSnapshot, FailureEvent};
+
+use crate::serve::AppState;
+use crate::store::{Batch, FailureRow, LogRow, SpanRow};
+pub use pipeline::{Pipeline, SubmitError, WriterStatus};
+
+/// Assigns a pattern id to a failure event at ingest (the patterns component provides one;
+/// without it, `pattern` stays empty). Must be fast: it runs on the request path.
+pub trait FailureTagger: Send + Sync + 'static {
+    fn tag(&self, event: &FailureEvent) -> String;
+}
+
+/// Rows from one request, before tagging.
+#[derive(Debug, Default)]
+pub struct Accepted {
+    pub spans: Vec<SpanRow>,
+    pub logs: Vec<LogRow>,
+    pub failures: Vec<FailureEvent>,
+    pub snapshots: Vec<AgentSnapshot>,
+}
+
+/// Tags, counts and submits one request's rows. Counters move only once the pipeline has
+/// accepted the rows.
+///
+/// # Errors
+/// [`SubmitError`] when the pipeline cannot take them now (answer 503 + Retry-After).
+pub async fn accept(
+    state: &AppState,
+    rows: Accepted,
+    approx_bytes: usize,
+) -> Result<(), SubmitError> {
+    let tagger = state.tagger.clone();
+    let failures: Vec<FailureRow> = rows
+        .failures
+        .into_iter()
+        .map(|e| {
+            let pattern = tagger.as_ref().map(|t| t.tag(&e)).unwrap_or_default();
+            otlp::failure_row(e, pattern)
+        })
+        .collect();
+    let (n_spans, n_logs, n_fail, n_snap) = (
+        rows.spans.len(),
+        rows.logs.len(),
+        failures.len(),
+        rows.snapshots.len(),
+    );
+    let live: Vec<FailureRow> = if state.failures_tx.receiver_count() > 0 {
+        failures.clone()
+    } else {
+        Vec::new()
+    };
+    let batch = Batch {
+        id: 0,
+        spans: rows.spans,
+        logs: rows.logs,
+        failures,
+        snapshots: rows.snapshots,
+    };
+    state.pipeline.submit(batch, approx_bytes).await?;
+    let m = &state.metrics.ingest;
+    m.spans_total.inc_by(n_spans as u64);
+    m.logs_total.inc_by(n_logs as u64);
+    m.failures_total.inc_by(n_fail as u64);
+    m.snapshots_total.inc_by(n_snap as u64);
+    for f in live {
+        let _ = state.failures_tx.send(Arc::new(f));
+    }
+    Ok(())
+}

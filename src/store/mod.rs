@@ -1,1 +1,396 @@
-//! store (placeholder until its issue lands).
+//! Storage: one [`Store`] trait, two real backends.
+//!
+//! - [`clickhouse::ClickHouseStore`] (when `CLICKHOUSE_URL` is set): the official crate, written
+//!   for ClickHouse 18.16 (ARCHITECTURE.md §4): no validation, `.bind()`, `DateTime` + `UInt64`
+//!   micros, parallel `Array(String)` attributes, tables partitioned by day, retention by
+//!   dropping partitions.
+//! - [`sqlite::SqliteStore`] (the embedded default): rusqlite under the data dir, WAL mode, one
+//!   writer and one reader connection.
+//!
+//! Ingest writes whole [`Batch`]es. A batch carries a random id; writing the same batch twice
+//! stores it once ([`WriteMode::Replay`] checks what is already there), which is what makes the
+//! spool's replay exactly-once. Everything else in the crate reads through the query methods
+//! here and keeps its own small state with [`Store::put_doc`] / [`Store::list_docs`].
+
+pub mod clickhouse;
+pub mod sqlite;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use brownout_protocol::{AgentSnapshot, FailureEvent};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+
+/// What went wrong talking to a store. Never shown to HTTP clients as-is.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("clickhouse: {0}")]
+    ClickHouse(#[from] ::clickhouse::error::Error),
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("store task failed: {0}")]
+    Join(String),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("bad query: {0}")]
+    BadQuery(String),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The boxed future every [`Store`] method returns (keeps the trait object-safe).
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// A span as stored: one request (or a step of one) in a trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpanRow {
+    /// 32 lowercase hex digits.
+    pub trace_id: String,
+    /// 16 lowercase hex digits.
+    pub span_id: String,
+    /// Empty for a root span.
+    pub parent_span_id: String,
+    pub service: String,
+    pub name: String,
+    /// OTLP span kind (0 unspecified, 1 internal, 2 server, 3 client, 4 producer, 5 consumer).
+    pub kind: u8,
+    pub start_us: u64,
+    pub duration_us: u64,
+    /// OTLP status code (0 unset, 1 ok, 2 error). Error means a bad request for SLOs.
+    pub status: u8,
+    pub status_message: String,
+    /// `feature` / `brownout.feature` attribute, or empty.
+    pub feature: String,
+    /// `critical`, `default` or `sheddable`.
+    pub criticality: String,
+    pub host: String,
+    /// True for spans that count as requests in SLOs: roots and server spans.
+    pub is_request: bool,
+    /// Span then resource attributes, values rendered as strings.
+    pub attributes: Vec<(String, String)>,
+}
+
+/// Span status codes.
+pub const STATUS_ERROR: u8 = 2;
+
+/// An OTLP log record as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogRow {
+    pub ts_us: u64,
+    pub trace_id: String,
+    pub span_id: String,
+    pub service: String,
+    pub host: String,
+    /// OTLP severity number (17–20 ERROR, 21–24 FATAL).
+    pub severity_number: u8,
+    pub severity_text: String,
+    pub body: String,
+    pub attributes: Vec<(String, String)>,
+}
+
+/// A failure event as stored: the event plus a unique id and the pattern it was tagged with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailureRow {
+    /// Unique; the tie-breaker for pagination.
+    pub id: String,
+    /// Pattern id assigned at ingest by the configured tagger, or empty.
+    pub pattern: String,
+    #[serde(flatten)]
+    pub event: FailureEvent,
+}
+
+/// A snapshot as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotRow {
+    pub snapshot: AgentSnapshot,
+}
+
+/// Everything one store write carries. `id` makes writes idempotent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    pub id: u64,
+    #[serde(default)]
+    pub spans: Vec<SpanRow>,
+    #[serde(default)]
+    pub logs: Vec<LogRow>,
+    #[serde(default)]
+    pub failures: Vec<FailureRow>,
+    #[serde(default)]
+    pub snapshots: Vec<AgentSnapshot>,
+}
+
+impl Batch {
+    /// A new, empty batch with a fresh random id.
+    pub fn new() -> Batch {
+        Batch {
+            id: new_batch_id(),
+            ..Batch::default()
+        }
+    }
+    pub fn num_rows(&self) -> usize {
+        self.spans.len() + self.logs.len() + self.failures.len() + self.snapshots.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.num_rows() == 0
+    }
+    /// Moves `other`'s rows into `self`.
+    pub fn append(&mut self, other: &mut Batch) {
+        self.spans.append(&mut other.spans);
+        self.logs.append(&mut other.logs);
+        self.failures.append(&mut other.failures);
+        self.snapshots.append(&mut other.snapshots);
+    }
+}
+
+/// A random, non-zero batch id.
+pub fn new_batch_id() -> u64 {
+    loop {
+        let id = rand::random::<u64>() >> 1; // fits i64 for SQLite
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+/// How a batch is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Never tried before: write without checking.
+    Fresh,
+    /// May already be (partly) stored: write only what is missing.
+    Replay,
+}
+
+/// Filters for [`Store::failures`]. Newest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FailureQuery {
+    /// Inclusive, unix ms.
+    pub since_ms: u64,
+    /// Exclusive, unix ms.
+    pub until_ms: u64,
+    pub service: Option<String>,
+    pub category: Option<String>,
+    pub feature: Option<String>,
+    pub criticality: Option<String>,
+    pub pattern: Option<String>,
+    /// Page size (1..=10_000).
+    pub limit: usize,
+    /// Continue after this position (from a previous page).
+    pub cursor: Option<FailureCursor>,
+}
+
+/// Position in the newest-first order of failures: `(ts_ms, id)` of the last row returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureCursor {
+    pub ts_ms: u64,
+    pub id: String,
+}
+
+impl FailureCursor {
+    /// Opaque text form: `<ts_ms>.<hex(id)>`.
+    pub fn encode(&self) -> String {
+        format!("{}.{}", self.ts_ms, hex::encode(self.id.as_bytes()))
+    }
+    pub fn decode(s: &str) -> Option<FailureCursor> {
+        let (ts, id) = s.split_once('.')?;
+        let ts_ms = ts.parse().ok()?;
+        let id = String::from_utf8(hex::decode(id).ok()?).ok()?;
+        Some(FailureCursor { ts_ms, id })
+    }
+}
+
+/// One page of failures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FailurePage {
+    pub items: Vec<FailureRow>,
+    /// Present when more rows may follow.
+    pub next_cursor: Option<String>,
+}
+
+/// Filters for [`Store::request_counts`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct CountQuery {
+    /// Inclusive, unix ms.
+    pub since_ms: u64,
+    /// Exclusive, unix ms.
+    pub until_ms: u64,
+    /// Bucket width (≥ 1000 ms).
+    pub bucket_ms: u64,
+    pub service: Option<String>,
+    /// When set, a request is good only if it did not fail *and* took at most this long.
+    pub latency_threshold_ms: Option<u64>,
+}
+
+/// Good and total requests (spans with `is_request`) in one bucket for one
+/// service/feature/criticality.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestCount {
+    /// Bucket start, unix ms.
+    pub bucket_ms: u64,
+    pub service: String,
+    pub feature: String,
+    pub criticality: String,
+    pub good: u64,
+    pub total: u64,
+}
+
+/// A stored JSON document (pattern templates, degradation decisions, reports…).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Doc {
+    pub kind: String,
+    pub key: String,
+    /// When it was last written, unix ms.
+    pub updated_ms: u64,
+    pub value: serde_json::Value,
+}
+
+/// Row counts, for tests and the benchmark.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RowCounts {
+    pub spans: u64,
+    pub logs: u64,
+    pub failures: u64,
+    pub snapshots: u64,
+}
+
+/// The storage boundary. Implementations are cheap to share (`Arc<dyn Store>`).
+pub trait Store: Send + Sync + 'static {
+    /// `"clickhouse"` or `"sqlite"`.
+    fn backend(&self) -> &'static str;
+
+    /// Creates tables if needed.
+    fn migrate(&self) -> StoreFuture<'_, ()>;
+
+    /// Cheap liveness check.
+    fn ping(&self) -> StoreFuture<'_, ()>;
+
+    /// Writes one batch. With [`WriteMode::Replay`] rows of this batch id already stored are
+    /// not written again.
+    fn write_batch<'a>(&'a self, batch: &'a Batch, mode: WriteMode) -> StoreFuture<'a, ()>;
+
+    /// All spans of one trace, by start time.
+    fn trace<'a>(&'a self, trace_id: &'a str) -> StoreFuture<'a, Vec<SpanRow>>;
+
+    /// Failures, newest first, filtered and paginated.
+    fn failures<'a>(&'a self, q: &'a FailureQuery) -> StoreFuture<'a, FailurePage>;
+
+    /// Good/total request counts per bucket, service, feature and criticality (SLIs).
+    fn request_counts<'a>(&'a self, q: &'a CountQuery) -> StoreFuture<'a, Vec<RequestCount>>;
+
+    /// The latest snapshot of each host seen at or after `since_ms`, by host name.
+    fn latest_snapshots(&self, since_ms: u64) -> StoreFuture<'_, Vec<AgentSnapshot>>;
+
+    /// Creates or replaces a document.
+    fn put_doc<'a>(
+        &'a self,
+        kind: &'a str,
+        key: &'a str,
+        value: &'a serde_json::Value,
+    ) -> StoreFuture<'a, ()>;
+
+    /// One document, if present.
+    fn get_doc<'a>(&'a self, kind: &'a str, key: &'a str) -> StoreFuture<'a, Option<Doc>>;
+
+    /// Documents of one kind updated at or after `since_ms`, by key.
+    fn list_docs<'a>(&'a self, kind: &'a str, since_ms: u64) -> StoreFuture<'a, Vec<Doc>>;
+
+    /// Retention: removes spans, logs, failures and snapshots older than the day holding
+    /// `cutoff_ms`. Returns how many partitions (ClickHouse) or rows (SQLite) went.
+    fn drop_before(&self, cutoff_ms: u64) -> StoreFuture<'_, u64>;
+
+    /// How many rows each table holds.
+    fn count_rows(&self) -> StoreFuture<'_, RowCounts>;
+}
+
+/// Opens the store the config asks for (ClickHouse when configured, else SQLite under the data
+/// dir) and creates its tables.
+///
+/// # Errors
+/// When the store cannot be opened or migrated. ClickHouse being down at start is an error
+/// here; callers that want to start anyway can retry.
+pub async fn open(config: &Config) -> Result<Arc<dyn Store>, StoreError> {
+    let store: Arc<dyn Store> = match &config.clickhouse {
+        Some(ch) => Arc::new(clickhouse::ClickHouseStore::new(ch)),
+        None => {
+            std::fs::create_dir_all(&config.data_dir)?;
+            Arc::new(sqlite::SqliteStore::open(&config.sqlite_path())?)
+        }
+    };
+    store.migrate().await?;
+    Ok(store)
+}
+
+/// Attributes as a JSON object text (SQLite column) — order kept.
+pub(crate) fn attrs_to_json(attrs: &[(String, String)]) -> String {
+    let map: serde_json::Map<String, serde_json::Value> = attrs
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    serde_json::Value::Object(map).to_string()
+}
+
+pub(crate) fn attrs_from_json(s: &str) -> Vec<(String, String)> {
+    match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(s) {
+        Ok(m) => m
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    k,
+                    v.as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string()),
+                )
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+pub(crate) fn map_to_pairs(m: &BTreeMap<String, String>) -> (Vec<String>, Vec<String>) {
+    (m.keys().cloned().collect(), m.values().cloned().collect())
+}
+
+/// A monotonic microsecond clock for document versions (two writes in one ms still order).
+pub(crate) fn doc_version_us() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap_or(0);
+    let mut prev = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = now.max(prev + 1);
+        match LAST.compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(p) => prev = p,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_round_trips() {
+        for id in ["", "a.b", "x-1", "ünï"] {
+            let c = FailureCursor {
+                ts_ms: 17,
+                id: id.into(),
+            };
+            assert_eq!(FailureCursor::decode(&c.encode()), Some(c));
+        }
+        for bad in ["", "17", "x.00", "17.zz", "17.ff"] {
+            assert_eq!(FailureCursor::decode(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn doc_versions_increase() {
+        let a = doc_version_us();
+        let b = doc_version_us();
+        assert!(b > a);
+    }
+}

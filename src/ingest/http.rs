@@ -1,0 +1,589 @@
+//! HTTP receivers (ingest token): OTLP/HTTP traces and logs, failure NDJSON, agent snapshots.
+//!
+//! Bodies are read with a hard limit (`ingest.max_body_bytes`, checked on `Content-Length`
+//! first, then while reading, then while un-gzipping): 413 past it. A truncated or corrupt
+//! gzip stream, malformed protobuf or JSON, invalid UTF-8 or NUL bytes are 400 with a message
+//! saying what and where. A full spool or exhausted memory is 503 with `Retry-After`.
+//!
+//! OTLP answers follow the OTLP/HTTP spec: 200 with an `Export*ServiceResponse` (whose
+//! `partial_success` counts refused items), errors as a `google.rpc.Status`, both in the
+//! request's encoding (protobuf or JSON).
+
+use std::io::Read;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use brownout_protocol::{AgentSnapshot, FailureEvent};
+use opentelemetry_proto::tonic::collector::logs::v1::{
+    ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use prost::Message;
+use serde::Serialize;
+
+use super::{Accepted, SubmitError, accept, otlp};
+use crate::api::ApiError;
+use crate::auth::Role;
+use crate::serve::AppState;
+
+/// The ingest routes, guarded by the ingest token.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/traces", post(traces))
+        .route("/v1/logs", post(logs))
+        .route("/v1/failures", post(failures))
+        .route("/v1/agents/snapshot", post(snapshot))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_ingest,
+        ))
+        .with_state(state)
+}
+
+async fn require_ingest(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    match state.tokens.check(Role::Ingest, req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => {
+            state.metrics.reject("unauthorized");
+            e.into_response()
+        }
+    }
+}
+
+/// Why a body could not be read.
+#[derive(Debug)]
+pub enum BodyError {
+    TooLarge(usize),
+    BadGzip(String),
+    UnsupportedEncoding(String),
+    Read(String),
+}
+
+impl BodyError {
+    fn reason(&self) -> &'static str {
+        match self {
+            BodyError::TooLarge(_) => "body_too_large",
+            BodyError::BadGzip(_) | BodyError::Read(_) => "bad_encoding",
+            BodyError::UnsupportedEncoding(_) => "unsupported_media_type",
+        }
+    }
+
+    fn into_api(self) -> ApiError {
+        match self {
+            BodyError::TooLarge(max) => ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!(
+                    "request body exceeds {max} bytes (after decompression); send smaller batches"
+                ),
+            ),
+            BodyError::BadGzip(e) => ApiError::bad_request(
+                "bad_gzip",
+                format!("gzip body is truncated or corrupt: {e}"),
+            ),
+            BodyError::UnsupportedEncoding(e) => ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_encoding",
+                format!("Content-Encoding {e:?} is not supported (use gzip or none)"),
+            ),
+            BodyError::Read(e) => {
+                ApiError::bad_request("bad_body", format!("cannot read the request body: {e}"))
+            }
+        }
+    }
+}
+
+/// Reads a body up to `max` bytes, un-gzipping when `Content-Encoding: gzip`.
+///
+/// # Errors
+/// [`BodyError`] for each way a body can be unacceptable.
+pub async fn read_body(headers: &HeaderMap, body: Body, max: usize) -> Result<Bytes, BodyError> {
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > max as u64 {
+            return Err(BodyError::TooLarge(max));
+        }
+    }
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase())
+        .unwrap_or_default();
+    let raw = match axum::body::to_bytes(body, max).await {
+        Ok(b) => b,
+        Err(e) => {
+            let too_large = std::error::Error::source(&e).is_some_and(|s| {
+                s.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+            }) || e.to_string().contains("length limit");
+            return Err(if too_large {
+                BodyError::TooLarge(max)
+            } else {
+                BodyError::Read(e.to_string())
+            });
+        }
+    };
+    match encoding.as_str() {
+        "" | "identity" => Ok(raw),
+        "gzip" | "x-gzip" => {
+            let mut out = Vec::with_capacity(raw.len().saturating_mul(4).min(max));
+            let dec = flate2::read::GzDecoder::new(&raw[..]);
+            let mut limited = dec.take(max as u64 + 1);
+            limited
+                .read_to_end(&mut out)
+                .map_err(|e| BodyError::BadGzip(e.to_string()))?;
+            if out.len() > max {
+                return Err(BodyError::TooLarge(max));
+            }
+            Ok(Bytes::from(out))
+        }
+        other => Err(BodyError::UnsupportedEncoding(other.to_string())),
+    }
+}
+
+/// OTLP's two encodings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    Protobuf,
+    Json,
+}
+
+fn otlp_encoding(headers: &HeaderMap) -> Option<Encoding> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let base = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    match base.as_str() {
+        "application/x-protobuf" | "application/protobuf" => Some(Encoding::Protobuf),
+        "application/json" => Some(Encoding::Json),
+        _ => None,
+    }
+}
+
+/// `google.rpc.Status`, the body of an OTLP/HTTP error.
+#[derive(Clone, PartialEq, prost::Message, Serialize)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
+fn otlp_error(enc: Encoding, e: ApiError) -> Response {
+    // gRPC codes: 3 INVALID_ARGUMENT, 8 RESOURCE_EXHAUSTED, 14 UNAVAILABLE, 16 UNAUTHENTICATED.
+    let code = match e.status {
+        StatusCode::SERVICE_UNAVAILABLE => 14,
+        StatusCode::PAYLOAD_TOO_LARGE => 8,
+        _ => 3,
+    };
+    let status = RpcStatus {
+        code,
+        message: format!("{}: {}", e.code, e.message),
+    };
+    let mut r = encode(enc, e.status, &status, status.encode_to_vec());
+    if let Some(s) = e.retry_after_secs {
+        r.headers_mut().insert(header::RETRY_AFTER, s.into());
+    }
+    r
+}
+
+fn encode<T: Serialize>(enc: Encoding, status: StatusCode, msg: &T, proto: Vec<u8>) -> Response {
+    match enc {
+        Encoding::Protobuf => (
+            status,
+            [(header::CONTENT_TYPE, "application/x-protobuf")],
+            proto,
+        )
+            .into_response(),
+        Encoding::Json => (status, Json(msg)).into_response(),
+    }
+}
+
+fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::Overloaded { retry_after_secs } => {
+            ApiError::unavailable("overloaded", e.to_string(), retry_after_secs)
+        }
+        SubmitError::SpoolFull { retry_after_secs } => {
+            ApiError::unavailable("spool_full", e.to_string(), retry_after_secs)
+        }
+        SubmitError::Closed => ApiError::unavailable("shutting_down", e.to_string(), 5),
+    }
+}
+
+/// Decodes an OTLP request body in its encoding.
+fn decode<T: Message + Default + for<'de> serde::Deserialize<'de>>(
+    enc: Encoding,
+    body: &[u8],
+) -> Result<T, ApiError> {
+    match enc {
+        Encoding::Protobuf => T::decode(body).map_err(|e| {
+            ApiError::bad_request(
+                "malformed_protobuf",
+                format!("request is not a valid OTLP protobuf message: {e}"),
+            )
+        }),
+        Encoding::Json => {
+            let text = std::str::from_utf8(body).map_err(|e| {
+                ApiError::bad_request(
+                    "invalid_utf8",
+                    format!("JSON body is not valid UTF-8 (at byte {})", e.valid_up_to()),
+                )
+            })?;
+            serde_json::from_str(text).map_err(|e| {
+                ApiError::bad_request(
+                    "malformed_json",
+                    format!("request is not a valid OTLP JSON message: {e}"),
+                )
+            })
+        }
+    }
+}
+
+async fn otlp_prelude(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Encoding, Bytes), Response> {
+    let Some(enc) = otlp_encoding(headers) else {
+        state.metrics.reject("unsupported_media_type");
+        let e = ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "Content-Type must be application/x-protobuf or application/json",
+        );
+        return Err(e.into_response());
+    };
+    match read_body(headers, body, state.config.ingest.max_body_bytes).await {
+        Ok(b) => Ok((enc, b)),
+        Err(e) => {
+            state.metrics.reject(e.reason());
+            Err(otlp_error(enc, e.into_api()))
+        }
+    }
+}
+
+async fn traces(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let (enc, bytes) = match otlp_prelude(&state, &headers, body).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let req: ExportTraceServiceRequest = match decode(enc, &bytes) {
+        Ok(r) => r,
+        Err(e) => {
+            state.metrics.reject("malformed");
+            return otlp_error(enc, e);
+        }
+    };
+    let c = otlp::convert_traces(&req);
+    drop(req);
+    let (rejected, first_error) = (c.rejected, c.first_error.clone());
+    let approx = bytes.len() * 2 + 256;
+    let rows = Accepted {
+        spans: c.spans,
+        failures: c.failures,
+        ..Accepted::default()
+    };
+    if let Err(e) = accept(&state, rows, approx).await {
+        return otlp_error(enc, submit_error(e));
+    }
+    if rejected > 0 {
+        state
+            .metrics
+            .ingest
+            .rejected_total
+            .with_label_values(&["malformed"])
+            .inc_by(rejected);
+    }
+    let resp = ExportTraceServiceResponse {
+        partial_success: (rejected > 0).then(|| ExportTracePartialSuccess {
+            rejected_spans: i64::try_from(rejected).unwrap_or(i64::MAX),
+            error_message: first_error.unwrap_or_default(),
+        }),
+    };
+    encode(enc, StatusCode::OK, &resp, resp.encode_to_vec())
+}
+
+async fn logs(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let (enc, bytes) = match otlp_prelude(&state, &headers, body).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let req: ExportLogsServiceRequest = match decode(enc, &bytes) {
+        Ok(r) => r,
+        Err(e) => {
+            state.metrics.reject("malformed");
+            return otlp_error(enc, e);
+        }
+    };
+    let c = otlp::convert_logs(&req, brownout_protocol::now_ms());
+    drop(req);
+    let (rejected, first_error) = (c.rejected, c.first_error.clone());
+    let approx = bytes.len() * 2 + 256;
+    let rows = Accepted {
+        logs: c.logs,
+        failures: c.failures,
+        ..Accepted::default()
+    };
+    if let Err(e) = accept(&state, rows, approx).await {
+        return otlp_error(enc, submit_error(e));
+    }
+    if rejected > 0 {
+        state
+            .metrics
+            .ingest
+            .rejected_total
+            .with_label_values(&["malformed"])
+            .inc_by(rejected);
+    }
+    let resp = ExportLogsServiceResponse {
+        partial_success: (rejected > 0).then(|| ExportLogsPartialSuccess {
+            rejected_log_records: i64::try_from(rejected).unwrap_or(i64::MAX),
+            error_message: first_error.unwrap_or_default(),
+        }),
+    };
+    encode(enc, StatusCode::OK, &resp, resp.encode_to_vec())
+}
+
+/// One refused NDJSON line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LineError {
+    /// 1-based.
+    pub line: usize,
+    pub error: String,
+}
+
+/// What parsing an NDJSON body produced.
+#[derive(Debug, Default)]
+pub struct NdjsonParse {
+    pub events: Vec<FailureEvent>,
+    pub errors: Vec<LineError>,
+    pub num_rejected: usize,
+    pub num_too_long: usize,
+}
+
+/// At most this many line errors are listed in a response (all are counted).
+pub const MAX_LISTED_ERRORS: usize = 100;
+
+/// Splits an NDJSON body into failure events and per-line errors. Blank lines are skipped;
+/// `\r\n` is accepted.
+pub fn parse_ndjson(body: &[u8], max_line: usize) -> NdjsonParse {
+    let mut out = NdjsonParse::default();
+    for (i, raw) in body.split(|b| *b == b'\n').enumerate() {
+        let line = raw.strip_suffix(b"\r").unwrap_or(raw);
+        if line.iter().all(|b| b.is_ascii_whitespace()) {
+            continue;
+        }
+        let err = if line.len() > max_line {
+            out.num_too_long += 1;
+            Some(format!(
+                "line is {} bytes, longer than the {max_line}-byte limit",
+                line.len()
+            ))
+        } else {
+            match FailureEvent::parse_line(line) {
+                Ok(ev) => {
+                    out.events.push(ev);
+                    None
+                }
+                Err(e) => Some(e.to_string()),
+            }
+        };
+        if let Some(error) = err {
+            out.num_rejected += 1;
+            if out.errors.len() < MAX_LISTED_ERRORS {
+                out.errors.push(LineError { line: i + 1, error });
+            }
+        }
+    }
+    out
+}
+
+async fn failures(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let bytes = match read_body(&headers, body, state.config.ingest.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => {
+            state.metrics.reject(e.reason());
+            return e.into_api().into_response();
+        }
+    };
+    let parsed = parse_ndjson(&bytes, state.config.ingest.max_ndjson_line_bytes);
+    let m = &state.metrics;
+    let too_long = parsed.num_too_long as u64;
+    m.ingest
+        .rejected_total
+        .with_label_values(&["line_too_long"])
+        .inc_by(too_long);
+    m.ingest
+        .rejected_total
+        .with_label_values(&["invalid_line"])
+        .inc_by(parsed.num_rejected as u64 - too_long);
+    let accepted = parsed.events.len();
+    if accepted == 0 {
+        let msg = if parsed.num_rejected == 0 {
+            "the body holds no failure events (one JSON object per line)".to_string()
+        } else {
+            format!("all {} lines were refused", parsed.num_rejected)
+        };
+        let body = serde_json::json!({
+            "error": {"code": "no_valid_lines", "message": msg},
+            "accepted": 0, "rejected": parsed.num_rejected, "errors": parsed.errors,
+        });
+        return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+    }
+    let approx = bytes.len() * 2 + 256;
+    if let Err(e) = accept(
+        &state,
+        Accepted {
+            failures: parsed.events,
+            ..Accepted::default()
+        },
+        approx,
+    )
+    .await
+    {
+        return submit_error(e).into_response();
+    }
+    Json(serde_json::json!({"accepted": accepted, "rejected": parsed.num_rejected, "errors": parsed.errors})).into_response()
+}
+
+async fn snapshot(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let bytes = match read_body(&headers, body, state.config.ingest.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => {
+            state.metrics.reject(e.reason());
+            return e.into_api().into_response();
+        }
+    };
+    let text = match std::str::from_utf8(&bytes) {
+        Ok(t) if !t.contains('\0') => t,
+        Ok(_) => {
+            state.metrics.reject("malformed");
+            return ApiError::bad_request("nul_byte", "snapshot contains a NUL byte")
+                .into_response();
+        }
+        Err(e) => {
+            state.metrics.reject("bad_encoding");
+            return ApiError::bad_request(
+                "invalid_utf8",
+                format!("snapshot is not valid UTF-8 (at byte {})", e.valid_up_to()),
+            )
+            .into_response();
+        }
+    };
+    let mut snap: AgentSnapshot = match serde_json::from_str(text) {
+        Ok(s) => s,
+        Err(e) => {
+            state.metrics.reject("malformed");
+            return ApiError::bad_request("malformed_json", format!("not an agent snapshot: {e}"))
+                .into_response();
+        }
+    };
+    if snap.host.trim().is_empty() {
+        state.metrics.reject("malformed");
+        return ApiError::bad_request("bad_field", "field `host` must not be empty")
+            .into_response();
+    }
+    let now = brownout_protocol::now_ms();
+    if snap.ts_ms == 0 {
+        snap.ts_ms = now;
+    }
+    state.hosts.observe(snap.clone(), now);
+    if let Err(e) = accept(
+        &state,
+        Accepted {
+            snapshots: vec![snap],
+            ..Accepted::default()
+        },
+        bytes.len() * 2 + 256,
+    )
+    .await
+    {
+        return submit_error(e).into_response();
+    }
+    Json(serde_json::json!({"accepted": 1})).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ndjson_reports_bad_lines_by_number() {
+        let body = b"{\"ts\":1,\"service\":\"a\",\"message\":\"x\"}\n\
+                     \n\
+                     {\"ts\":1,\"service\":\"a\"}\r\n\
+                     {\"ts\":2,\"service\":\"b\",\"message\":\"y\"}\r\n\
+                     \xff\xfe\n\
+                     {\"ts\":1,\"service\":\"a\",\"message\":\"x\0\"}\n\
+                     {\"ts\":3,\"service\":\"c\",\"message\":\"" as &[u8];
+        let mut body = body.to_vec();
+        body.extend(std::iter::repeat_n(b'z', 400));
+        body.extend(b"\"}");
+        let p = parse_ndjson(&body, 256);
+        assert_eq!(p.events.len(), 2);
+        let lines: Vec<usize> = p.errors.iter().map(|e| e.line).collect();
+        assert_eq!(lines, vec![3, 5, 6, 7]);
+        assert!(p.errors[0].error.contains("message"), "{:?}", p.errors[0]);
+        assert!(p.errors[1].error.contains("UTF-8"));
+        assert!(p.errors[2].error.contains("NUL"));
+        assert!(p.errors[3].error.contains("longer than"));
+        assert_eq!((p.num_rejected, p.num_too_long), (4, 1));
+    }
+
+    #[tokio::test]
+    async fn bodies_limits_and_gzip() {
+        use std::io::Write;
+        let mut h = HeaderMap::new();
+        let b = read_body(&h, Body::from("hello"), 1024).await.unwrap();
+        assert_eq!(&b[..], b"hello");
+        assert!(matches!(
+            read_body(&h, Body::from(vec![0u8; 2048]), 1024).await,
+            Err(BodyError::TooLarge(1024))
+        ));
+        h.insert(header::CONTENT_ENCODING, "gzip".parse().unwrap());
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(&[b'a'; 4000]).unwrap();
+        let gz = gz.finish().unwrap();
+        assert!(gz.len() < 1024);
+        assert!(
+            matches!(
+                read_body(&h, Body::from(gz.clone()), 1024).await,
+                Err(BodyError::TooLarge(_))
+            ),
+            "gzip bomb stops at the limit"
+        );
+        assert_eq!(
+            read_body(&h, Body::from(gz.clone()), 8192)
+                .await
+                .unwrap()
+                .len(),
+            4000
+        );
+        let truncated = gz[..gz.len() - 10].to_vec();
+        assert!(matches!(
+            read_body(&h, Body::from(truncated), 8192).await,
+            Err(BodyError::BadGzip(_))
+        ));
+        h.insert(header::CONTENT_ENCODING, "br".parse().unwrap());
+        assert!(matches!(
+            read_body(&h, Body::from("x"), 8192).await,
+            Err(BodyError::UnsupportedEncoding(_))
+        ));
+    }
+}

@@ -1,0 +1,507 @@
+//! OTLP → rows: pure conversion, shared by the HTTP and gRPC receivers.
+//!
+//! - A span becomes a [`SpanRow`]; service from the resource's `service.name`, host from
+//!   `host.name`, feature/criticality from the span's (or resource's) `feature` /
+//!   `brownout.feature` / `criticality` attributes. Spans with status ERROR also become
+//!   failure events ([`FailureEvent::from_attributes`]; `exception` events' attributes
+//!   included; trace id kept).
+//! - A log record becomes a [`LogRow`]; severity ≥ ERROR (17) — or, when the number is
+//!   unspecified, severity text ERROR/FATAL — also becomes a failure event.
+//! - A span or record with an invalid id (trace id not 16 bytes, span id not 8) is rejected
+//!   and counted for OTLP's `partial_success`.
+
+use brownout_protocol::{Criticality, FailureEvent};
+use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
+
+use crate::store::{FailureRow, LogRow, STATUS_ERROR, SpanRow};
+
+/// OTLP severity number of ERROR.
+pub const SEVERITY_ERROR: i32 = 17;
+
+/// What one export request turned into.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Converted {
+    pub spans: Vec<SpanRow>,
+    pub logs: Vec<LogRow>,
+    pub failures: Vec<FailureEvent>,
+    /// Items refused (invalid ids), for `partial_success`.
+    pub rejected: u64,
+    /// The first refusal's reason.
+    pub first_error: Option<String>,
+}
+
+impl Converted {
+    fn reject(&mut self, why: String) {
+        self.rejected += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(why);
+        }
+    }
+}
+
+/// Renders an attribute value as text: strings as-is, numbers and booleans in their usual
+/// form, bytes as hex, arrays and maps as JSON.
+pub fn value_to_string(v: Option<&AnyValue>) -> String {
+    match v.and_then(|v| v.value.as_ref()) {
+        None => String::new(),
+        Some(Value::StringValue(s)) => s.clone(),
+        Some(Value::BoolValue(b)) => b.to_string(),
+        Some(Value::IntValue(i)) => i.to_string(),
+        Some(Value::DoubleValue(d)) => d.to_string(),
+        Some(Value::BytesValue(b)) => hex::encode(b),
+        Some(other) => value_to_json(other).to_string(),
+    }
+}
+
+fn value_to_json(v: &Value) -> serde_json::Value {
+    match v {
+        Value::StringValue(s) => s.clone().into(),
+        Value::BoolValue(b) => (*b).into(),
+        Value::IntValue(i) => (*i).into(),
+        Value::DoubleValue(d) => {
+            serde_json::Number::from_f64(*d).map_or(serde_json::Value::Null, Into::into)
+        }
+        Value::BytesValue(b) => hex::encode(b).into(),
+        Value::ArrayValue(a) => a
+            .values
+            .iter()
+            .map(|x| {
+                x.value
+                    .as_ref()
+                    .map_or(serde_json::Value::Null, value_to_json)
+            })
+            .collect(),
+        Value::KvlistValue(kv) => kv
+            .values
+            .iter()
+            .map(|k| {
+                (
+                    k.key.clone(),
+                    k.value
+                        .as_ref()
+                        .and_then(|x| x.value.as_ref())
+                        .map_or(serde_json::Value::Null, value_to_json),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+        #[allow(unreachable_patterns)]
+        _ => serde_json::Value::Null,
+    }
+}
+
+fn pairs(kvs: &[KeyValue]) -> impl Iterator<Item = (String, String)> + '_ {
+    kvs.iter()
+        .map(|kv| (kv.key.clone(), value_to_string(kv.value.as_ref())))
+}
+
+fn find<'a>(attrs: &'a [(String, String)], names: &[&str]) -> Option<&'a str> {
+    names
+        .iter()
+        .find_map(|n| attrs.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str()))
+}
+
+/// 16-byte trace id → 32 hex digits; empty or wrong length → Err.
+fn trace_hex(b: &[u8]) -> Result<String, String> {
+    if b.len() == 16 && b.iter().any(|x| *x != 0) {
+        Ok(hex::encode(b))
+    } else {
+        Err(format!(
+            "trace id must be 16 non-zero bytes, got {}",
+            b.len()
+        ))
+    }
+}
+
+fn span_hex(b: &[u8], what: &str) -> Result<String, String> {
+    if b.len() == 8 && b.iter().any(|x| *x != 0) {
+        Ok(hex::encode(b))
+    } else {
+        Err(format!("{what} must be 8 non-zero bytes, got {}", b.len()))
+    }
+}
+
+fn ns_to_us(ns: u64) -> u64 {
+    ns / 1000
+}
+
+/// Converts a trace export.
+pub fn convert_traces(req: &ExportTraceServiceRequest) -> Converted {
+    let mut out = Converted::default();
+    for rs in &req.resource_spans {
+        let resource: Vec<(String, String)> = rs
+            .resource
+            .as_ref()
+            .map(|r| pairs(&r.attributes).collect())
+            .unwrap_or_default();
+        let service = find(&resource, &["service.name"])
+            .unwrap_or("unknown")
+            .to_string();
+        let host = find(&resource, &["host.name", "host"])
+            .unwrap_or("")
+            .to_string();
+        for ss in &rs.scope_spans {
+            for s in &ss.spans {
+                let trace_id = match trace_hex(&s.trace_id) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        out.reject(format!("span {:?}: {e}", s.name));
+                        continue;
+                    }
+                };
+                let span_id = match span_hex(&s.span_id, "span id") {
+                    Ok(t) => t,
+                    Err(e) => {
+                        out.reject(format!("span {:?}: {e}", s.name));
+                        continue;
+                    }
+                };
+                let parent_span_id =
+                    if s.parent_span_id.is_empty() || s.parent_span_id.iter().all(|b| *b == 0) {
+                        String::new()
+                    } else {
+                        match span_hex(&s.parent_span_id, "parent span id") {
+                            Ok(p) => p,
+                            Err(e) => {
+                                out.reject(format!("span {:?}: {e}", s.name));
+                                continue;
+                            }
+                        }
+                    };
+                let mut attributes: Vec<(String, String)> = pairs(&s.attributes).collect();
+                let feature = find(&attributes, &["feature", "brownout.feature"])
+                    .or_else(|| find(&resource, &["feature", "brownout.feature"]))
+                    .unwrap_or("")
+                    .to_string();
+                let criticality = find(&attributes, &["criticality", "brownout.criticality"])
+                    .or_else(|| find(&resource, &["criticality", "brownout.criticality"]))
+                    .and_then(Criticality::parse)
+                    .unwrap_or_default()
+                    .as_str()
+                    .to_string();
+                let start_us = ns_to_us(s.start_time_unix_nano);
+                let duration_us =
+                    ns_to_us(s.end_time_unix_nano.saturating_sub(s.start_time_unix_nano));
+                let (status, status_message) = s
+                    .status
+                    .as_ref()
+                    .map(|st| (st.code.clamp(0, 2) as u8, st.message.clone()))
+                    .unwrap_or_default();
+                let kind = s.kind.clamp(0, 5) as u8;
+                if status == STATUS_ERROR {
+                    let mut fattrs: Vec<(String, String)> = resource.clone();
+                    fattrs.extend(attributes.iter().cloned());
+                    for ev in s.events.iter().filter(|e| e.name == "exception") {
+                        fattrs.extend(pairs(&ev.attributes));
+                    }
+                    fattrs.push(("trace_id".into(), trace_id.clone()));
+                    fattrs.push(("span_id".into(), span_id.clone()));
+                    fattrs.push(("span_name".into(), s.name.clone()));
+                    fattrs.push((
+                        "latency_ms".into(),
+                        format!("{}", duration_us as f64 / 1000.0),
+                    ));
+                    let fallback = if status_message.is_empty() {
+                        format!("span {} failed", s.name)
+                    } else {
+                        status_message.clone()
+                    };
+                    let ts_ms = s.end_time_unix_nano.max(s.start_time_unix_nano) / 1_000_000;
+                    let ev = FailureEvent::from_attributes(
+                        ts_ms,
+                        &fallback,
+                        fattrs.iter().map(|(k, v)| (k.as_str(), v.clone())),
+                    );
+                    out.failures.push(ev);
+                }
+                attributes.extend(resource.iter().cloned());
+                out.spans.push(SpanRow {
+                    trace_id,
+                    span_id,
+                    parent_span_id: parent_span_id.clone(),
+                    service: service.clone(),
+                    name: s.name.clone(),
+                    kind,
+                    start_us,
+                    duration_us,
+                    status,
+                    status_message,
+                    feature,
+                    criticality,
+                    host: host.clone(),
+                    is_request: parent_span_id.is_empty() || kind == 2,
+                    attributes,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// True when a record's severity is ERROR or worse.
+pub fn is_error(severity_number: i32, severity_text: &str) -> bool {
+    if severity_number > 0 {
+        severity_number >= SEVERITY_ERROR
+    } else {
+        let t = severity_text.to_ascii_uppercase();
+        t.starts_with("ERROR") || t.starts_with("FATAL") || t == "CRITICAL"
+    }
+}
+
+/// Converts a logs export.
+pub fn convert_logs(req: &ExportLogsServiceRequest, now_ms: u64) -> Converted {
+    let mut out = Converted::default();
+    for rl in &req.resource_logs {
+        let resource: Vec<(String, String)> = rl
+            .resource
+            .as_ref()
+            .map(|r| pairs(&r.attributes).collect())
+            .unwrap_or_default();
+        let service = find(&resource, &["service.name"])
+            .unwrap_or("unknown")
+            .to_string();
+        let host = find(&resource, &["host.name", "host"])
+            .unwrap_or("")
+            .to_string();
+        for sl in &rl.scope_logs {
+            for r in &sl.log_records {
+                // Ids are optional on logs; present ones must be well-formed.
+                let trace_id = if r.trace_id.is_empty() {
+                    String::new()
+                } else {
+                    match trace_hex(&r.trace_id) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            out.reject(format!("log record: {e}"));
+                            continue;
+                        }
+                    }
+                };
+                let span_id = if r.span_id.is_empty() {
+                    String::new()
+                } else {
+                    match span_hex(&r.span_id, "span id") {
+                        Ok(t) => t,
+                        Err(e) => {
+                            out.reject(format!("log record: {e}"));
+                            continue;
+                        }
+                    }
+                };
+                let ts_ns = if r.time_unix_nano > 0 {
+                    r.time_unix_nano
+                } else {
+                    r.observed_time_unix_nano
+                };
+                let ts_us = if ts_ns > 0 {
+                    ns_to_us(ts_ns)
+                } else {
+                    now_ms * 1000
+                };
+                let body = value_to_string(r.body.as_ref());
+                let attributes: Vec<(String, String)> = pairs(&r.attributes).collect();
+                if is_error(r.severity_number, &r.severity_text) {
+                    let mut fattrs: Vec<(String, String)> = resource.clone();
+                    fattrs.extend(attributes.iter().cloned());
+                    if !trace_id.is_empty()
+                        && find(&attributes, &["trace_id", "brownout.trace_id"]).is_none()
+                    {
+                        fattrs.push(("trace_id".into(), trace_id.clone()));
+                    }
+                    let ev = FailureEvent::from_attributes(
+                        ts_us / 1000,
+                        &body,
+                        fattrs.iter().map(|(k, v)| (k.as_str(), v.clone())),
+                    );
+                    out.failures.push(ev);
+                }
+                out.logs.push(LogRow {
+                    ts_us,
+                    trace_id,
+                    span_id,
+                    service: service.clone(),
+                    host: host.clone(),
+                    severity_number: r.severity_number.clamp(0, 255) as u8,
+                    severity_text: r.severity_text.clone(),
+                    body,
+                    attributes,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Wraps a failure event for storage with a fresh id and a pattern.
+pub fn failure_row(event: FailureEvent, pattern: String) -> FailureRow {
+    FailureRow {
+        id: uuid::Uuid::new_v4().simple().to_string(),
+        pattern,
+        event,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry_proto::tonic::common::v1::AnyValue;
+    use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span};
+
+    use super::*;
+
+    fn kv(k: &str, v: &str) -> KeyValue {
+        KeyValue {
+            key: k.into(),
+            value: Some(AnyValue {
+                value: Some(Value::StringValue(v.into())),
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn span(trace: Vec<u8>, id: Vec<u8>, parent: Vec<u8>, status: i32) -> Span {
+        Span {
+            trace_id: trace,
+            span_id: id,
+            parent_span_id: parent,
+            name: "chat".into(),
+            kind: 2,
+            start_time_unix_nano: 1_764_460_800_000_000_000,
+            end_time_unix_nano: 1_764_460_800_250_000_000,
+            attributes: vec![
+                kv("feature", "pdf_analysis"),
+                kv("criticality", "sheddable"),
+            ],
+            status: Some(Status {
+                code: status,
+                message: if status == 2 {
+                    "KV cache exhausted".into()
+                } else {
+                    String::new()
+                },
+            }),
+            events: vec![span::Event {
+                name: "exception".into(),
+                attributes: vec![kv("exception.type", "OutOfBlocks")],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn traces(spans: Vec<Span>) -> ExportTraceServiceRequest {
+        ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource {
+                    attributes: vec![kv("service.name", "muse"), kv("host.name", "gpu-1")],
+                    ..Default::default()
+                }),
+                scope_spans: vec![ScopeSpans {
+                    spans,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn error_span_becomes_a_failure_with_its_trace_id() {
+        let c = convert_traces(&traces(vec![
+            span(vec![1; 16], vec![2; 8], vec![], 2),
+            span(vec![1; 16], vec![3; 8], vec![2; 8], 1),
+        ]));
+        assert_eq!(c.rejected, 0);
+        assert_eq!(c.spans.len(), 2);
+        let s = &c.spans[0];
+        assert_eq!(
+            (
+                s.service.as_str(),
+                s.host.as_str(),
+                s.feature.as_str(),
+                s.criticality.as_str()
+            ),
+            ("muse", "gpu-1", "pdf_analysis", "sheddable")
+        );
+        assert_eq!(s.duration_us, 250_000);
+        assert!(s.is_request);
+        assert!(c.spans[1].is_request, "server spans count as requests");
+        assert_eq!(c.failures.len(), 1);
+        let f = &c.failures[0];
+        assert_eq!(f.trace_id, hex::encode([1u8; 16]));
+        assert_eq!(f.service, "muse");
+        assert_eq!(f.error_type, "OutOfBlocks");
+        assert_eq!(f.category, brownout_protocol::Category::KvCacheExhausted);
+        assert_eq!(f.latency_ms, 250.0);
+    }
+
+    #[test]
+    fn invalid_ids_are_rejected_for_partial_success() {
+        let cases: [(Vec<u8>, Vec<u8>, Vec<u8>); 4] = [
+            (vec![], vec![2; 8], vec![]),
+            (vec![1; 15], vec![2; 8], vec![]),
+            (vec![1; 16], vec![2; 7], vec![]),
+            (vec![1; 16], vec![2; 8], vec![9; 3]),
+        ];
+        for (t, s, p) in cases {
+            let c = convert_traces(&traces(vec![
+                span(t.clone(), s.clone(), p.clone(), 0),
+                span(vec![1; 16], vec![5; 8], vec![], 0),
+            ]));
+            assert_eq!((c.rejected, c.spans.len()), (1, 1), "{t:?} {s:?} {p:?}");
+            assert!(c.first_error.is_some());
+        }
+    }
+
+    #[test]
+    fn error_logs_become_failures() {
+        let rec = |sev: i32, text: &str, body: &str| LogRecord {
+            time_unix_nano: 1_764_460_800_000_000_000,
+            severity_number: sev,
+            severity_text: text.into(),
+            body: Some(AnyValue {
+                value: Some(Value::StringValue(body.into())),
+            }),
+            attributes: vec![kv("feature", "image_generation")],
+            trace_id: vec![7; 16],
+            ..Default::default()
+        };
+        let req = ExportLogsServiceRequest {
+            resource_logs: vec![ResourceLogs {
+                resource: Some(Resource {
+                    attributes: vec![kv("service.name", "muse")],
+                    ..Default::default()
+                }),
+                scope_logs: vec![ScopeLogs {
+                    log_records: vec![
+                        rec(9, "INFO", "fine"),
+                        rec(17, "ERROR", "tool call to weather API timed out"),
+                        rec(0, "FATAL", "out of memory"),
+                        rec(13, "WARN", "slow"),
+                    ],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        let c = convert_logs(&req, 0);
+        assert_eq!(c.logs.len(), 4);
+        assert_eq!(c.failures.len(), 2);
+        assert_eq!(c.failures[0].trace_id, hex::encode([7u8; 16]));
+        assert_eq!(c.failures[0].feature, "image_generation");
+        assert_eq!(c.failures[0].ts_ms, 1_764_460_800_000);
+        assert_eq!(c.failures[0].message, "tool call to weather API timed out");
+    }
+
+    #[test]
+    fn values_render_as_text() {
+        let v = |x: Value| value_to_string(Some(&AnyValue { value: Some(x) }));
+        assert_eq!(v(Value::IntValue(-3)), "-3");
+        assert_eq!(v(Value::BoolValue(true)), "true");
+        assert_eq!(v(Value::BytesValue(vec![0xab])), "ab");
+        assert_eq!(value_to_string(None), "");
+    }
+}

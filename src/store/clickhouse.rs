@@ -1,0 +1,693 @@
+//! The ClickHouse store, within what ClickHouse 18.16 supports (ARCHITECTURE.md §4).
+//!
+//! - The client is built with `.with_validation(false)` (18.16 has no
+//!   `RowBinaryWithNamesAndTypes`), queries use `.bind()`, and no server setting is sent.
+//! - Time is `DateTime` (seconds, for partitioning and coarse filters) plus a `UInt64` of
+//!   microseconds; attributes are parallel `Array(String)` key/value columns.
+//! - Row tables are `MergeTree` partitioned by `toYYYYMMDD(ts)`; retention drops whole
+//!   partitions ([`Store::drop_before`]). Documents live in a `ReplacingMergeTree` read with
+//!   `argMax`.
+//! - Every row carries `batch_id` and `seq` (its index in the batch). A replayed batch first
+//!   asks which `seq`s of that batch each table already holds and writes only the rest, so a
+//!   write that succeeded on the server but whose answer was lost is not doubled.
+
+use std::collections::HashSet;
+
+use brownout_protocol::{AgentSnapshot, Category, Criticality, FailureEvent};
+use clickhouse::{Client, Row};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Batch, CountQuery, Doc, FailureCursor, FailureQuery, FailureRow, RequestCount, RowCounts,
+    SpanRow, Store, StoreError, StoreFuture, WriteMode, doc_version_us, sqlite::page,
+};
+use crate::config::ClickHouseConfig;
+
+/// The ClickHouse store.
+pub struct ClickHouseStore {
+    client: Client,
+    database: String,
+    spans: String,
+    logs: String,
+    failures: String,
+    snapshots: String,
+    docs: String,
+}
+
+#[derive(Debug, Row, Serialize, Deserialize)]
+struct ChSpan {
+    ts: u32,
+    start_us: u64,
+    duration_us: u64,
+    trace_id: String,
+    span_id: String,
+    parent_span_id: String,
+    service: String,
+    name: String,
+    kind: u8,
+    status: u8,
+    status_message: String,
+    feature: String,
+    criticality: String,
+    host: String,
+    is_request: u8,
+    attr_keys: Vec<String>,
+    attr_values: Vec<String>,
+    batch_id: u64,
+    seq: u32,
+}
+
+#[derive(Debug, Row, Serialize, Deserialize)]
+struct ChLog {
+    ts: u32,
+    ts_us: u64,
+    trace_id: String,
+    span_id: String,
+    service: String,
+    host: String,
+    severity_number: u8,
+    severity_text: String,
+    body: String,
+    attr_keys: Vec<String>,
+    attr_values: Vec<String>,
+    batch_id: u64,
+    seq: u32,
+}
+
+#[derive(Debug, Row, Serialize, Deserialize)]
+struct ChFailure {
+    ts: u32,
+    ts_ms: u64,
+    id: String,
+    service: String,
+    host: String,
+    request_id: String,
+    trace_id: String,
+    user_id: String,
+    feature: String,
+    criticality: String,
+    category: String,
+    error_type: String,
+    message: String,
+    latency_ms: f64,
+    pattern: String,
+    attr_keys: Vec<String>,
+    attr_values: Vec<String>,
+    batch_id: u64,
+    seq: u32,
+}
+
+#[derive(Debug, Row, Serialize, Deserialize)]
+struct ChSnapshot {
+    ts: u32,
+    ts_ms: u64,
+    host: String,
+    json: String,
+    batch_id: u64,
+    seq: u32,
+}
+
+#[derive(Debug, Row, Serialize, Deserialize)]
+struct ChDoc {
+    kind: String,
+    key: String,
+    version_us: u64,
+    json: String,
+}
+
+fn secs_from_us(us: u64) -> u32 {
+    u32::try_from(us / 1_000_000).unwrap_or(u32::MAX)
+}
+
+fn secs_from_ms(ms: u64) -> u32 {
+    u32::try_from(ms / 1000).unwrap_or(u32::MAX)
+}
+
+fn unzip(attrs: &[(String, String)]) -> (Vec<String>, Vec<String>) {
+    attrs.iter().cloned().unzip()
+}
+
+impl ClickHouseStore {
+    /// A client for `config` (no connection is made until the first call).
+    pub fn new(config: &ClickHouseConfig) -> ClickHouseStore {
+        let mut client = Client::default()
+            .with_url(&config.url)
+            .with_database(&config.database)
+            .with_validation(false);
+        if let Some(u) = &config.user {
+            client = client.with_user(u);
+        }
+        if let Some(p) = &config.password {
+            client = client.with_password(p.expose());
+        }
+        let t = |name: &str| format!("{}{name}", config.table_prefix);
+        ClickHouseStore {
+            client,
+            database: config.database.clone(),
+            spans: t("spans"),
+            logs: t("logs"),
+            failures: t("failures"),
+            snapshots: t("snapshots"),
+            docs: t("docs"),
+        }
+    }
+
+    fn row_tables(&self) -> [&str; 4] {
+        [&self.spans, &self.logs, &self.failures, &self.snapshots]
+    }
+
+    /// Drops this store's tables (tests).
+    ///
+    /// # Errors
+    /// When ClickHouse refuses.
+    pub async fn drop_tables(&self) -> Result<(), StoreError> {
+        for t in self.row_tables().into_iter().chain([self.docs.as_str()]) {
+            self.client
+                .query(&format!("DROP TABLE IF EXISTS {t}"))
+                .execute()
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Which `seq`s of `batch_id` table `t` already holds.
+    async fn present(&self, t: &str, batch_id: u64) -> Result<HashSet<u32>, StoreError> {
+        let seqs: Vec<u32> = self
+            .client
+            .query(&format!("SELECT seq FROM {t} WHERE batch_id = ?"))
+            .bind(batch_id)
+            .fetch_all()
+            .await?;
+        Ok(seqs.into_iter().collect())
+    }
+
+    async fn insert_rows<T>(
+        &self,
+        table: &str,
+        rows: impl Iterator<Item = T>,
+    ) -> Result<(), StoreError>
+    where
+        T: Row + Serialize + for<'a> clickhouse::RowWrite<Value<'a> = T>,
+    {
+        let mut ins = self.client.insert::<T>(table).await?;
+        let mut n = 0usize;
+        for r in rows {
+            ins.write(&r).await?;
+            n += 1;
+        }
+        if n == 0 {
+            // Nothing to send: an empty INSERT is refused by some servers.
+            drop(ins);
+            return Ok(());
+        }
+        ins.end().await?;
+        Ok(())
+    }
+
+    async fn write(&self, b: &Batch, mode: WriteMode) -> Result<(), StoreError> {
+        let skip = |t: &str, len: usize| {
+            let t = t.to_string();
+            async move {
+                if mode == WriteMode::Replay && len > 0 {
+                    self.present(&t, b.id).await
+                } else {
+                    Ok(HashSet::new())
+                }
+            }
+        };
+        let present = skip(&self.spans, b.spans.len()).await?;
+        self.insert_rows(
+            &self.spans,
+            b.spans
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !present.contains(&(*i as u32)))
+                .map(|(i, s)| {
+                    let (attr_keys, attr_values) = unzip(&s.attributes);
+                    ChSpan {
+                        ts: secs_from_us(s.start_us),
+                        start_us: s.start_us,
+                        duration_us: s.duration_us,
+                        trace_id: s.trace_id.clone(),
+                        span_id: s.span_id.clone(),
+                        parent_span_id: s.parent_span_id.clone(),
+                        service: s.service.clone(),
+                        name: s.name.clone(),
+                        kind: s.kind,
+                        status: s.status,
+                        status_message: s.status_message.clone(),
+                        feature: s.feature.clone(),
+                        criticality: s.criticality.clone(),
+                        host: s.host.clone(),
+                        is_request: u8::from(s.is_request),
+                        attr_keys,
+                        attr_values,
+                        batch_id: b.id,
+                        seq: i as u32,
+                    }
+                }),
+        )
+        .await?;
+        let present = skip(&self.logs, b.logs.len()).await?;
+        self.insert_rows(
+            &self.logs,
+            b.logs
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !present.contains(&(*i as u32)))
+                .map(|(i, l)| {
+                    let (attr_keys, attr_values) = unzip(&l.attributes);
+                    ChLog {
+                        ts: secs_from_us(l.ts_us),
+                        ts_us: l.ts_us,
+                        trace_id: l.trace_id.clone(),
+                        span_id: l.span_id.clone(),
+                        service: l.service.clone(),
+                        host: l.host.clone(),
+                        severity_number: l.severity_number,
+                        severity_text: l.severity_text.clone(),
+                        body: l.body.clone(),
+                        attr_keys,
+                        attr_values,
+                        batch_id: b.id,
+                        seq: i as u32,
+                    }
+                }),
+        )
+        .await?;
+        let present = skip(&self.failures, b.failures.len()).await?;
+        self.insert_rows(
+            &self.failures,
+            b.failures
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !present.contains(&(*i as u32)))
+                .map(|(i, f)| {
+                    let e = &f.event;
+                    let (attr_keys, attr_values) = super::map_to_pairs(&e.attributes);
+                    ChFailure {
+                        ts: secs_from_ms(e.ts_ms),
+                        ts_ms: e.ts_ms,
+                        id: f.id.clone(),
+                        service: e.service.clone(),
+                        host: e.host.clone(),
+                        request_id: e.request_id.clone(),
+                        trace_id: e.trace_id.clone(),
+                        user_id: e.user_id.clone(),
+                        feature: e.feature.clone(),
+                        criticality: e.criticality.as_str().to_string(),
+                        category: e.category.as_str().to_string(),
+                        error_type: e.error_type.clone(),
+                        message: e.message.clone(),
+                        latency_ms: e.latency_ms,
+                        pattern: f.pattern.clone(),
+                        attr_keys,
+                        attr_values,
+                        batch_id: b.id,
+                        seq: i as u32,
+                    }
+                }),
+        )
+        .await?;
+        let present = skip(&self.snapshots, b.snapshots.len()).await?;
+        let mut snaps = Vec::with_capacity(b.snapshots.len());
+        for (i, s) in b.snapshots.iter().enumerate() {
+            if present.contains(&(i as u32)) {
+                continue;
+            }
+            snaps.push(ChSnapshot {
+                ts: secs_from_ms(s.ts_ms),
+                ts_ms: s.ts_ms,
+                host: s.host.clone(),
+                json: serde_json::to_string(s).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                batch_id: b.id,
+                seq: i as u32,
+            });
+        }
+        self.insert_rows(&self.snapshots, snaps.into_iter()).await?;
+        Ok(())
+    }
+}
+
+fn span_from_ch(s: ChSpan) -> SpanRow {
+    SpanRow {
+        trace_id: s.trace_id,
+        span_id: s.span_id,
+        parent_span_id: s.parent_span_id,
+        service: s.service,
+        name: s.name,
+        kind: s.kind,
+        start_us: s.start_us,
+        duration_us: s.duration_us,
+        status: s.status,
+        status_message: s.status_message,
+        feature: s.feature,
+        criticality: s.criticality,
+        host: s.host,
+        is_request: s.is_request != 0,
+        attributes: s.attr_keys.into_iter().zip(s.attr_values).collect(),
+    }
+}
+
+fn failure_from_ch(f: ChFailure) -> FailureRow {
+    FailureRow {
+        id: f.id,
+        pattern: f.pattern,
+        event: FailureEvent {
+            ts_ms: f.ts_ms,
+            service: f.service,
+            host: f.host,
+            request_id: f.request_id,
+            trace_id: f.trace_id,
+            user_id: f.user_id,
+            feature: f.feature,
+            criticality: Criticality::parse(&f.criticality).unwrap_or_default(),
+            category: Category::parse(&f.category).unwrap_or(Category::Other),
+            error_type: f.error_type,
+            message: f.message,
+            latency_ms: f.latency_ms,
+            attributes: f.attr_keys.into_iter().zip(f.attr_values).collect(),
+        },
+    }
+}
+
+const SPAN_COLS: &str = "ts, start_us, duration_us, trace_id, span_id, parent_span_id, service, name, kind, status, \
+     status_message, feature, criticality, host, is_request, attr_keys, attr_values, batch_id, seq";
+const FAILURE_COLS: &str = "ts, ts_ms, id, service, host, request_id, trace_id, user_id, feature, criticality, category, \
+     error_type, message, latency_ms, pattern, attr_keys, attr_values, batch_id, seq";
+
+impl Store for ClickHouseStore {
+    fn backend(&self) -> &'static str {
+        "clickhouse"
+    }
+
+    fn migrate(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let ddl = [
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {} (ts DateTime, start_us UInt64, duration_us UInt64, trace_id String, \
+                     span_id String, parent_span_id String, service String, name String, kind UInt8, status UInt8, \
+                     status_message String, feature String, criticality String, host String, is_request UInt8, \
+                     attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32) \
+                     ENGINE = MergeTree() PARTITION BY toYYYYMMDD(ts) ORDER BY (service, ts)",
+                    self.spans
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {} (ts DateTime, ts_us UInt64, trace_id String, span_id String, \
+                     service String, host String, severity_number UInt8, severity_text String, body String, \
+                     attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32) \
+                     ENGINE = MergeTree() PARTITION BY toYYYYMMDD(ts) ORDER BY (service, ts)",
+                    self.logs
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {} (ts DateTime, ts_ms UInt64, id String, service String, host String, \
+                     request_id String, trace_id String, user_id String, feature String, criticality String, \
+                     category String, error_type String, message String, latency_ms Float64, pattern String, \
+                     attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32) \
+                     ENGINE = MergeTree() PARTITION BY toYYYYMMDD(ts) ORDER BY (ts, id)",
+                    self.failures
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {} (ts DateTime, ts_ms UInt64, host String, json String, \
+                     batch_id UInt64, seq UInt32) \
+                     ENGINE = MergeTree() PARTITION BY toYYYYMMDD(ts) ORDER BY (host, ts)",
+                    self.snapshots
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {} (kind String, key String, version_us UInt64, json String) \
+                     ENGINE = ReplacingMergeTree(version_us) ORDER BY (kind, key)",
+                    self.docs
+                ),
+            ];
+            for q in ddl {
+                self.client.query(&q).execute().await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let _: u8 = self.client.query("SELECT toUInt8(1)").fetch_one().await?;
+            Ok(())
+        })
+    }
+
+    fn write_batch<'a>(&'a self, batch: &'a Batch, mode: WriteMode) -> StoreFuture<'a, ()> {
+        Box::pin(self.write(batch, mode))
+    }
+
+    fn trace<'a>(&'a self, trace_id: &'a str) -> StoreFuture<'a, Vec<SpanRow>> {
+        Box::pin(async move {
+            let rows: Vec<ChSpan> = self
+                .client
+                .query(&format!(
+                    "SELECT {SPAN_COLS} FROM {} WHERE trace_id = ? ORDER BY start_us, span_id",
+                    self.spans
+                ))
+                .bind(trace_id.to_ascii_lowercase())
+                .fetch_all()
+                .await?;
+            Ok(rows.into_iter().map(span_from_ch).collect())
+        })
+    }
+
+    fn failures<'a>(&'a self, q: &'a FailureQuery) -> StoreFuture<'a, super::FailurePage> {
+        Box::pin(async move {
+            let mut sql = format!(
+                "SELECT {FAILURE_COLS} FROM {} WHERE ts >= toDateTime(?) AND ts <= toDateTime(?) AND ts_ms >= ? AND ts_ms < ?",
+                self.failures
+            );
+            let mut strings: Vec<String> = Vec::new();
+            for (col, v) in [
+                ("service", &q.service),
+                ("category", &q.category),
+                ("feature", &q.feature),
+                ("criticality", &q.criticality),
+                ("pattern", &q.pattern),
+            ] {
+                if let Some(v) = v {
+                    sql.push_str(&format!(" AND {col} = ?"));
+                    strings.push(v.clone());
+                }
+            }
+            let cursor: Option<&FailureCursor> = q.cursor.as_ref();
+            if cursor.is_some() {
+                sql.push_str(" AND (ts_ms < ? OR (ts_ms = ? AND id < ?))");
+            }
+            let limit = q.limit.clamp(1, 10_000);
+            sql.push_str(&format!(
+                " ORDER BY ts_ms DESC, id DESC LIMIT {}",
+                limit + 1
+            ));
+            let mut query = self
+                .client
+                .query(&sql)
+                .bind(secs_from_ms(q.since_ms))
+                .bind(secs_from_ms(q.until_ms))
+                .bind(q.since_ms)
+                .bind(q.until_ms);
+            for s in strings {
+                query = query.bind(s);
+            }
+            if let Some(c) = cursor {
+                query = query.bind(c.ts_ms).bind(c.ts_ms).bind(c.id.as_str());
+            }
+            let rows: Vec<ChFailure> = query.fetch_all().await?;
+            let mut items: Vec<FailureRow> = rows.into_iter().map(failure_from_ch).collect();
+            Ok(page(&mut items, limit))
+        })
+    }
+
+    fn request_counts<'a>(&'a self, q: &'a CountQuery) -> StoreFuture<'a, Vec<RequestCount>> {
+        Box::pin(async move {
+            if q.bucket_ms == 0 {
+                return Err(StoreError::BadQuery("bucket_ms must be > 0".into()));
+            }
+            #[derive(Row, Deserialize)]
+            struct R {
+                b: u64,
+                service: String,
+                feature: String,
+                criticality: String,
+                good: u64,
+                total: u64,
+            }
+            let bucket_us = q.bucket_ms.saturating_mul(1000);
+            let threshold_us = q
+                .latency_threshold_ms
+                .map_or(u64::MAX, |t| t.saturating_mul(1000));
+            let mut sql = format!(
+                "SELECT intDiv(intDiv(start_us, ?) * ?, 1000) AS b, service, feature, criticality, \
+                 toUInt64(countIf(status != 2 AND duration_us <= ?)) AS good, toUInt64(count()) AS total \
+                 FROM {} WHERE is_request = 1 AND ts >= toDateTime(?) AND ts <= toDateTime(?) \
+                 AND start_us >= ? AND start_us < ?",
+                self.spans
+            );
+            if q.service.is_some() {
+                sql.push_str(" AND service = ?");
+            }
+            sql.push_str(" GROUP BY b, service, feature, criticality ORDER BY b, service, feature, criticality");
+            let mut query = self
+                .client
+                .query(&sql)
+                .bind(bucket_us)
+                .bind(bucket_us)
+                .bind(threshold_us)
+                .bind(secs_from_ms(q.since_ms))
+                .bind(secs_from_ms(q.until_ms))
+                .bind(q.since_ms.saturating_mul(1000))
+                .bind(q.until_ms.saturating_mul(1000));
+            if let Some(s) = &q.service {
+                query = query.bind(s.as_str());
+            }
+            let rows: Vec<R> = query.fetch_all().await?;
+            Ok(rows
+                .into_iter()
+                .map(|r| RequestCount {
+                    bucket_ms: r.b,
+                    service: r.service,
+                    feature: r.feature,
+                    criticality: r.criticality,
+                    good: r.good,
+                    total: r.total,
+                })
+                .collect())
+        })
+    }
+
+    fn latest_snapshots(&self, since_ms: u64) -> StoreFuture<'_, Vec<AgentSnapshot>> {
+        Box::pin(async move {
+            let rows: Vec<String> = self
+                .client
+                .query(&format!(
+                    "SELECT argMax(json, ts_ms) FROM {} WHERE ts >= toDateTime(?) AND ts_ms >= ? GROUP BY host ORDER BY host",
+                    self.snapshots
+                ))
+                .bind(secs_from_ms(since_ms))
+                .bind(since_ms)
+                .fetch_all()
+                .await?;
+            rows.iter()
+                .map(|j| {
+                    serde_json::from_str(j)
+                        .map_err(|e| StoreError::Corrupt(format!("snapshot json: {e}")))
+                })
+                .collect()
+        })
+    }
+
+    fn put_doc<'a>(
+        &'a self,
+        kind: &'a str,
+        key: &'a str,
+        value: &'a serde_json::Value,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let row = ChDoc {
+                kind: kind.into(),
+                key: key.into(),
+                version_us: doc_version_us(),
+                json: value.to_string(),
+            };
+            self.insert_rows(&self.docs, std::iter::once(row)).await
+        })
+    }
+
+    fn get_doc<'a>(&'a self, kind: &'a str, key: &'a str) -> StoreFuture<'a, Option<Doc>> {
+        Box::pin(async move {
+            let rows: Vec<ChDoc> = self
+                .client
+                .query(&format!(
+                    "SELECT kind, key, max(version_us) AS v, argMax(json, version_us) FROM {} \
+                     WHERE kind = ? AND key = ? GROUP BY kind, key",
+                    self.docs
+                ))
+                .bind(kind)
+                .bind(key)
+                .fetch_all()
+                .await?;
+            rows.into_iter().next().map(doc_from_ch).transpose()
+        })
+    }
+
+    fn list_docs<'a>(&'a self, kind: &'a str, since_ms: u64) -> StoreFuture<'a, Vec<Doc>> {
+        Box::pin(async move {
+            let rows: Vec<ChDoc> = self
+                .client
+                .query(&format!(
+                    "SELECT kind, key, max(version_us) AS v, argMax(json, version_us) FROM {} \
+                     WHERE kind = ? GROUP BY kind, key HAVING v >= ? ORDER BY key",
+                    self.docs
+                ))
+                .bind(kind)
+                .bind(since_ms.saturating_mul(1000))
+                .fetch_all()
+                .await?;
+            rows.into_iter().map(doc_from_ch).collect()
+        })
+    }
+
+    fn drop_before(&self, cutoff_ms: u64) -> StoreFuture<'_, u64> {
+        Box::pin(async move {
+            let cutoff_day: u32 = chrono::DateTime::from_timestamp_millis(
+                i64::try_from(cutoff_ms).unwrap_or(i64::MAX),
+            )
+            .map(|t| t.format("%Y%m%d").to_string().parse().unwrap_or(0))
+            .unwrap_or(0);
+            let mut dropped = 0u64;
+            for t in self.row_tables() {
+                let parts: Vec<String> = self
+                    .client
+                    .query("SELECT DISTINCT partition FROM system.parts WHERE database = ? AND table = ? AND active")
+                    .bind(self.database.as_str())
+                    .bind(t)
+                    .fetch_all()
+                    .await?;
+                for p in parts {
+                    // Partition ids are YYYYMMDD numbers; anything else is not ours to drop.
+                    let Ok(day) = p.trim_matches('\'').parse::<u32>() else {
+                        continue;
+                    };
+                    if day < cutoff_day {
+                        self.client
+                            .query(&format!("ALTER TABLE {t} DROP PARTITION {day}"))
+                            .execute()
+                            .await?;
+                        dropped += 1;
+                    }
+                }
+            }
+            Ok(dropped)
+        })
+    }
+
+    fn count_rows(&self) -> StoreFuture<'_, RowCounts> {
+        Box::pin(async move {
+            let n = |t: String| async move {
+                let c: u64 = self
+                    .client
+                    .query(&format!("SELECT count() FROM {t}"))
+                    .fetch_one()
+                    .await?;
+                Ok::<u64, StoreError>(c)
+            };
+            Ok(RowCounts {
+                spans: n(self.spans.clone()).await?,
+                logs: n(self.logs.clone()).await?,
+                failures: n(self.failures.clone()).await?,
+                snapshots: n(self.snapshots.clone()).await?,
+            })
+        })
+    }
+}
+
+fn doc_from_ch(d: ChDoc) -> Result<Doc, StoreError> {
+    Ok(Doc {
+        kind: d.kind,
+        key: d.key,
+        updated_ms: d.version_us / 1000,
+        value: serde_json::from_str(&d.json)
+            .map_err(|e| StoreError::Corrupt(format!("doc json: {e}")))?,
+    })
+}

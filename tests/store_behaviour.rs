@@ -1,0 +1,486 @@
+//! The same behaviour tests against both store backends: embedded SQLite (a temp dir) and the
+//! real ClickHouse (`CLICKHOUSE_TEST_URL`, default http://127.0.0.1:8123; tables with a unique
+//! prefix per test, dropped at the end).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use brownout::config::ClickHouseConfig;
+use brownout::store::clickhouse::ClickHouseStore;
+use brownout::store::sqlite::SqliteStore;
+use brownout::store::{
+    Batch, CountQuery, FailureCursor, FailureQuery, FailureRow, RequestCount, SpanRow, Store,
+    WriteMode,
+};
+use brownout_protocol::{AgentSnapshot, Category, Criticality, FailureEvent};
+
+const DAY_MS: u64 = 86_400_000;
+/// 2026-11-30T00:00:00Z
+const T0: u64 = 1_795_996_800_000;
+
+/// A backend under test plus what must outlive it.
+struct Backend {
+    store: Arc<dyn Store>,
+    ch: Option<Arc<ClickHouseStore>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Backend {
+    async fn cleanup(self) {
+        if let Some(ch) = self.ch {
+            ch.drop_tables().await.expect("drop test tables");
+        }
+    }
+}
+
+async fn sqlite() -> Backend {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(&dir.path().join("t.sqlite")).unwrap();
+    s.migrate().await.unwrap();
+    Backend {
+        store: Arc::new(s),
+        ch: None,
+        _dir: Some(dir),
+    }
+}
+
+async fn clickhouse() -> Backend {
+    let url =
+        std::env::var("CLICKHOUSE_TEST_URL").unwrap_or_else(|_| "http://127.0.0.1:8123".into());
+    let cfg = ClickHouseConfig {
+        url: url.clone(),
+        database: "default".into(),
+        user: None,
+        password: None,
+        table_prefix: format!("t{}_", uuid::Uuid::new_v4().simple()),
+    };
+    let s = Arc::new(ClickHouseStore::new(&cfg));
+    if let Err(e) = s.ping().await {
+        panic!(
+            "ClickHouse is not answering at {url} ({e}). Start it with scripts/test.sh, or: clickhouse-server --config-file=/etc/clickhouse-server/config.xml (see docs/INGEST.md)"
+        );
+    }
+    s.migrate().await.unwrap();
+    Backend {
+        store: s.clone(),
+        ch: Some(s),
+        _dir: None,
+    }
+}
+
+fn span(
+    trace: u8,
+    id: u8,
+    parent: Option<u8>,
+    start_ms: u64,
+    dur_ms: u64,
+    status: u8,
+    feature: &str,
+    crit: &str,
+) -> SpanRow {
+    SpanRow {
+        trace_id: hex::encode([trace; 16]),
+        span_id: hex::encode([id; 8]),
+        parent_span_id: parent.map(|p| hex::encode([p; 8])).unwrap_or_default(),
+        service: "muse".into(),
+        name: format!("op{id}"),
+        kind: if parent.is_none() { 2 } else { 1 },
+        start_us: start_ms * 1000,
+        duration_us: dur_ms * 1000,
+        status,
+        status_message: String::new(),
+        feature: feature.into(),
+        criticality: crit.into(),
+        host: "gpu-1".into(),
+        is_request: parent.is_none(),
+        attributes: vec![
+            ("k".into(), "v".into()),
+            ("service.name".into(), "muse".into()),
+        ],
+    }
+}
+
+fn failure(
+    id: &str,
+    ts_ms: u64,
+    service: &str,
+    category: Category,
+    feature: &str,
+    pattern: &str,
+) -> FailureRow {
+    FailureRow {
+        id: id.into(),
+        pattern: pattern.into(),
+        event: FailureEvent {
+            ts_ms,
+            service: service.into(),
+            host: "gpu-1".into(),
+            request_id: format!("req-{id}"),
+            trace_id: String::new(),
+            user_id: "u1".into(),
+            feature: feature.into(),
+            criticality: Criticality::Sheddable,
+            category,
+            error_type: "AgentExecutionFailed".into(),
+            message: format!("failure {id}"),
+            latency_ms: 12.5,
+            attributes: BTreeMap::from([("tool".to_string(), "weather".to_string())]),
+        },
+    }
+}
+
+async fn spans_are_found_by_trace(b: &Backend) {
+    let mut batch = Batch::new();
+    batch.spans = vec![
+        span(1, 2, Some(1), T0 + 5, 3, 0, "", "default"),
+        span(1, 1, None, T0, 10, 1, "pdf", "sheddable"),
+        span(9, 9, None, T0, 1, 0, "", "default"),
+    ];
+    b.store.write_batch(&batch, WriteMode::Fresh).await.unwrap();
+    let t = b.store.trace(&hex::encode([1u8; 16])).await.unwrap();
+    assert_eq!(
+        t.iter().map(|s| s.span_id.clone()).collect::<Vec<_>>(),
+        vec![hex::encode([1u8; 8]), hex::encode([2u8; 8])],
+        "by start time"
+    );
+    assert_eq!(t[0], batch.spans[1], "every field round-trips");
+    assert!(
+        b.store
+            .trace(&hex::encode([3u8; 16]))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+async fn replayed_batch_is_stored_once(b: &Backend) {
+    let mut batch = Batch::new();
+    batch.spans = (0..5)
+        .map(|i| span(2, i + 1, None, T0 + u64::from(i), 1, 0, "", "default"))
+        .collect();
+    batch.failures = vec![failure("a", T0, "muse", Category::Other, "", "")];
+    batch.snapshots = vec![AgentSnapshot {
+        host: "h".into(),
+        ts_ms: T0,
+        ..Default::default()
+    }];
+    batch.logs = vec![];
+    b.store.write_batch(&batch, WriteMode::Fresh).await.unwrap();
+    // The answer to the first write was "lost": the spool replays it, twice even.
+    b.store
+        .write_batch(&batch, WriteMode::Replay)
+        .await
+        .unwrap();
+    b.store
+        .write_batch(&batch, WriteMode::Replay)
+        .await
+        .unwrap();
+    let n = b.store.count_rows().await.unwrap();
+    assert_eq!((n.spans, n.failures, n.snapshots), (5, 1, 1));
+    // A batch that never arrived is written in full by a replay.
+    let mut other = Batch::new();
+    other.spans = vec![span(3, 1, None, T0, 1, 0, "", "default")];
+    b.store
+        .write_batch(&other, WriteMode::Replay)
+        .await
+        .unwrap();
+    assert_eq!(b.store.count_rows().await.unwrap().spans, 6);
+}
+
+async fn failures_filter_and_paginate(b: &Backend) {
+    let mut batch = Batch::new();
+    let mut want_all = Vec::new();
+    for i in 0..23u64 {
+        // Several share a timestamp so the id tie-break matters.
+        let ts = T0 + (i / 3) * 1000;
+        let (svc, cat, feat, pat) = match i % 3 {
+            0 => ("muse", Category::ToolUnavailable, "pdf", "p1"),
+            1 => ("muse", Category::KvCacheExhausted, "chat", "p2"),
+            _ => ("other", Category::ToolUnavailable, "chat", "p1"),
+        };
+        let id = format!("f{i:02}");
+        want_all.push((ts, id.clone()));
+        batch.failures.push(failure(&id, ts, svc, cat, feat, pat));
+    }
+    batch.failures.push(failure(
+        "old",
+        T0 - 10 * DAY_MS,
+        "muse",
+        Category::Other,
+        "",
+        "",
+    ));
+    b.store.write_batch(&batch, WriteMode::Fresh).await.unwrap();
+    want_all.sort_by(|a, b| b.cmp(a));
+
+    let base = FailureQuery {
+        since_ms: T0,
+        until_ms: T0 + DAY_MS,
+        limit: 5,
+        ..FailureQuery::default()
+    };
+    let mut got = Vec::new();
+    let mut q = base.clone();
+    loop {
+        let page = b.store.failures(&q).await.unwrap();
+        assert!(page.items.len() <= 5);
+        got.extend(page.items.iter().map(|f| (f.event.ts_ms, f.id.clone())));
+        match page.next_cursor {
+            Some(c) => q.cursor = Some(FailureCursor::decode(&c).unwrap()),
+            None => break,
+        }
+    }
+    assert_eq!(got, want_all, "pages cover every row once, newest first");
+
+    let cases: Vec<(FailureQuery, usize)> = vec![
+        (
+            FailureQuery {
+                service: Some("other".into()),
+                ..base.clone()
+            },
+            7,
+        ),
+        (
+            FailureQuery {
+                category: Some("kv_cache_exhausted".into()),
+                ..base.clone()
+            },
+            8,
+        ),
+        (
+            FailureQuery {
+                feature: Some("chat".into()),
+                ..base.clone()
+            },
+            15,
+        ),
+        (
+            FailureQuery {
+                pattern: Some("p1".into()),
+                ..base.clone()
+            },
+            15,
+        ),
+        (
+            FailureQuery {
+                criticality: Some("sheddable".into()),
+                ..base.clone()
+            },
+            23,
+        ),
+        (
+            FailureQuery {
+                criticality: Some("critical".into()),
+                ..base.clone()
+            },
+            0,
+        ),
+        (
+            FailureQuery {
+                service: Some("muse".into()),
+                category: Some("tool_unavailable".into()),
+                ..base.clone()
+            },
+            8,
+        ),
+        (
+            FailureQuery {
+                since_ms: T0 - 11 * DAY_MS,
+                until_ms: T0,
+                ..base.clone()
+            },
+            1,
+        ),
+    ];
+    for (q, want) in cases {
+        let q = FailureQuery { limit: 1000, ..q };
+        let page = b.store.failures(&q).await.unwrap();
+        assert_eq!(page.items.len(), want, "{q:?}");
+        assert!(page.next_cursor.is_none());
+    }
+    let one = b
+        .store
+        .failures(&FailureQuery { limit: 1, ..base })
+        .await
+        .unwrap();
+    assert_eq!(one.items[0], batch.failures[22], "whole row round-trips");
+}
+
+async fn request_counts_are_good_over_total(b: &Backend) {
+    let mut batch = Batch::new();
+    batch.spans = vec![
+        span(4, 1, None, T0 + 1_000, 100, 0, "chat", "critical"),
+        span(4, 2, None, T0 + 2_000, 900, 1, "chat", "critical"),
+        span(4, 3, None, T0 + 3_000, 100, 2, "chat", "critical"),
+        span(4, 4, Some(1), T0 + 3_500, 100, 2, "chat", "critical"), // not a request
+        span(4, 5, None, T0 + 61_000, 100, 0, "pdf", "sheddable"),
+        span(4, 6, None, T0 + 200_000, 100, 0, "pdf", "sheddable"), // outside the range
+    ];
+    b.store.write_batch(&batch, WriteMode::Fresh).await.unwrap();
+    let q = CountQuery {
+        since_ms: T0,
+        until_ms: T0 + 120_000,
+        bucket_ms: 60_000,
+        service: Some("muse".into()),
+        latency_threshold_ms: None,
+    };
+    let rc = |bucket_ms, feature: &str, crit: &str, good, total| RequestCount {
+        bucket_ms,
+        service: "muse".into(),
+        feature: feature.into(),
+        criticality: crit.into(),
+        good,
+        total,
+    };
+    assert_eq!(
+        b.store.request_counts(&q).await.unwrap(),
+        vec![
+            rc(T0, "chat", "critical", 2, 3),
+            rc(T0 + 60_000, "pdf", "sheddable", 1, 1)
+        ]
+    );
+    let q = CountQuery {
+        latency_threshold_ms: Some(500),
+        ..q
+    };
+    assert_eq!(
+        b.store.request_counts(&q).await.unwrap()[0],
+        rc(T0, "chat", "critical", 1, 3),
+        "slow requests are bad too"
+    );
+    let q = CountQuery {
+        service: Some("nobody".into()),
+        ..q
+    };
+    assert!(b.store.request_counts(&q).await.unwrap().is_empty());
+}
+
+async fn latest_snapshot_per_host(b: &Backend) {
+    let snap = |host: &str, ts_ms: u64, kv: f64| AgentSnapshot {
+        host: host.into(),
+        ts_ms,
+        engines: vec![brownout_protocol::EngineStats {
+            id: "e0".into(),
+            up: true,
+            kv: brownout_protocol::KvStats {
+                usage_ratio: kv,
+                ..Default::default()
+            },
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let mut b1 = Batch::new();
+    b1.snapshots = vec![
+        snap("gpu-1", T0, 0.1),
+        snap("gpu-1", T0 + 2000, 0.3),
+        snap("gpu-2", T0 + 1000, 0.5),
+    ];
+    let mut b2 = Batch::new();
+    b2.snapshots = vec![
+        snap("gpu-1", T0 + 1000, 0.2),
+        snap("gpu-3", T0 - DAY_MS, 0.9),
+    ];
+    b.store.write_batch(&b1, WriteMode::Fresh).await.unwrap();
+    b.store.write_batch(&b2, WriteMode::Fresh).await.unwrap();
+    let latest = b.store.latest_snapshots(T0 - 1000).await.unwrap();
+    assert_eq!(
+        latest,
+        vec![snap("gpu-1", T0 + 2000, 0.3), snap("gpu-2", T0 + 1000, 0.5)]
+    );
+}
+
+async fn documents_put_get_list(b: &Backend) {
+    let s = &b.store;
+    assert!(s.get_doc("pattern", "p1").await.unwrap().is_none());
+    s.put_doc(
+        "pattern",
+        "p1",
+        &serde_json::json!({"template": "tool <*> timed out", "n": 1}),
+    )
+    .await
+    .unwrap();
+    s.put_doc(
+        "pattern",
+        "p2",
+        &serde_json::json!({"template": "kv cache exhausted"}),
+    )
+    .await
+    .unwrap();
+    s.put_doc("decision", "d1", &serde_json::json!({"tier": 2}))
+        .await
+        .unwrap();
+    s.put_doc(
+        "pattern",
+        "p1",
+        &serde_json::json!({"template": "tool <*> timed out", "n": 2}),
+    )
+    .await
+    .unwrap();
+    let p1 = s.get_doc("pattern", "p1").await.unwrap().unwrap();
+    assert_eq!(p1.value["n"], 2, "latest write wins");
+    assert!(p1.updated_ms >= brownout_protocol::now_ms() - 60_000);
+    let keys: Vec<String> = s
+        .list_docs("pattern", 0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.key)
+        .collect();
+    assert_eq!(keys, vec!["p1", "p2"]);
+    assert!(
+        s.list_docs("pattern", brownout_protocol::now_ms() + 60_000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        s.list_docs("decision", 0).await.unwrap()[0].value["tier"],
+        2
+    );
+}
+
+async fn retention_drops_old_days(b: &Backend) {
+    let mut batch = Batch::new();
+    batch.spans = vec![
+        span(5, 1, None, T0 - 3 * DAY_MS, 1, 0, "", "default"),
+        span(5, 2, None, T0, 1, 0, "", "default"),
+    ];
+    batch.failures = vec![
+        failure("old", T0 - 3 * DAY_MS, "s", Category::Other, "", ""),
+        failure("new", T0 + 5, "s", Category::Other, "", ""),
+    ];
+    batch.snapshots = vec![AgentSnapshot {
+        host: "h".into(),
+        ts_ms: T0 - 3 * DAY_MS,
+        ..Default::default()
+    }];
+    b.store.write_batch(&batch, WriteMode::Fresh).await.unwrap();
+    let dropped = b.store.drop_before(T0 - DAY_MS + 5).await.unwrap();
+    assert!(dropped > 0);
+    let n = b.store.count_rows().await.unwrap();
+    assert_eq!((n.spans, n.failures, n.snapshots), (1, 1, 0));
+}
+
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite_backend {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { let b = super::sqlite().await; super::$name(&b).await; b.cleanup().await; })*
+        }
+        mod clickhouse_backend {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { let b = super::clickhouse().await; super::$name(&b).await; b.cleanup().await; })*
+        }
+    };
+}
+
+both_backends!(
+    spans_are_found_by_trace,
+    replayed_batch_is_stored_once,
+    failures_filter_and_paginate,
+    request_counts_are_good_over_total,
+    latest_snapshot_per_host,
+    documents_put_get_list,
+    retention_drops_old_days,
+);
