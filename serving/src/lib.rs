@@ -18,3 +18,4 @@ pub mod kvcache;
 pub mod metrics;
 pub mod model;
 pub mod scheduler;
+pub mod telemetry;

@@ -1,1 +1,168 @@
-//! api (placeholder).
+//! The OpenAI-compatible HTTP API, `/metrics`, `/health` and `/debug/kv`, and the degradation
+//! rules applied to every request (ARCHITECTURE.md §2):
+//!
+//! | tier | rule here |
+//! |---|---|
+//! | T1 | `x-brownout-feature` names a disabled feature → 503 `feature_disabled` with a hint |
+//! | T2 | non-critical traffic takes `model_route["default"]` (fallback) and `limits.max_tokens_cap`; the engine applies `limits.max_num_seqs` |
+//! | T3 | criticality below `shed.admit_min_criticality` → 429, jittered `Retry-After`, `estimated_recovery_at`; critical is never shed |
+
+pub mod error;
+pub mod handlers;
+pub mod openai;
+pub mod server;
+pub mod text;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+
+pub use error::ApiError;
+pub use server::{ModelChoice, ServeOptions, build_state, run_server};
+
+use crate::control::ControlHandle;
+use crate::metrics::Metrics;
+use crate::scheduler::engine::EngineHandle;
+use crate::telemetry::Telemetry;
+
+/// Text ↔ tokens for the served model.
+pub trait TextCodec: Send + Sync + 'static {
+    fn encode(&self, text: &str) -> Vec<u32>;
+    fn decode(&self, ids: &[u32]) -> String;
+    /// The model's chat template applied to `(role, content)` pairs, ending with the opening of
+    /// the assistant turn.
+    fn chat_prompt(&self, messages: &[(String, String)]) -> String;
+}
+
+/// The toy model's byte codec (tests and `--model toy`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ToyCodec;
+
+impl TextCodec for ToyCodec {
+    fn encode(&self, text: &str) -> Vec<u32> {
+        crate::scheduler::toy::toy_encode(text)
+    }
+    fn decode(&self, ids: &[u32]) -> String {
+        crate::scheduler::toy::toy_decode(ids)
+    }
+    fn chat_prompt(&self, messages: &[(String, String)]) -> String {
+        let mut s = String::new();
+        for (role, content) in messages {
+            s.push_str(role);
+            s.push_str(": ");
+            s.push_str(content);
+            s.push('\n');
+        }
+        s.push_str("assistant: ");
+        s
+    }
+}
+
+/// Everything a handler needs; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub engine: EngineHandle,
+    pub codec: Arc<dyn TextCodec>,
+    pub control: ControlHandle,
+    pub metrics: Arc<Metrics>,
+    pub model_name: String,
+    pub ready: AtomicBool,
+    pub max_body_bytes: usize,
+    /// `max_tokens` when a completion request gives none (OpenAI's legacy default is 16).
+    pub default_max_tokens_completion: usize,
+    /// `max_tokens` when a chat request gives none (capped by the room left in the context).
+    pub default_max_tokens_chat: usize,
+    pub fallback_available: bool,
+    pub telemetry: Telemetry,
+    pub created_s: u64,
+}
+
+/// Options for [`AppState::new`] beyond the engine and codec.
+#[derive(Debug, Clone)]
+pub struct ApiOptions {
+    pub model_name: String,
+    pub max_body_bytes: usize,
+    pub default_max_tokens_completion: usize,
+    pub default_max_tokens_chat: usize,
+    pub fallback_available: bool,
+}
+
+impl Default for ApiOptions {
+    fn default() -> ApiOptions {
+        ApiOptions {
+            model_name: "model".into(),
+            max_body_bytes: 1 << 20,
+            default_max_tokens_completion: 16,
+            default_max_tokens_chat: 256,
+            fallback_available: true,
+        }
+    }
+}
+
+impl AppState {
+    pub fn new(
+        engine: EngineHandle,
+        codec: Arc<dyn TextCodec>,
+        control: ControlHandle,
+        metrics: Arc<Metrics>,
+        telemetry: Telemetry,
+        opts: ApiOptions,
+    ) -> AppState {
+        AppState {
+            inner: Arc::new(Inner {
+                engine,
+                codec,
+                control,
+                metrics,
+                model_name: opts.model_name,
+                ready: AtomicBool::new(false),
+                max_body_bytes: opts.max_body_bytes,
+                default_max_tokens_completion: opts.default_max_tokens_completion,
+                default_max_tokens_chat: opts.default_max_tokens_chat,
+                fallback_available: opts.fallback_available,
+                telemetry,
+                created_s: brownout_protocol::now_ms() / 1000,
+            }),
+        }
+    }
+
+    /// `/health` answers 200 only after this (the model is loaded and warmed up).
+    pub fn set_ready(&self, ready: bool) {
+        self.inner.ready.store(ready, Ordering::Relaxed);
+    }
+    pub fn engine(&self) -> &EngineHandle {
+        &self.inner.engine
+    }
+    pub fn control(&self) -> &ControlHandle {
+        &self.inner.control
+    }
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+    pub fn model_name(&self) -> &str {
+        &self.inner.model_name
+    }
+}
+
+/// The serving API. Merge other routers (e.g. the control plane's `/v1/features`) onto it.
+pub fn router(state: AppState) -> Router {
+    let limit = state.inner.max_body_bytes;
+    Router::new()
+        .route("/v1/completions", post(handlers::completions))
+        .route("/v1/chat/completions", post(handlers::chat_completions))
+        .route("/v1/models", get(handlers::models))
+        .route("/health", get(handlers::health))
+        .route("/metrics", get(handlers::metrics))
+        .route("/debug/kv", get(handlers::debug_kv))
+        .fallback(handlers::not_found)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}

@@ -1,0 +1,212 @@
+//! Building an engine + API from options, and serving it until shutdown. This is the in-process
+//! entry `brownout demo` uses as well as `brownout-serve`.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use brownout_protocol::Criticality;
+use tokio::net::TcpListener;
+
+use super::{ApiOptions, AppState, TextCodec, ToyCodec};
+use crate::control::ControlHandle;
+use crate::kvcache::{AllocMode, KvConfig};
+use crate::metrics::Metrics;
+use crate::model::Route;
+use crate::scheduler::engine::{EngineConfig, EngineRequest, SeqEvent, spawn_engine};
+use crate::scheduler::toy::{TOY_EOS, ToyModel};
+use crate::scheduler::{SamplingParams, SchedulerConfig};
+use crate::telemetry::Telemetry;
+
+/// Which model to serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelChoice {
+    /// The engine's deterministic paged toy (no weights; byte tokenizer).
+    Toy,
+    /// A tiny Llama with seeded random weights, through the real model code path.
+    TinyRandom,
+    /// SmolLM2-135M-Instruct from the local cache (`brownout-serve fetch-model`).
+    SmolLm2,
+    /// A GGUF file.
+    Path(PathBuf),
+}
+
+impl std::str::FromStr for ModelChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "toy" => ModelChoice::Toy,
+            "tiny-random" => ModelChoice::TinyRandom,
+            "smollm2" => ModelChoice::SmolLm2,
+            p => ModelChoice::Path(PathBuf::from(p)),
+        })
+    }
+}
+
+/// Everything needed to start one engine.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub model: ModelChoice,
+    /// `cpu` or `cuda`.
+    pub device: String,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    /// Defaults to the model's.
+    pub max_model_len: Option<usize>,
+    pub kv_mode: AllocMode,
+    pub enable_prefix_caching: bool,
+    /// Served model name override (the `model` field clients send, `model_name` label).
+    pub served_model_name: Option<String>,
+    pub max_body_bytes: usize,
+    pub max_queue_wait: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> ServeOptions {
+        ServeOptions {
+            model: ModelChoice::TinyRandom,
+            device: "cpu".into(),
+            num_blocks: 1024,
+            block_size: 16,
+            max_num_seqs: 32,
+            max_num_batched_tokens: 512,
+            max_model_len: None,
+            kv_mode: AllocMode::Paged,
+            enable_prefix_caching: true,
+            served_model_name: None,
+            max_body_bytes: 1 << 20,
+            max_queue_wait: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Loads the model, starts the engine thread, warms up, and returns the API state (ready).
+///
+/// # Errors
+/// When the model cannot be loaded or the engine thread cannot start.
+pub async fn build_state(
+    opts: &ServeOptions,
+    control: ControlHandle,
+    telemetry: Telemetry,
+) -> anyhow::Result<AppState> {
+    let kv = KvConfig {
+        num_blocks: opts.num_blocks,
+        block_size: opts.block_size,
+        mode: opts.kv_mode,
+        enable_prefix_caching: opts.enable_prefix_caching,
+    };
+    anyhow::ensure!(
+        opts.block_size > 0 && opts.num_blocks > 0,
+        "--block-size and --num-blocks must be positive"
+    );
+    let (name, max_len, eos, codec, backend_fn): (String, usize, Vec<u32>, Arc<dyn TextCodec>, _) =
+        match &opts.model {
+            ModelChoice::Toy => {
+                let backend = ToyModel::new(opts.num_blocks, opts.block_size);
+                (
+                    "toy".to_string(),
+                    2048,
+                    vec![TOY_EOS],
+                    Arc::new(ToyCodec),
+                    backend,
+                )
+            }
+            other => anyhow::bail!(
+                "model {other:?} is not available in this build yet (the model loader has not landed); use --model toy"
+            ),
+        };
+    let name = opts.served_model_name.clone().unwrap_or(name);
+    let max_model_len = opts.max_model_len.unwrap_or(max_len).min(max_len);
+    let metrics = Arc::new(Metrics::new(&name));
+    let cfg = EngineConfig {
+        model_name: name.clone(),
+        sched: SchedulerConfig {
+            max_num_seqs: opts.max_num_seqs.max(1),
+            max_num_batched_tokens: opts.max_num_batched_tokens.max(1),
+            max_model_len,
+        },
+        kv,
+        eos_token_ids: eos,
+        max_queue_wait: opts.max_queue_wait,
+        inbox_capacity: 4096,
+    };
+    let (engine, _join) = spawn_engine(cfg, backend_fn, metrics.clone(), Some(control.clone()))
+        .context("starting the engine thread")?;
+    let state = AppState::new(
+        engine,
+        codec,
+        control,
+        metrics,
+        telemetry,
+        ApiOptions {
+            model_name: name,
+            max_body_bytes: opts.max_body_bytes,
+            fallback_available: true,
+            ..ApiOptions::default()
+        },
+    );
+    warm_up(&state).await.context("warm-up generation")?;
+    state.set_ready(true);
+    Ok(state)
+}
+
+/// One short generation through the whole path, so `/health` turns ready only once it works.
+async fn warm_up(state: &AppState) -> anyhow::Result<()> {
+    let prompt = state.inner.codec.encode("warm up");
+    let req = EngineRequest {
+        prompt: if prompt.is_empty() { vec![0] } else { prompt },
+        params: SamplingParams {
+            max_tokens: 2,
+            ..SamplingParams::default()
+        },
+        criticality: Criticality::Critical,
+        route: Route::Primary,
+    };
+    let (_, mut rx) = state.engine().submit(req)?;
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            SeqEvent::Token(_) => {}
+            SeqEvent::Finished { .. } => return Ok(()),
+            SeqEvent::Failed { message, .. } => anyhow::bail!("{message}"),
+        }
+    }
+    anyhow::bail!("the engine stopped during warm-up")
+}
+
+/// Serves `router(state)` (merged with `extra`, e.g. the control plane's `/v1/features`) on
+/// `listener` until `shutdown` resolves, then drains in-flight requests for up to 10 s.
+///
+/// # Errors
+/// Socket errors from the server.
+pub async fn run_server<F>(
+    state: AppState,
+    extra: Option<Router>,
+    listener: TcpListener,
+    shutdown: F,
+) -> std::io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let mut app = super::router(state);
+    if let Some(extra) = extra {
+        app = app.merge(extra);
+    }
+    let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = drain_tx.send(());
+    });
+    let mut server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        r = &mut server => r,
+        _ = async { let _ = drain_rx.await; tokio::time::sleep(Duration::from_secs(10)).await } => {
+            tracing::warn!("shutdown deadline passed with requests still in flight");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Telemetry out: every request's record and every failure, exported without ever blocking
+//! serving. Failures go as NDJSON [`FailureEvent`]s to `$BROWNOUT_CONTROL_PLANE/v1/failures`
+//! (bearer `$BROWNOUT_INGEST_TOKEN`) through a bounded queue; when the queue is full the event is
+//! dropped and counted. Request spans go to OTLP (see [`crate::telemetry::otlp`]) when
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use brownout_protocol::{Category, Criticality, FailureEvent};
+use tokio::sync::mpsc;
+
+/// What one finished (or failed) request looked like.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestRecord {
+    pub request_id: String,
+    pub model: String,
+    pub route: &'static str,
+    pub criticality: Criticality,
+    pub feature: String,
+    pub tier: u8,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub queue_s: f64,
+    pub ttft_s: f64,
+    pub num_preemptions: u32,
+    pub latency_s: f64,
+    /// `stop`, `length`, `abort` for a success.
+    pub finish_reason: Option<String>,
+    /// The category and message of a failure.
+    pub failure: Option<(Category, String)>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct TelemetryConfig {
+    /// `service` of failure events and spans.
+    pub service: String,
+    pub host: String,
+    /// Base URL of the control plane (`BROWNOUT_CONTROL_PLANE`); failures are not exported when unset.
+    pub control_plane: Option<String>,
+    /// `BROWNOUT_INGEST_TOKEN`.
+    pub ingest_token: Option<String>,
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub otlp_endpoint: Option<String>,
+    /// Capacity of the failure queue.
+    pub queue_capacity: usize,
+    /// Events per POST.
+    pub batch_max: usize,
+}
+
+impl TelemetryConfig {
+    pub fn from_env(service: &str) -> TelemetryConfig {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        TelemetryConfig {
+            service: service.to_string(),
+            host: env("HOSTNAME").unwrap_or_else(|| "localhost".into()),
+            control_plane: env("BROWNOUT_CONTROL_PLANE"),
+            ingest_token: env("BROWNOUT_INGEST_TOKEN"),
+            otlp_endpoint: env("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            queue_capacity: 4096,
+            batch_max: 256,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    failures_queued: AtomicU64,
+    failures_dropped: AtomicU64,
+    failures_sent: AtomicU64,
+    failures_send_errors: AtomicU64,
+}
+
+/// Cheap to clone; `request` never blocks.
+#[derive(Clone)]
+pub struct Telemetry {
+    cfg: Arc<TelemetryConfig>,
+    failures: Option<mpsc::Sender<FailureEvent>>,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Telemetry")
+            .field("failures", &self.failures.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Telemetry {
+    /// Exports nothing (counts nothing either).
+    pub fn disabled() -> Telemetry {
+        Telemetry {
+            cfg: Arc::new(TelemetryConfig::default()),
+            failures: None,
+            counters: Arc::default(),
+        }
+    }
+
+    /// Starts the exporters the config asks for. Must run inside a tokio runtime.
+    pub fn start(cfg: TelemetryConfig) -> Telemetry {
+        let counters = Arc::new(Counters::default());
+        let failures = cfg.control_plane.clone().map(|base| {
+            let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
+            tokio::spawn(post_failures(
+                base,
+                cfg.ingest_token.clone(),
+                cfg.batch_max.max(1),
+                rx,
+                counters.clone(),
+            ));
+            tx
+        });
+        Telemetry {
+            cfg: Arc::new(cfg),
+            failures,
+            counters,
+        }
+    }
+
+    /// Records a request: a failure event when it failed.
+    pub fn request(&self, r: RequestRecord) {
+        if let Some((category, message)) = &r.failure {
+            let mut attributes = BTreeMap::new();
+            attributes.insert("model".into(), r.model.clone());
+            attributes.insert("route".into(), r.route.to_string());
+            attributes.insert("tier".into(), r.tier.to_string());
+            attributes.insert("prompt_tokens".into(), r.prompt_tokens.to_string());
+            attributes.insert("num_preemptions".into(), r.num_preemptions.to_string());
+            self.failure(FailureEvent {
+                ts_ms: brownout_protocol::now_ms(),
+                service: self.cfg.service.clone(),
+                host: self.cfg.host.clone(),
+                request_id: r.request_id.clone(),
+                trace_id: String::new(),
+                user_id: String::new(),
+                feature: r.feature.clone(),
+                criticality: r.criticality,
+                category: *category,
+                error_type: error_type(*category).to_string(),
+                message: message.clone(),
+                latency_ms: r.latency_s * 1000.0,
+                attributes,
+            });
+        }
+    }
+
+    /// Queues a failure event, or drops and counts it when the queue is full.
+    pub fn failure(&self, ev: FailureEvent) {
+        let Some(tx) = &self.failures else { return };
+        match tx.try_send(ev) {
+            Ok(()) => self
+                .counters
+                .failures_queued
+                .fetch_add(1, Ordering::Relaxed),
+            Err(_) => self
+                .counters
+                .failures_dropped
+                .fetch_add(1, Ordering::Relaxed),
+        };
+    }
+
+    pub fn failures_dropped(&self) -> u64 {
+        self.counters.failures_dropped.load(Ordering::Relaxed)
+    }
+    pub fn failures_sent(&self) -> u64 {
+        self.counters.failures_sent.load(Ordering::Relaxed)
+    }
+
+    /// This module's own counters, in Prometheus text format.
+    pub fn render_metrics(&self) -> String {
+        let c = &self.counters;
+        let mut s = String::new();
+        for (name, help, v) in [
+            (
+                "brownout_serving_failure_events_queued_total",
+                "Failure events queued for export.",
+                &c.failures_queued,
+            ),
+            (
+                "brownout_serving_failure_events_dropped_total",
+                "Failure events dropped because the export queue was full.",
+                &c.failures_dropped,
+            ),
+            (
+                "brownout_serving_failure_events_sent_total",
+                "Failure events accepted by the control plane.",
+                &c.failures_sent,
+            ),
+            (
+                "brownout_serving_failure_export_errors_total",
+                "Failed POSTs of failure events.",
+                &c.failures_send_errors,
+            ),
+        ] {
+            s.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
+                v.load(Ordering::Relaxed)
+            ));
+        }
+        s
+    }
+}
+
+fn error_type(c: Category) -> &'static str {
+    match c {
+        Category::TimeoutResource => "QueueTimeout",
+        Category::KvCacheExhausted => "KvCacheExhausted",
+        Category::ModelError => "ModelError",
+        Category::RateLimited => "LoadShed",
+        Category::Degraded => "FeatureDisabled",
+        _ => "ServingError",
+    }
+}
+
+async fn post_failures(
+    base: String,
+    token: Option<String>,
+    batch_max: usize,
+    mut rx: mpsc::Receiver<FailureEvent>,
+    c: Arc<Counters>,
+) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = match reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "failure export disabled: no HTTP client");
+            return;
+        }
+    };
+    let url = format!("{}/v1/failures", base.trim_end_matches('/'));
+    let mut batch = Vec::with_capacity(batch_max);
+    while rx.recv_many(&mut batch, batch_max).await > 0 {
+        let mut body = String::new();
+        for ev in batch.drain(..) {
+            if let Ok(line) = serde_json::to_string(&ev) {
+                body.push_str(&line);
+                body.push('\n');
+            }
+        }
+        let n = body.lines().count() as u64;
+        let mut req = client
+            .post(&url)
+            .header("content-type", "application/x-ndjson")
+            .body(body);
+        if let Some(t) = &token {
+            req = req.bearer_auth(t);
+        }
+        match req.send().await {
+            Ok(r) if r.status().is_success() => {
+                c.failures_sent.fetch_add(n, Ordering::Relaxed);
+            }
+            Ok(r) => {
+                c.failures_send_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(status = %r.status(), "failure export refused");
+            }
+            Err(e) => {
+                c.failures_send_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(error = %e, "failure export failed");
+            }
+        }
+    }
+}
