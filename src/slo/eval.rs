@@ -1,0 +1,565 @@
+//! The in-process evaluator: events in, [`SloStatus`] out. Pure (no clock, no IO): the caller
+//! passes every timestamp, which is what makes it testable to the millisecond.
+//!
+//! ```text
+//! Observation ──> service index ──> SLOs of that service ──> classify (selector + SLI kind)
+//!                                                              │ good / bad
+//!                                                              v
+//!                                   [timeslices: open slices ─ close ─> 1 good|bad slice]
+//!                                                              v
+//!                                                    Rings (10 s / 1 m / 1 h buckets)
+//! evaluate(now) ──> per SLO: window sums ─> burn rates, budget, alert pairs ─> AlertMachine
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+
+use brownout_protocol::{Criticality, FailureEvent};
+
+use super::alert::{AlertMachine, AlertState};
+use super::budget::{self, Counts, PairKind, Severity, WindowPair};
+use super::duration::format_secs;
+use super::ring::Rings;
+use super::spec::{Budgeting, LatencyMetric, Period, SliKind, SloSpec};
+
+/// What an observed event is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// An inference / API request (a server span).
+    Request,
+    /// One agent task (possibly many requests).
+    AgentTask,
+}
+
+/// One event as the SLOs see it. Borrowed, so the ingest hot path allocates nothing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Observation<'a> {
+    pub ts_ms: u64,
+    pub kind: EventKind,
+    pub service: &'a str,
+    /// Empty when unknown.
+    pub feature: &'a str,
+    pub criticality: Criticality,
+    /// False for a span with status ERROR or a failure event.
+    pub ok: bool,
+    /// End-to-end latency, when known.
+    pub latency_ms: Option<f64>,
+    /// Time to first token, when known.
+    pub ttft_ms: Option<f64>,
+}
+
+impl<'a> Observation<'a> {
+    /// A failure event is one bad event. It is an agent task when its attribute `kind` (or
+    /// `brownout.kind`) is `agent_task`, or its `error_type` starts with `Agent`
+    /// (`AgentExecutionFailed`); otherwise a request. Its `latency_ms` counts as end-to-end
+    /// latency when > 0.
+    pub fn from_failure(ev: &'a FailureEvent) -> Observation<'a> {
+        let kind_attr = ev
+            .attributes
+            .get("kind")
+            .or_else(|| ev.attributes.get("brownout.kind"));
+        let kind =
+            if kind_attr.is_some_and(|k| k == "agent_task") || ev.error_type.starts_with("Agent") {
+                EventKind::AgentTask
+            } else {
+                EventKind::Request
+            };
+        Observation {
+            ts_ms: ev.ts_ms,
+            kind,
+            service: &ev.service,
+            feature: &ev.feature,
+            criticality: ev.criticality,
+            ok: false,
+            latency_ms: (ev.latency_ms > 0.0).then_some(ev.latency_ms),
+            ttft_ms: None,
+        }
+    }
+
+    /// A finished server span. `attr` looks up span attributes by name: `brownout.feature` /
+    /// `feature`, `brownout.criticality` / `criticality`, `brownout.kind` (`request` or
+    /// `agent_task`), `brownout.ttft_ms` / `ttft_ms`. `ts_ms` is the span's end.
+    pub fn from_span(
+        service: &'a str,
+        ts_ms: u64,
+        duration_ms: f64,
+        is_error: bool,
+        attr: impl Fn(&str) -> Option<&'a str>,
+    ) -> Observation<'a> {
+        let get = |k: &str| attr(&format!("brownout.{k}")).or_else(|| attr(k));
+        Observation {
+            ts_ms,
+            kind: if get("kind") == Some("agent_task") {
+                EventKind::AgentTask
+            } else {
+                EventKind::Request
+            },
+            service,
+            feature: get("feature").unwrap_or(""),
+            criticality: get("criticality")
+                .and_then(Criticality::parse)
+                .unwrap_or_default(),
+            ok: !is_error,
+            latency_ms: Some(duration_ms).filter(|d| d.is_finite() && *d >= 0.0),
+            ttft_ms: get("ttft_ms")
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|d| d.is_finite() && *d >= 0.0),
+        }
+    }
+}
+
+/// Index of an SLO inside an [`Evaluator`], for [`Evaluator::record_outcome`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SloId(pub usize);
+
+/// One window's burn rate.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct WindowBurn {
+    /// `5m`, `1h`, …
+    pub window: String,
+    pub window_secs: u64,
+    pub burn_rate: f64,
+    /// Events (or, with timeslices, slices) counted in the window.
+    pub events: u64,
+}
+
+/// One alert pair's state.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AlertStatus {
+    /// The alert name (as in the generated Prometheus rules).
+    pub alert: String,
+    pub kind: PairKind,
+    pub severity: Severity,
+    /// `1h/5m`.
+    pub window: String,
+    pub factor: f64,
+    pub long_burn_rate: f64,
+    pub short_burn_rate: f64,
+    #[serde(flatten)]
+    pub state: AlertState,
+}
+
+/// Everything known about one SLO at one instant: what the API shows and the degradation
+/// controller reads.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SloStatus {
+    pub name: String,
+    pub service: String,
+    pub objective: f64,
+    /// `28d` or `calendar_month`.
+    pub period: String,
+    /// Events (or slices) good / total over the period so far.
+    pub period_events: Counts,
+    /// 1 = untouched, 0 = spent, negative = overspent.
+    pub budget_remaining_ratio: f64,
+    /// At the 1 h burn rate; `None` when nothing burns.
+    pub time_to_exhaustion_secs: Option<f64>,
+    /// Every window any alert pair uses, shortest first.
+    pub burn_rates: Vec<WindowBurn>,
+    pub alerts: Vec<AlertStatus>,
+    pub evaluated_at_ms: u64,
+}
+
+impl SloStatus {
+    /// The burn rate over a window, if the SLO tracks it.
+    pub fn burn_rate(&self, window_secs: u64) -> Option<f64> {
+        self.burn_rates
+            .iter()
+            .find(|w| w.window_secs == window_secs)
+            .map(|w| w.burn_rate)
+    }
+    /// The alerts firing now.
+    pub fn firing(&self) -> impl Iterator<Item = &AlertStatus> {
+        self.alerts.iter().filter(|a| a.state.is_firing())
+    }
+}
+
+/// Closing slack for time slices: a slice is final this long after it ends, so events a few
+/// seconds late still land in it.
+pub const SLICE_GRACE_MS: u64 = 5_000;
+/// Events dated further than this past the last evaluation time are refused.
+pub const FUTURE_SLACK_MS: u64 = 5 * 60_000;
+
+#[derive(Debug)]
+struct Slicer {
+    slice_ms: u64,
+    good_ratio: f64,
+    /// Slices still accepting events, oldest first.
+    open: VecDeque<(u64, Counts)>,
+    /// Slices with an epoch below this are final.
+    closed_below: u64,
+}
+
+impl Slicer {
+    fn add(&mut self, ts_ms: u64, good: u64, n: u64, rings: &mut Rings) -> bool {
+        let epoch = ts_ms / self.slice_ms;
+        if epoch < self.closed_below {
+            return false;
+        }
+        match self.open.iter().position(|(e, _)| *e >= epoch) {
+            Some(i) if self.open[i].0 == epoch => self.open[i].1 += Counts { good, total: n },
+            Some(i) => self.open.insert(i, (epoch, Counts { good, total: n })),
+            None => self.open.push_back((epoch, Counts { good, total: n })),
+        }
+        self.close(ts_ms, rings);
+        true
+    }
+
+    /// Closes every slice that ended at least [`SLICE_GRACE_MS`] before `now_ms`.
+    fn close(&mut self, now_ms: u64, rings: &mut Rings) {
+        let final_below = now_ms.saturating_sub(SLICE_GRACE_MS) / self.slice_ms;
+        while let Some(&(epoch, c)) = self.open.front() {
+            if epoch >= final_below {
+                break;
+            }
+            self.open.pop_front();
+            let good = c.total > 0 && c.good as f64 >= self.good_ratio * c.total as f64;
+            rings.add(epoch * self.slice_ms, u64::from(good), 1);
+        }
+        self.closed_below = self.closed_below.max(final_below);
+    }
+}
+
+#[derive(Debug)]
+struct SloState {
+    spec: SloSpec,
+    pairs: Vec<WindowPair>,
+    /// Per pair, `None` when that pair's alert group is disabled.
+    machines: Vec<Option<AlertMachine>>,
+    alert_names: Vec<String>,
+    windows: Vec<u64>,
+    rings: Rings,
+    slicer: Option<Slicer>,
+}
+
+/// Counters about what the evaluator was fed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EvalStats {
+    /// Observations passed to [`Evaluator::record`].
+    pub observed: u64,
+    /// (observation, SLO) pairs counted.
+    pub counted: u64,
+    /// Refused: older than the rings (or a closed time slice) hold.
+    pub dropped_late: u64,
+    /// Refused: dated more than [`FUTURE_SLACK_MS`] after the last evaluation.
+    pub dropped_future: u64,
+}
+
+/// Burn-rate alert names, as in the generated rules.
+pub fn alert_name(spec: &SloSpec, kind: PairKind) -> String {
+    let base = spec.alerting.name.as_deref();
+    match (kind, base) {
+        (PairKind::Page | PairKind::Ticket, Some(b)) => b.to_string(),
+        (PairKind::Page | PairKind::Ticket, None) => "SLOErrorBudgetBurn".into(),
+        (PairKind::FastBurn, Some(b)) => format!("{b}FastBurn"),
+        (PairKind::FastBurn, None) => "SLOErrorBudgetFastBurn".into(),
+    }
+}
+
+/// The absent-data alert's name.
+pub fn absent_alert_name(spec: &SloSpec) -> String {
+    match spec.alerting.name.as_deref() {
+        Some(b) => format!("{b}SLIAbsent"),
+        None => "SLOSLIAbsent".into(),
+    }
+}
+
+/// All SLOs' counters and alert states.
+#[derive(Debug, Default)]
+pub struct Evaluator {
+    slos: Vec<SloState>,
+    service_to_slos: HashMap<String, Vec<u32>>,
+    /// The latest `now` passed to [`Evaluator::evaluate`] (0 before the first).
+    clock_ms: u64,
+    stats: EvalStats,
+}
+
+impl Evaluator {
+    pub fn new(specs: Vec<SloSpec>) -> Evaluator {
+        let mut ev = Evaluator::default();
+        for spec in specs {
+            ev.add(spec);
+        }
+        ev
+    }
+
+    /// Adds an SLO; its counters start empty.
+    pub fn add(&mut self, spec: SloSpec) -> SloId {
+        let pairs = budget::window_pairs(spec.period, spec.objective_ratio);
+        let machines = pairs
+            .iter()
+            .map(|p| {
+                let cfg = match p.kind {
+                    PairKind::Page => &spec.alerting.page,
+                    PairKind::Ticket => &spec.alerting.ticket,
+                    PairKind::FastBurn => &spec.alerting.fast_burn,
+                };
+                cfg.enabled
+                    .then(|| AlertMachine::new(cfg.pending_secs * 1000))
+            })
+            .collect();
+        let alert_names = pairs.iter().map(|p| alert_name(&spec, p.kind)).collect();
+        let mut windows = budget::pair_windows(&pairs);
+        if !windows.contains(&3_600) {
+            windows.push(3_600);
+            windows.sort_unstable();
+        }
+        let period_ms = match spec.period {
+            Period::Rolling { days } => u64::from(days) * 86_400_000,
+            Period::CalendarMonth => 31 * 86_400_000,
+        };
+        let slicer = match spec.budgeting {
+            Budgeting::Occurrences => None,
+            Budgeting::Timeslices {
+                slice_secs,
+                good_slice_ratio,
+            } => Some(Slicer {
+                slice_ms: slice_secs * 1000,
+                good_ratio: good_slice_ratio,
+                open: VecDeque::new(),
+                closed_below: 0,
+            }),
+        };
+        let id = self.slos.len();
+        self.service_to_slos
+            .entry(spec.service.clone())
+            .or_default()
+            .push(id as u32);
+        self.slos.push(SloState {
+            spec,
+            pairs,
+            machines,
+            alert_names,
+            windows,
+            rings: Rings::new(period_ms),
+            slicer,
+        });
+        SloId(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.slos.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.slos.is_empty()
+    }
+    pub fn specs(&self) -> impl Iterator<Item = &SloSpec> {
+        self.slos.iter().map(|s| &s.spec)
+    }
+    pub fn find(&self, name: &str) -> Option<SloId> {
+        self.slos
+            .iter()
+            .position(|s| s.spec.name == name)
+            .map(SloId)
+    }
+    pub fn stats(&self) -> EvalStats {
+        self.stats
+    }
+    /// Memory held by the counters.
+    pub fn heap_bytes(&self) -> usize {
+        self.slos.iter().map(|s| s.rings.heap_bytes()).sum()
+    }
+
+    /// Counts an event for every SLO it belongs to; returns how many.
+    #[inline]
+    pub fn record(&mut self, obs: &Observation<'_>) -> usize {
+        self.stats.observed += 1;
+        if self.clock_ms > 0 && obs.ts_ms > self.clock_ms + FUTURE_SLACK_MS {
+            self.stats.dropped_future += 1;
+            return 0;
+        }
+        let Some(ids) = self.service_to_slos.get(obs.service) else {
+            return 0;
+        };
+        let mut n = 0;
+        for &id in ids {
+            let slo = &mut self.slos[id as usize];
+            if let Some(good) = classify(&slo.spec, obs) {
+                if add_to(slo, obs.ts_ms, u64::from(good), 1) {
+                    n += 1;
+                } else {
+                    self.stats.dropped_late += 1;
+                }
+            }
+        }
+        self.stats.counted += n as u64;
+        n
+    }
+
+    /// Counts one event for one SLO directly (the caller already knows it matches).
+    pub fn record_outcome(&mut self, id: SloId, ts_ms: u64, good: bool) {
+        self.record_counts(id, ts_ms, u64::from(good), 1);
+    }
+
+    /// Counts `total` events, `good` of them good, for one SLO (pre-aggregated input).
+    pub fn record_counts(&mut self, id: SloId, ts_ms: u64, good: u64, total: u64) {
+        let good = good.min(total);
+        if self.clock_ms > 0 && ts_ms > self.clock_ms + FUTURE_SLACK_MS {
+            self.stats.dropped_future += 1;
+            return;
+        }
+        if add_to(&mut self.slos[id.0], ts_ms, good, total) {
+            self.stats.counted += total;
+        } else {
+            self.stats.dropped_late += total;
+        }
+    }
+
+    /// Evaluates every SLO at `now_ms` and advances the alert state machines. Call it every
+    /// few seconds with a non-decreasing clock.
+    pub fn evaluate(&mut self, now_ms: u64) -> Vec<SloStatus> {
+        self.clock_ms = self.clock_ms.max(now_ms);
+        self.slos
+            .iter_mut()
+            .map(|s| evaluate_one(s, now_ms))
+            .collect()
+    }
+}
+
+fn add_to(slo: &mut SloState, ts_ms: u64, good: u64, n: u64) -> bool {
+    match &mut slo.slicer {
+        None => slo.rings.add(ts_ms, good, n),
+        Some(slicer) => slicer.add(ts_ms, good, n, &mut slo.rings),
+    }
+}
+
+/// Whether an observation counts for an SLO, and if so whether it is good.
+pub fn classify(spec: &SloSpec, obs: &Observation<'_>) -> Option<bool> {
+    if obs.service != spec.service {
+        return None;
+    }
+    if let Some(f) = &spec.selector.feature {
+        if obs.feature != f {
+            return None;
+        }
+    }
+    if !spec.selector.criticality.is_empty()
+        && !spec.selector.criticality.contains(&obs.criticality)
+    {
+        return None;
+    }
+    match spec.sli.kind {
+        SliKind::Availability => (obs.kind == EventKind::Request).then_some(obs.ok),
+        SliKind::TaskSuccess => (obs.kind == EventKind::AgentTask).then_some(obs.ok),
+        SliKind::Latency {
+            metric,
+            threshold_ms,
+        } => {
+            if obs.kind != EventKind::Request {
+                return None;
+            }
+            let v = match metric {
+                LatencyMetric::Ttft => obs.ttft_ms,
+                LatencyMetric::E2e => obs.latency_ms,
+            }?;
+            Some(obs.ok && v <= threshold_ms)
+        }
+    }
+}
+
+fn evaluate_one(s: &mut SloState, now_ms: u64) -> SloStatus {
+    let objective = s.spec.objective_ratio;
+    if let Some(slicer) = &mut s.slicer {
+        slicer.close(now_ms, &mut s.rings);
+    }
+    let slice_ms = s.slicer.as_ref().map(|x| x.slice_ms);
+    // With timeslices a window's denominator is its nominal number of slices: slices without
+    // events count as good, as time-based budgets do.
+    let window_counts = |rings: &Rings, window_ms: u64| -> Counts {
+        let c = rings.window(now_ms, window_ms);
+        match slice_ms {
+            None => c,
+            Some(slice) => {
+                let nominal = (window_ms / slice).max(1).max(c.total);
+                Counts {
+                    good: nominal - c.bad(),
+                    total: nominal,
+                }
+            }
+        }
+    };
+    let counts: Vec<(u64, Counts)> = s
+        .windows
+        .iter()
+        .map(|&w| (w, window_counts(&s.rings, w * 1000)))
+        .collect();
+    let burn_rates: Vec<WindowBurn> = counts
+        .iter()
+        .map(|&(w, c)| WindowBurn {
+            window: format_secs(w),
+            window_secs: w,
+            burn_rate: budget::round6(budget::burn_rate(c, objective)),
+            events: s.rings.window(now_ms, w * 1000).total,
+        })
+        .collect();
+    let (period_counts, period_ms) = match s.spec.period {
+        Period::Rolling { days } => {
+            let ms = u64::from(days) * 86_400_000;
+            (s.rings.window(now_ms, ms), ms)
+        }
+        Period::CalendarMonth => {
+            let (start, len) = budget::calendar_month_ms(now_ms);
+            (s.rings.since(start, now_ms), len)
+        }
+    };
+    let budget_remaining_ratio = match slice_ms {
+        None => budget::budget_remaining_ratio(period_counts, objective),
+        Some(slice) => budget::timeslice_budget_remaining_ratio(
+            period_counts.bad(),
+            period_ms / slice,
+            objective,
+        ),
+    };
+    let burn_1h = burn_rates
+        .iter()
+        .find(|w| w.window_secs == 3_600)
+        .map_or(0.0, |w| w.burn_rate);
+    let time_to_exhaustion_secs =
+        budget::time_to_exhaustion_secs(budget_remaining_ratio, burn_1h, period_ms / 1000);
+    let get = |w: u64| {
+        counts
+            .iter()
+            .find(|(x, _)| *x == w)
+            .map(|(_, c)| *c)
+            .unwrap_or_default()
+    };
+    let min_events = if slice_ms.is_some() {
+        0
+    } else {
+        s.spec.min_events
+    };
+    let mut alerts = Vec::new();
+    for ((pair, machine), name) in s
+        .pairs
+        .iter()
+        .zip(s.machines.iter_mut())
+        .zip(&s.alert_names)
+    {
+        let Some(machine) = machine else { continue };
+        let (long, short) = (get(pair.long_secs), get(pair.short_secs));
+        let cond = budget::pair_condition(pair, long, short, objective, min_events);
+        let state = machine.step(cond, now_ms);
+        alerts.push(AlertStatus {
+            alert: name.clone(),
+            kind: pair.kind,
+            severity: pair.kind.severity(),
+            window: pair.label(),
+            factor: pair.factor,
+            long_burn_rate: budget::round6(budget::burn_rate(long, objective)),
+            short_burn_rate: budget::round6(budget::burn_rate(short, objective)),
+            state,
+        });
+    }
+    SloStatus {
+        name: s.spec.name.clone(),
+        service: s.spec.service.clone(),
+        objective,
+        period: s.spec.period.label(),
+        period_events: period_counts,
+        budget_remaining_ratio: budget::round6(budget_remaining_ratio),
+        time_to_exhaustion_secs: time_to_exhaustion_secs.map(|t| t.round()),
+        burn_rates,
+        alerts,
+        evaluated_at_ms: now_ms,
+    }
+}
