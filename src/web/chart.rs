@@ -194,6 +194,19 @@ fn nice_step(span: f64) -> f64 {
     step * mag
 }
 
+/// An axis label for `ts_ms` on an axis spanning `span_ms`: `HH:MM` within a day and a half,
+/// `MM-DD` beyond (a 30-day burn-down would otherwise read `03:50 03:50 03:50`).
+fn axis_time(ts_ms: u64, span_ms: u64) -> String {
+    let fmt = if span_ms > 36 * 3_600_000 {
+        "%m-%d"
+    } else {
+        "%H:%M"
+    };
+    chrono::DateTime::from_timestamp_millis(i64::try_from(ts_ms).unwrap_or(0))
+        .map(|t| t.format(fmt).to_string())
+        .unwrap_or_default()
+}
+
 fn clock(ts_ms: u64) -> String {
     chrono::DateTime::from_timestamp_millis(i64::try_from(ts_ms).unwrap_or(0))
         .map(|t| t.format("%H:%M").to_string())
@@ -265,13 +278,13 @@ pub fn line_chart(series: &[Series], opts: &LineOpts) -> Svg {
         v += step;
     }
     // X labels: start, middle, end.
-    for t in [t0, t0 + (t1 - t0) / 2, t1] {
+    for (t, anchor) in [(t0, "start"), (t0 + (t1 - t0) / 2, "middle"), (t1, "end")] {
         let _ = write!(
             s,
-            r#"<text x="{:.1}" y="{:.1}" class="axis" text-anchor="middle">{}</text>"#,
+            r#"<text x="{:.1}" y="{:.1}" class="axis" text-anchor="{anchor}">{}</text>"#,
             x(t),
             PAD_T + ph + 16.0,
-            clock(t)
+            axis_time(t, t1 - t0)
         );
     }
     // Thresholds.
@@ -391,17 +404,14 @@ pub fn tier_timeline(changes: &[TierChange], start_ms: u64, end_ms: u64, width: 
             escape(&tip)
         );
     }
-    for t in [
-        start_ms,
-        start_ms + (end_ms.saturating_sub(start_ms)) / 2,
-        end_ms,
-    ] {
+    let mid = start_ms + end_ms.saturating_sub(start_ms) / 2;
+    for (t, anchor) in [(start_ms, "start"), (mid, "middle"), (end_ms, "end")] {
         let _ = write!(
             s,
-            r#"<text x="{:.1}" y="{:.1}" class="axis" text-anchor="middle">{}</text>"#,
+            r#"<text x="{:.1}" y="{:.1}" class="axis" text-anchor="{anchor}">{}</text>"#,
             x(t),
             height - 4.0,
-            clock(t)
+            axis_time(t, end_ms.saturating_sub(start_ms))
         );
     }
     s.push_str("</svg>");
@@ -411,8 +421,8 @@ pub fn tier_timeline(changes: &[TierChange], start_ms: u64, end_ms: u64, width: 
 /// A horizontal bar for a 0–1 ratio, coloured by zone, with tick marks at `warn` and `crit` and
 /// the value (or `text`, when given) to its right.
 pub fn gauge_bar(ratio: f64, warn: f64, crit: f64, label: &str, text: Option<&str>) -> Svg {
-    const W: f64 = 178.0;
-    const BAR: f64 = 120.0;
+    const W: f64 = 150.0;
+    const BAR: f64 = 96.0;
     const H: f64 = 14.0;
     let r = if ratio.is_finite() {
         ratio.clamp(0.0, 1.0)
@@ -578,6 +588,37 @@ mod tests {
             "{}",
             svg.as_str()
         );
+    }
+
+    #[test]
+    fn long_axes_show_dates_short_axes_show_times() {
+        let day = 24 * 3_600_000;
+        let month = line_chart(
+            &[Series {
+                name: String::new(),
+                points: pts(&[0.0])
+                    .into_iter()
+                    .chain([Point {
+                        ts_ms: 30 * day,
+                        value: 1.0,
+                    }])
+                    .collect(),
+            }],
+            &LineOpts::default(),
+        );
+        assert!(
+            month.as_str().contains(">01-01<") && month.as_str().contains(">01-31<"),
+            "{}",
+            month.as_str()
+        );
+        let hour = line_chart(
+            &[Series {
+                name: String::new(),
+                points: pts(&[0.0, 1.0]),
+            }],
+            &LineOpts::default(),
+        );
+        assert!(hour.as_str().contains(">00:00<") && hour.as_str().contains(">00:01<"));
     }
 
     #[test]
