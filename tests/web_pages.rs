@@ -343,3 +343,96 @@ async fn non_http_trace_links_are_shown_as_text() {
         "the trace id is still shown"
     );
 }
+
+/// A live source before anything has reported: every list empty.
+struct Empty;
+
+fn ok<'a, T: Send + 'a>(v: T) -> BoxFuture<'a, Result<T, UiError>> {
+    futures::future::ready(Ok(v)).boxed()
+}
+
+impl UiDataSource for Empty {
+    fn overview(&self) -> BoxFuture<'_, Result<web::OverviewView, UiError>> {
+        ok(web::OverviewView {
+            origin: web::DataOrigin::Live,
+            generated_at_ms: NOW_MS,
+            clusters: vec![],
+            slos: vec![],
+            hosts: vec![],
+            services: vec![],
+            top_patterns: vec![],
+        })
+    }
+    fn hosts(&self) -> BoxFuture<'_, Result<web::HostsView, UiError>> {
+        ok(web::HostsView {
+            origin: web::DataOrigin::Live,
+            generated_at_ms: NOW_MS,
+            hosts: vec![],
+        })
+    }
+    fn host<'a>(&'a self, h: &'a str) -> BoxFuture<'a, Result<web::HostDetailView, UiError>> {
+        futures::future::ready(Err(UiError::not_found("host", h))).boxed()
+    }
+    fn service<'a>(&'a self, s: &'a str) -> BoxFuture<'a, Result<web::ServiceView, UiError>> {
+        futures::future::ready(Err(UiError::not_found("service", s))).boxed()
+    }
+    fn instance<'a>(
+        &'a self,
+        _: &'a str,
+        i: &'a str,
+    ) -> BoxFuture<'a, Result<web::InstanceView, UiError>> {
+        futures::future::ready(Err(UiError::not_found("instance", i))).boxed()
+    }
+    fn patterns(&self) -> BoxFuture<'_, Result<web::PatternsView, UiError>> {
+        ok(web::PatternsView {
+            origin: web::DataOrigin::Live,
+            generated_at_ms: NOW_MS,
+            patterns: vec![],
+        })
+    }
+    fn slos(&self) -> BoxFuture<'_, Result<web::SloView, UiError>> {
+        ok(web::SloView {
+            origin: web::DataOrigin::Live,
+            generated_at_ms: NOW_MS,
+            slos: vec![],
+        })
+    }
+    fn degradation(&self) -> BoxFuture<'_, Result<web::DegradationView, UiError>> {
+        ok(web::DegradationView {
+            origin: web::DataOrigin::Live,
+            generated_at_ms: NOW_MS,
+            clusters: vec![],
+        })
+    }
+    fn resource(&self) -> BoxFuture<'_, Result<web::ResourceView, UiError>> {
+        ok(web::ResourceView {
+            origin: web::DataOrigin::Live,
+            generated_at_ms: NOW_MS,
+            engines: vec![],
+        })
+    }
+}
+
+#[tokio::test]
+async fn empty_live_source_renders_every_page_with_empty_states() {
+    let cases: &[(&str, &str)] = &[
+        ("/", "No cluster has published a command yet."),
+        ("/", "No gpu-agent has reported yet."),
+        ("/", "No SLOs configured."),
+        ("/", "No failures in the last hour."),
+        ("/hosts", "No gpu-agent has reported yet."),
+        ("/patterns", "No failure patterns mined yet."),
+        ("/slos", "No SLOs configured."),
+        ("/degradation", "No cluster has published a command yet."),
+        ("/debug/resource", "No engines reporting."),
+    ];
+    for (uri, needle) in cases {
+        let (status, _, body) = get(Arc::new(Empty), uri).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+        assert!(body.contains(needle), "{uri} lacks {needle:?}");
+        assert!(
+            body.contains("class=\"origin live\"") && !body.contains("SAMPLE DATA"),
+            "{uri}: live origin"
+        );
+    }
+}

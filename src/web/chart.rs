@@ -153,7 +153,7 @@ pub fn sparkline(points: &[Point], width: u32, height: u32) -> Svg {
                 1.0 + (t - t0) as f64 / (t1 - t0) as f64 * (w - 4.0)
             }
         };
-        let y = |v: f64| 2.0 + (1.0 - (v - lo) / (hi - lo)) * (h - 4.0);
+        let y = |v: f64| 2.0 + (1.0 - unit(v, lo, hi)) * (h - 4.0);
         let mut d = String::new();
         for (i, p) in pts.iter().enumerate() {
             let _ = write!(
@@ -176,6 +176,13 @@ pub fn sparkline(points: &[Point], width: u32, height: u32) -> Svg {
     }
     s.push_str("</svg>");
     Svg(s)
+}
+
+/// Where `v` sits between `lo` and `hi` (0 at `lo`, 1 at `hi`); 0.5 when that is not a finite
+/// number (infinite span, NaN), so no coordinate is ever NaN or infinite.
+fn unit(v: f64, lo: f64, hi: f64) -> f64 {
+    let f = (v - lo) / (hi - lo);
+    if f.is_finite() { f } else { 0.5 }
 }
 
 fn nice_step(span: f64) -> f64 {
@@ -241,10 +248,12 @@ pub fn line_chart(series: &[Series], opts: &LineOpts) -> Svg {
         Some(r) => r,
         None => {
             let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
-            for v in all()
-                .map(|p| p.value)
-                .chain(opts.thresholds.iter().map(|t| t.value))
-            {
+            for v in all().map(|p| p.value).chain(
+                opts.thresholds
+                    .iter()
+                    .map(|t| t.value)
+                    .filter(|v| v.is_finite()),
+            ) {
                 lo = lo.min(v);
                 hi = hi.max(v);
             }
@@ -260,12 +269,14 @@ pub fn line_chart(series: &[Series], opts: &LineOpts) -> Svg {
             PAD_L + (t - t0) as f64 / (t1 - t0) as f64 * pw
         }
     };
-    let y = |v: f64| PAD_T + (1.0 - ((v - lo) / (hi - lo)).clamp(-0.05, 1.05)) * ph;
+    let y = |v: f64| PAD_T + (1.0 - unit(v, lo, hi).clamp(-0.05, 1.05)) * ph;
 
     // Grid and y labels.
     let step = nice_step(hi - lo);
     let mut v = (lo / step).ceil() * step;
-    while v <= hi + step * 1e-9 {
+    let mut lines = 0;
+    while step.is_finite() && step > 0.0 && v.is_finite() && v <= hi + step * 1e-9 && lines < 12 {
+        lines += 1;
         let yy = y(v);
         let _ = write!(
             s,
@@ -288,7 +299,7 @@ pub fn line_chart(series: &[Series], opts: &LineOpts) -> Svg {
         );
     }
     // Thresholds.
-    for th in &opts.thresholds {
+    for th in opts.thresholds.iter().filter(|t| t.value.is_finite()) {
         let yy = y(th.value);
         let _ = write!(
             s,
@@ -652,5 +663,38 @@ mod tests {
             "the change after the window is dropped"
         );
         assert!(s.contains("class=\"tier t1\"") && s.contains("class=\"tier t3\""));
+    }
+
+    proptest::proptest! {
+        /// Any text and any numbers: no panic, and no character of markup from the input
+        /// survives unescaped.
+        #[test]
+        fn charts_never_panic_and_always_escape(
+            name in "\\PC{0,24}",
+            values in proptest::collection::vec(proptest::num::f64::ANY, 0..20),
+            ratio in proptest::num::f64::ANY,
+            start in 0u64..2_000_000,
+            span in 0u64..2_000_000,
+        ) {
+            let name = format!("<{name}>");
+            let points: Vec<Point> =
+                values.iter().enumerate().map(|(i, v)| Point { ts_ms: start + i as u64 * 1_000, value: *v }).collect();
+            let series = [Series { name: name.clone(), points: points.clone() }];
+            let th = vec![Threshold { value: ratio, label: name.clone(), severity: Severity::Warn }];
+            let reason = Reason { trigger: name.clone(), detail: name.clone(), ..Reason::default() };
+            let change = TierChange { ts_ms: start, tier: Tier::T1, reason, version: 1 };
+            let svgs = [
+                line_chart(&series, &LineOpts { thresholds: th, title: name.clone(), ..LineOpts::default() }),
+                sparkline(&points, 100, 20),
+                tier_timeline(&[change], start, start + span, 300),
+                gauge_bar(ratio, 0.85, 0.92, &name, Some(&name)),
+            ];
+            for svg in svgs {
+                proptest::prop_assert!(!svg.as_str().contains(&name), "raw input in {}", svg.as_str());
+                if !name.contains("NaN") && !name.contains("inf") {
+                    proptest::prop_assert!(!svg.as_str().contains("NaN") && !svg.as_str().contains("inf"), "{}", svg.as_str());
+                }
+            }
+        }
     }
 }

@@ -142,7 +142,8 @@ impl DemoDataSource {
 
     /// Sample data using `vocab` for every displayed name and message.
     pub fn with_vocabulary(now_ms: u64, vocab: Vocabulary) -> DemoDataSource {
-        let now = now_ms.max(48 * 60 * MIN);
+        // Floor: the longest series reaches 30 days back, and timestamps are unsigned.
+        let now = now_ms.max(60 * 24 * 60 * MIN);
         let hosts = build_hosts(now, &vocab);
         let (services, service_to_instances) = build_services(now, &vocab, &hosts);
         let patterns = build_patterns(now, &vocab);
@@ -435,19 +436,32 @@ fn gpu(
 }
 
 fn build_hosts(now: u64, v: &Vocabulary) -> Vec<HostSummary> {
-    // (gpu name, GiB, vram ratios, utils, kv usages, waiting, state, last seen ago)
-    let specs: [(
-        &str,
-        u64,
-        [f64; 2],
-        [f64; 2],
-        [f64; 2],
-        [u64; 2],
-        HostState,
-        u64,
-    ); 5] = [
-        (
-            "NVIDIA A100-SXM4-80GB",
+    /// One sample host: two GPUs and two engines.
+    struct HostSpec {
+        gpu_name: &'static str,
+        gib: u64,
+        vram: [f64; 2],
+        util: [f64; 2],
+        kv: [f64; 2],
+        waiting: [u64; 2],
+        state: HostState,
+        last_seen_ago_ms: u64,
+    }
+    let spec = |gpu_name, gib, vram, util, kv, waiting, state, last_seen_ago_ms| HostSpec {
+        gpu_name,
+        gib,
+        vram,
+        util,
+        kv,
+        waiting,
+        state,
+        last_seen_ago_ms,
+    };
+    let a100 = "NVIDIA A100-SXM4-80GB";
+    let h100 = "NVIDIA H100 80GB HBM3";
+    let specs = [
+        spec(
+            a100,
             80,
             [0.91, 0.78],
             [0.996, 0.97],
@@ -456,8 +470,8 @@ fn build_hosts(now: u64, v: &Vocabulary) -> Vec<HostSummary> {
             HostState::Fresh,
             800,
         ),
-        (
-            "NVIDIA A100-SXM4-80GB",
+        spec(
+            a100,
             80,
             [0.72, 0.69],
             [0.88, 0.84],
@@ -466,8 +480,8 @@ fn build_hosts(now: u64, v: &Vocabulary) -> Vec<HostSummary> {
             HostState::Fresh,
             1_200,
         ),
-        (
-            "NVIDIA H100 80GB HBM3",
+        spec(
+            h100,
             80,
             [0.64, 0.58],
             [0.74, 0.71],
@@ -476,8 +490,8 @@ fn build_hosts(now: u64, v: &Vocabulary) -> Vec<HostSummary> {
             HostState::Fresh,
             600,
         ),
-        (
-            "NVIDIA H100 80GB HBM3",
+        spec(
+            h100,
             80,
             [0.55, 0.52],
             [0.63, 0.6],
@@ -486,12 +500,12 @@ fn build_hosts(now: u64, v: &Vocabulary) -> Vec<HostSummary> {
             HostState::Stale,
             14_000,
         ),
-        (
+        spec(
             "NVIDIA L40S",
             48,
-            [0.0, 0.0],
-            [0.0, 0.0],
-            [0.0, 0.0],
+            [0.0; 2],
+            [0.0; 2],
+            [0.0; 2],
             [0, 0],
             HostState::Down,
             190_000,
@@ -500,7 +514,17 @@ fn build_hosts(now: u64, v: &Vocabulary) -> Vec<HostSummary> {
     specs
         .iter()
         .enumerate()
-        .map(|(h, (gname, gib, vram, util, kv, waiting, state, ago))| {
+        .map(|(h, sp)| {
+            let HostSpec {
+                gpu_name: gname,
+                gib,
+                vram,
+                util,
+                kv,
+                waiting,
+                state,
+                last_seen_ago_ms: ago,
+            } = sp;
             let down = *state == HostState::Down;
             let tier = if h < 3 { Tier::T2 } else { Tier::T0 };
             let engines = (0..2)
