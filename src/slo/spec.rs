@@ -454,6 +454,8 @@ pub(crate) fn check_alert_name(file: &str, field: &str, name: &str) -> Result<()
 
 /// An objective ratio strictly between 0 and 1, at most five nines.
 pub(crate) fn check_objective(file: &str, field: &str, ratio: f64) -> Result<f64, SpecError> {
+    // 99.9 / 100 is 0.9990000000000001 in binary; ten decimals are more than any SLO needs.
+    let ratio = (ratio * 1e10).round() / 1e10;
     if !ratio.is_finite() || ratio <= 0.0 || ratio >= 1.0 {
         return Err(SpecError::invalid(
             file,
