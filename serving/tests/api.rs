@@ -12,6 +12,8 @@ use brownout_protocol::{Command, Criticality, FeatureState, Limits, Shed, Tier};
 use brownout_serving::api::{self, AppState, ModelChoice, ServeOptions};
 use brownout_serving::control::ControlHandle;
 use brownout_serving::model::Route;
+use brownout_serving::scheduler::SamplingParams;
+use brownout_serving::scheduler::engine::{EngineRequest, SeqEvent};
 use brownout_serving::scheduler::toy::ToyModel;
 use brownout_serving::telemetry::Telemetry;
 use http_body_util::BodyExt;
@@ -666,10 +668,43 @@ async fn health_models_and_debug_kv() {
     );
 }
 
+/// Sends a batch straight to the engine (admitted together, so the pool pressure is exact) and
+/// collects each request's tokens.
+async fn run_batch(st: &AppState, reqs: Vec<EngineRequest>) -> Vec<Vec<u32>> {
+    let rxs = st.engine().submit_batch(reqs).unwrap();
+    let mut outs = Vec::new();
+    for (_, mut rx) in rxs {
+        let mut toks = Vec::new();
+        loop {
+            match tokio::time::timeout(Duration::from_secs(30), rx.recv())
+                .await
+                .unwrap()
+            {
+                Some(SeqEvent::Token(t)) => toks.push(t),
+                Some(SeqEvent::Finished { .. }) => break,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        outs.push(toks);
+    }
+    outs
+}
+
+fn counter(m: &str, name: &str) -> f64 {
+    m.lines()
+        .find(|l| l.starts_with(name))
+        .unwrap()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn preemption_and_prefix_caching_leave_outputs_unchanged() {
-    // 12 blocks of 4 tokens for 6 concurrent requests of up to 30 tokens: the engine must
-    // preempt and recompute; shared prompt prefixes hit the cache.
+    // 12 blocks of 4 tokens for 6 requests of 29 tokens (8 blocks each), admitted together: the
+    // engine must preempt and recompute; "shared prefix " is 3 full blocks common to all.
     let (st, _) = state_with(ServeOptions {
         num_blocks: 12,
         block_size: 4,
@@ -678,63 +713,64 @@ async fn preemption_and_prefix_caching_leave_outputs_unchanged() {
         ..toy_opts()
     })
     .await;
-    let app = api::router(st.clone());
-    let mut tasks = Vec::new();
-    for i in 0..6 {
-        let app = app.clone();
-        tasks.push(tokio::spawn(async move {
-            let prompt = format!("shared prefix {i}");
-            let (s, _, v) = post_json(
-                &app,
-                "/v1/completions",
-                &[],
-                json!({"prompt": prompt, "max_tokens": 14, "temperature": 0}),
-            )
-            .await;
-            (prompt, s, v)
-        }));
-    }
-    for t in tasks {
-        let (prompt, s, v) = t.await.unwrap();
-        assert_eq!(s, StatusCode::OK, "{v}");
-        assert_eq!(
-            v["choices"][0]["text"],
-            expected(&prompt, 14, Route::Primary),
-            "{prompt}"
-        );
+    let prompts: Vec<String> = (0..6).map(|i| format!("shared prefix {i}")).collect();
+    let reqs = prompts
+        .iter()
+        .map(|p| EngineRequest {
+            prompt: p.bytes().map(u32::from).collect(),
+            params: SamplingParams {
+                max_tokens: 14,
+                ..SamplingParams::default()
+            },
+            criticality: Criticality::Default,
+            route: Route::Primary,
+        })
+        .collect();
+    let outs = run_batch(&st, reqs).await;
+    for (p, toks) in prompts.iter().zip(outs) {
+        let text: String = toks.iter().map(|&t| t as u8 as char).collect();
+        assert_eq!(text, expected(p, 14, Route::Primary), "{p}");
     }
     let m = st.metrics().render();
-    let preemptions: f64 = m
-        .lines()
-        .find(|l| l.starts_with("vllm:num_preemptions_total{"))
-        .unwrap()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let hits: f64 = m
-        .lines()
-        .find(|l| l.starts_with("vllm:prefix_cache_hits_total{"))
-        .unwrap()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
     assert!(
-        preemptions > 0.0,
+        counter(&m, "vllm:num_preemptions_total{") > 0.0,
         "the pool is too small for all six: preemption expected\n{m}"
     );
     assert!(
-        hits > 0.0,
-        "\"shared prefix \" is 3 full blocks shared by all"
+        counter(&m, "vllm:prefix_cache_hits_total{") > 0.0,
+        "shared prefix blocks hit"
     );
     let dbg = st.engine().debug_kv().await.unwrap();
     assert!(
         dbg.sequences.is_empty() && dbg.pool.num_blocks_used == 0,
         "everything freed"
     );
+
+    // The same through HTTP, concurrently (timing decides how much they overlap).
+    let app = api::router(st.clone());
+    let mut tasks = Vec::new();
+    for p in prompts {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            let (s, _, v) = post_json(
+                &app,
+                "/v1/completions",
+                &[],
+                json!({"prompt": p, "max_tokens": 14, "temperature": 0}),
+            )
+            .await;
+            (p, s, v)
+        }));
+    }
+    for t in tasks {
+        let (p, s, v) = t.await.unwrap();
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(
+            v["choices"][0]["text"],
+            expected(&p, 14, Route::Primary),
+            "{p}"
+        );
+    }
 }
 
 #[tokio::test]

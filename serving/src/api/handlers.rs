@@ -209,7 +209,8 @@ pub async fn completions(
             st.inner.engine.max_model_len(),
         )?;
         let prompt = completion_prompt(&req.prompt)?;
-        generate(&st, ctx, &prompt, v, Kind::Completion).await
+        let tokens = st.inner.codec.encode(&prompt);
+        generate(&st, ctx, tokens, v, Kind::Completion).await
     }
     .await;
     r.unwrap_or_else(IntoResponse::into_response)
@@ -230,8 +231,8 @@ pub async fn chat_completions(
             st.inner.engine.max_model_len(),
         )?;
         let msgs = chat_messages(&req.messages)?;
-        let prompt = st.inner.codec.chat_prompt(&msgs);
-        generate(&st, ctx, &prompt, v, Kind::Chat).await
+        let tokens = st.inner.codec.encode_chat(&msgs);
+        generate(&st, ctx, tokens, v, Kind::Chat).await
     }
     .await;
     r.unwrap_or_else(IntoResponse::into_response)
@@ -277,12 +278,11 @@ fn failure_error(category: Category, message: &str) -> ApiError {
 async fn generate(
     st: &AppState,
     ctx: RequestCtx,
-    prompt: &str,
+    tokens: Vec<u32>,
     v: Validated,
     kind: Kind,
 ) -> Result<Response, ApiError> {
     let inner = &st.inner;
-    let tokens = inner.codec.encode(prompt);
     let max_model_len = inner.engine.max_model_len();
     if tokens.len() >= max_model_len {
         return Err(ApiError::bad_request(

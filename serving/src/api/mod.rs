@@ -32,9 +32,29 @@ use crate::telemetry::Telemetry;
 pub trait TextCodec: Send + Sync + 'static {
     fn encode(&self, text: &str) -> Vec<u32>;
     fn decode(&self, ids: &[u32]) -> String;
-    /// The model's chat template applied to `(role, content)` pairs, ending with the opening of
-    /// the assistant turn.
-    fn chat_prompt(&self, messages: &[(String, String)]) -> String;
+    /// Token ids of the model's chat template applied to `(role, content)` pairs, ending with
+    /// the opening of the assistant turn. Special-token text inside messages must stay plain
+    /// text (no prompt injection of `<|im_start|>system`).
+    fn encode_chat(&self, messages: &[(String, String)]) -> Vec<u32>;
+}
+
+/// The real model's tokenizer and chat template.
+pub struct ModelCodec(pub Arc<crate::model::LoadedModel>);
+
+impl TextCodec for ModelCodec {
+    fn encode(&self, text: &str) -> Vec<u32> {
+        self.0.tokenizer().encode(text)
+    }
+    fn decode(&self, ids: &[u32]) -> String {
+        self.0.tokenizer().decode(ids)
+    }
+    fn encode_chat(&self, messages: &[(String, String)]) -> Vec<u32> {
+        let msgs: Vec<crate::model::ChatMessage> = messages
+            .iter()
+            .map(|(r, c)| crate::model::ChatMessage::new(r, c))
+            .collect();
+        self.0.encode_chat(&msgs)
+    }
 }
 
 /// The toy model's byte codec (tests and `--model toy`).
@@ -48,7 +68,7 @@ impl TextCodec for ToyCodec {
     fn decode(&self, ids: &[u32]) -> String {
         crate::scheduler::toy::toy_decode(ids)
     }
-    fn chat_prompt(&self, messages: &[(String, String)]) -> String {
+    fn encode_chat(&self, messages: &[(String, String)]) -> Vec<u32> {
         let mut s = String::new();
         for (role, content) in messages {
             s.push_str(role);
@@ -57,7 +77,7 @@ impl TextCodec for ToyCodec {
             s.push('\n');
         }
         s.push_str("assistant: ");
-        s
+        crate::scheduler::toy::toy_encode(&s)
     }
 }
 

@@ -11,12 +11,12 @@ use axum::Router;
 use brownout_protocol::Criticality;
 use tokio::net::TcpListener;
 
-use super::{ApiOptions, AppState, TextCodec, ToyCodec};
+use super::{ApiOptions, AppState, ModelCodec, TextCodec, ToyCodec};
 use crate::control::ControlHandle;
 use crate::kvcache::{AllocMode, KvConfig};
 use crate::metrics::Metrics;
-use crate::model::Route;
-use crate::scheduler::engine::{EngineConfig, EngineRequest, SeqEvent, spawn_engine};
+use crate::model::{Device, KvTensors, LoadedModel, Route, SeqChunk};
+use crate::scheduler::engine::{EngineConfig, EngineRequest, ModelBackend, SeqEvent, spawn_engine};
 use crate::scheduler::toy::{TOY_EOS, ToyModel};
 use crate::scheduler::{SamplingParams, SchedulerConfig};
 use crate::telemetry::Telemetry;
@@ -85,6 +85,20 @@ impl Default for ServeOptions {
     }
 }
 
+/// The real model as the engine's backend; it owns the K/V memory.
+pub struct LoadedBackend {
+    pub model: Arc<LoadedModel>,
+    pub kv: KvTensors,
+}
+
+impl ModelBackend for LoadedBackend {
+    fn forward(&mut self, route: Route, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, String> {
+        self.model
+            .forward(route, chunks, &mut self.kv)
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Loads the model, starts the engine thread, warms up, and returns the API state (ready).
 ///
 /// # Errors
@@ -104,22 +118,42 @@ pub async fn build_state(
         opts.block_size > 0 && opts.num_blocks > 0,
         "--block-size and --num-blocks must be positive"
     );
-    let (name, max_len, eos, codec, backend_fn): (String, usize, Vec<u32>, Arc<dyn TextCodec>, _) =
-        match &opts.model {
-            ModelChoice::Toy => {
-                let backend = ToyModel::new(opts.num_blocks, opts.block_size);
-                (
-                    "toy".to_string(),
-                    2048,
-                    vec![TOY_EOS],
-                    Arc::new(ToyCodec),
-                    backend,
-                )
-            }
-            other => anyhow::bail!(
-                "model {other:?} is not available in this build yet (the model loader has not landed); use --model toy"
-            ),
-        };
+    let loaded = match &opts.model {
+        ModelChoice::Toy => None,
+        other => {
+            let spec = match other {
+                ModelChoice::TinyRandom => "tiny-random".to_string(),
+                ModelChoice::SmolLm2 => "smollm2".to_string(),
+                ModelChoice::Path(p) => p.display().to_string(),
+                ModelChoice::Toy => unreachable!("handled above"),
+            };
+            let device: Device = opts
+                .device
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!(e))?;
+            let model = tokio::task::spawn_blocking(move || -> anyhow::Result<LoadedModel> {
+                let m = LoadedModel::load(&spec, device)
+                    .with_context(|| format!("loading model {spec}"))?;
+                m.warm_up().context("model health check")?;
+                Ok(m)
+            })
+            .await
+            .context("model loader thread")??;
+            Some(Arc::new(model))
+        }
+    };
+    let (name, max_len, eos, codec): (String, usize, Vec<u32>, Arc<dyn TextCodec>) = match &loaded {
+        None => ("toy".to_string(), 2048, vec![TOY_EOS], Arc::new(ToyCodec)),
+        Some(m) => {
+            let c = m.config();
+            (
+                c.name.clone(),
+                c.max_model_len,
+                c.eos_token_ids.clone(),
+                Arc::new(ModelCodec(m.clone())),
+            )
+        }
+    };
     let name = opts.served_model_name.clone().unwrap_or(name);
     let max_model_len = opts.max_model_len.unwrap_or(max_len).min(max_len);
     let metrics = Arc::new(Metrics::new(&name));
@@ -135,8 +169,28 @@ pub async fn build_state(
         max_queue_wait: opts.max_queue_wait,
         inbox_capacity: 4096,
     };
-    let (engine, _join) = spawn_engine(cfg, backend_fn, metrics.clone(), Some(control.clone()))
-        .context("starting the engine thread")?;
+    let engine = match &loaded {
+        None => spawn_engine(
+            cfg,
+            ToyModel::new(opts.num_blocks, opts.block_size),
+            metrics.clone(),
+            Some(control.clone()),
+        ),
+        Some(m) => {
+            let kv = m.new_kv(opts.num_blocks, opts.block_size);
+            spawn_engine(
+                cfg,
+                LoadedBackend {
+                    model: m.clone(),
+                    kv,
+                },
+                metrics.clone(),
+                Some(control.clone()),
+            )
+        }
+    }
+    .context("starting the engine thread")?
+    .0;
     let state = AppState::new(
         engine,
         codec,

@@ -13,6 +13,7 @@ pub mod contiguous;
 pub mod free_queue;
 pub mod manager;
 pub mod pool;
+pub mod sim;
 
 pub use block::{BlockHash, BlockId, SeqId};
 pub use contiguous::ContiguousPool;

@@ -127,6 +127,7 @@ enum EngineMsg {
     },
     DebugKv(oneshot::Sender<DebugKv>),
     SetKvQuota(usize),
+    Batch(Vec<EngineMsg>),
 }
 
 /// Status published by the engine after every step.
@@ -213,6 +214,41 @@ impl EngineHandle {
                 mpsc::error::TrySendError::Closed(_) => SubmitError::Stopped,
             })?;
         Ok((id, rx))
+    }
+
+    /// Queues several requests in one message: the engine admits all of them before its next
+    /// step (deterministic batching for tests and benchmarks).
+    ///
+    /// # Errors
+    /// As [`EngineHandle::submit`]; nothing is queued on error.
+    pub fn submit_batch(
+        &self,
+        reqs: Vec<EngineRequest>,
+    ) -> Result<Vec<(u64, mpsc::UnboundedReceiver<SeqEvent>)>, SubmitError> {
+        for r in &reqs {
+            self.check_admission(r.prompt.len(), r.params.max_tokens)?;
+        }
+        let mut msgs = Vec::with_capacity(reqs.len());
+        let mut out = Vec::with_capacity(reqs.len());
+        let arrived = Instant::now();
+        for req in reqs {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = mpsc::unbounded_channel();
+            msgs.push(EngineMsg::Add {
+                id,
+                req,
+                tx,
+                arrived,
+            });
+            out.push((id, rx));
+        }
+        self.tx
+            .try_send(EngineMsg::Batch(msgs))
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => SubmitError::QueueFull,
+                mpsc::error::TrySendError::Closed(_) => SubmitError::Stopped,
+            })?;
+        Ok(out)
     }
 
     pub async fn debug_kv(&self) -> Option<DebugKv> {
@@ -412,6 +448,11 @@ impl<B: ModelBackend> Engine<B> {
                 });
             }
             EngineMsg::SetKvQuota(n) => self.sched.set_kv_quota_blocks(n),
+            EngineMsg::Batch(msgs) => {
+                for m in msgs {
+                    self.handle(m);
+                }
+            }
         }
     }
 
@@ -615,6 +656,7 @@ impl<B: ModelBackend> Engine<B> {
             sampler.sample(logits, params)
         };
         let now = Instant::now();
+        let is_eos = !s.params.ignore_eos && s.eos_token_ids.contains(&tok);
         if let Some(r) = self.reqs.get_mut(&id) {
             match r.last_token_at {
                 None => {
@@ -629,7 +671,10 @@ impl<B: ModelBackend> Engine<B> {
                     .observe(&self.metrics.itl, now.duration_since(prev).as_secs_f64()),
             }
             r.last_token_at = Some(now);
-            let _ = r.tx.send(SeqEvent::Token(tok));
+            if !is_eos {
+                // EOS ends the sequence; it is counted but never shown as text.
+                let _ = r.tx.send(SeqEvent::Token(tok));
+            }
         }
         self.metrics.inc(&self.metrics.generation_tokens, 1.0);
         if let Some(reason) = self.sched.append_token(id, tok) {
