@@ -3,14 +3,17 @@
 //!
 //! ```text
 //!  v = normalize( [ tfidf(words) hashed into 512 dims, unit length ]
-//!               ⊕ [ one-hot category                               ] × 1.0
+//!               ⊕ [ one-hot category (none for `other`)             ] × 2.0
 //!               ⊕ [ error type, service, feature, model (hashed)   ] × 0.5 )
 //! ```
 //!
-//! With unit vectors, L2 distance ε = 0.6 means cosine ≥ 0.82. Two templates of different
-//! categories can reach at most cosine 0.56, so a pattern never mixes categories ("KV cache
-//! exhausted" never joins a tool timeout); within a category the words must agree at cosine ≳ 0.6
-//! ("tool call to the weather API timed out" joins "tool call to the hotel API timed out").
+//! With unit vectors, L2 distance ε = 0.65 means cosine ≥ 0.79. Two templates of different known
+//! categories reach at most cosine 0.24, so a pattern never mixes them ("KV cache exhausted"
+//! never joins a tool timeout). Within a known category and error type the templates join
+//! whatever their words ("tool call to the weather API timed out" joins "tool <*> exceeded its
+//! deadline"): a pattern is a failure *kind*, as in seed 000 §4.1. With another error type or
+//! service the words must share a little (text cosine ≳ 0.05–0.15). For `other` (plain logs,
+//! no category) only near-identical wording (text cosine ≳ 0.79) joins.
 //! DBSCAN noise points become patterns of their own. Only the `max_items` most frequent templates
 //! are clustered (DBSCAN here is O(n²)); the rest are singletons.
 
@@ -50,7 +53,10 @@ pub struct ClusterConfig {
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        ClusterConfig { eps: 0.6, max_items: 2000 }
+        ClusterConfig {
+            eps: 0.65,
+            max_items: 2000,
+        }
     }
 }
 
@@ -100,12 +106,28 @@ pub fn features(items: &[ClusterItem<'_>]) -> Array2<f64> {
             text[s] += ((1.0 + n) / (1.0 + f64::from(df[s]))).ln() + 1.0;
         }
         normalize(text);
+        // A known category weighs 2 (templates of one category and error type join unless
+        // their words share almost nothing); `other` says nothing, so only the words decide.
         let cat = &mut row[TEXT_DIMS..TEXT_DIMS + CATEGORY_DIMS];
-        cat[slot(it.category, b"c", CATEGORY_DIMS)] = 1.0;
+        let cat_slot = brownout_protocol::Category::ALL
+            .iter()
+            .position(|c| c.as_str() == it.category)
+            .unwrap_or_else(|| slot(it.category, b"c", CATEGORY_DIMS));
+        cat[cat_slot] = if it.category == "other" || it.category.is_empty() {
+            0.0
+        } else {
+            2.0
+        };
         let meta = &mut row[TEXT_DIMS + CATEGORY_DIMS..];
-        for (salt, v) in [(b"e", it.error_type), (b"s", it.service), (b"f", it.feature), (b"m", it.model)] {
+        // Error type and service name a failure kind; feature and model vary more per event.
+        for (salt, v, w) in [
+            (b"e", it.error_type, 1.0),
+            (b"s", it.service, 1.0),
+            (b"f", it.feature, 0.4),
+            (b"m", it.model, 0.4),
+        ] {
             if !v.is_empty() {
-                meta[slot(v, salt, META_DIMS)] += 1.0;
+                meta[slot(v, salt, META_DIMS)] += w;
             }
         }
         normalize(meta);

@@ -185,6 +185,11 @@ impl PatternEngine {
         &self.miner
     }
 
+    /// Timestamp of the newest event observed (unix ms; 0 before any).
+    pub fn newest_ms(&self) -> u64 {
+        self.newest_ms
+    }
+
     pub fn num_observed(&self) -> u64 {
         self.num_observed
     }

@@ -257,6 +257,86 @@ fn is_wild(t: &str) -> bool {
     t == WILDCARD
 }
 
+/// Words after which a plain word is usually a value (`for user root`, `the hotel API`).
+const KEY_WORDS: &[&str] = &[
+    "user",
+    "for",
+    "from",
+    "to",
+    "by",
+    "client",
+    "service",
+    "the",
+    "of",
+    "at",
+    "process",
+    "tool",
+    "named",
+    "name",
+    "host",
+    "in",
+    "on",
+    "as",
+    "with",
+    "is",
+    "via",
+    "feature",
+    "model",
+    "agent",
+    "session",
+    "account",
+    "app",
+    "package",
+    "file",
+    "table",
+    "queue",
+    "topic",
+    "node",
+    "pod",
+    "container",
+    "database",
+    "db",
+    "bucket",
+    "key",
+    "id",
+    "Process",
+    "User",
+    "Service",
+    "Tool",
+    "Invalid",
+    "invalid",
+    "unknown",
+];
+const UNIT_WORDS: &[&str] = &[
+    "B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "ms", "s", "us", "ns", "sec", "secs", "min", "bytes", "%",
+];
+const CALENDAR_WORDS: &[&str] = &[
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun",
+];
+
+/// Whether a constant token that differs between two lines reads as a value: its shape (dotted,
+/// underscored, bracketed, quoted, key=value, camelCase, a unit or calendar word) or what comes
+/// before it (a key word, or a token ending in `=` or `:`).
+fn is_variable_like(prev: Option<&str>, tok: &str) -> bool {
+    let core = tok.trim_end_matches([',', ';', '.', ')', ']', '}']);
+    let shaped = core.bytes().any(|b| {
+        matches!(
+            b,
+            b'_' | b'.' | b'-' | b'@' | b'/' | b':' | b'=' | b'(' | b'[' | b'{' | b'\'' | b'"' | b'*'
+        )
+    }) || core.bytes().skip(1).any(|b| b.is_ascii_uppercase()) && core.bytes().any(|b| b.is_ascii_lowercase())
+        || UNIT_WORDS.contains(&core)
+        || CALENDAR_WORDS.contains(&core);
+    shaped
+        || prev.is_some_and(|p| {
+            KEY_WORDS.contains(&p)
+                || p.ends_with('=')
+                || p.ends_with('(')
+                || (p.ends_with(':') && p.bytes().all(|b| b.is_ascii_alphabetic() || b == b':'))
+                || CALENDAR_WORDS.contains(&p)
+        })
+}
+
 /// A capitalised plain word (`Opening`, `Closing`): when two lines differ only in such a word in
 /// the prefix they are different events, not a variable.
 fn is_verb_like(t: &str) -> bool {
@@ -378,11 +458,32 @@ impl TemplateMiner {
                 continue;
             }
             let (_, sim) = Self::similarity(t, tokens, num_const);
-            if sim >= self.config.sim_threshold && best.is_none_or(|(s, c, _)| (sim, t.count) > (s, c)) {
+            if sim >= self.config.sim_threshold
+                && Self::differences_are_variables(t, tokens)
+                && best.is_none_or(|(s, c, _)| (sim, t.count) > (s, c))
+            {
                 best = Some((sim, t.count, id));
             }
         }
         best.map(|(_, _, id)| id)
+    }
+
+    /// Whether every constant where `t` and the line differ reads as a variable rather than a
+    /// different event: `cupsd startup/shutdown succeeded`, `Changing view/modify acls`,
+    /// `Failed/Accepted password`, `… terminating/Interrupted.` are different events;
+    /// `Invalid user root/admin`, `the weather/hotel API`, `name=com.a.b` are variables.
+    fn differences_are_variables(t: &Template, tokens: &[&str]) -> bool {
+        t.tokens.iter().zip(tokens).enumerate().all(|(i, (a, b))| {
+            if **a == **b || is_wild(a) || is_wild(b) {
+                return true;
+            }
+            if i == 0 {
+                // The first word (only reachable across leaves): a value unless a verb swap.
+                return !(is_verb_like(a) && is_verb_like(b));
+            }
+            let prev = Some(tokens[i - 1]);
+            is_variable_like(prev, a) || is_variable_like(prev, b)
+        })
     }
 
     fn best_across_leaves(&self, tokens: &[&str], num_const: usize) -> Option<TemplateId> {
@@ -400,7 +501,7 @@ impl TemplateMiner {
                 .iter()
                 .zip(tokens)
                 .any(|(a, b)| **a != **b && !is_wild(a) && !is_wild(b) && is_verb_like(a) && is_verb_like(b));
-            if !verb_swap && best.is_none_or(|(s, c, _)| (sim, t.count) > (s, c)) {
+            if !verb_swap && Self::differences_are_variables(t, tokens) && best.is_none_or(|(s, c, _)| (sim, t.count) > (s, c)) {
                 best = Some((sim, t.count, id));
             }
         }

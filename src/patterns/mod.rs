@@ -1,23 +1,453 @@
 //! Failure-pattern mining (template miner) and clustering (linfa).
 //!
 //! - [`mask`]: header stripping and variable masking of one raw line (pure).
-//! - [`miner`]: the online template miner with stable ids, persistence and bounded memory (pure).
+//! - [`miner`]: the online template miner: stable ids, persistence, bounded memory (pure).
+//! - [`cluster`]: TF-IDF + metadata vectors, DBSCAN (linfa-clustering) into patterns (pure).
+//! - [`engine`]: [`PatternEngine`]: `observe(&FailureEvent)`, `patterns(since, until)` (pure).
+//! - [`api`]: `GET /api/v1/patterns` ([`api::router`]).
+//! - [`synth`]: realistic agent failure logs with ground truth.
+//! - [`bench`]: grouping accuracy and speed against drain3.
+//! - this file: the `brownout patterns` CLI (`synth`, `mine`, `cluster`, `bench`).
 
+pub mod api;
+pub mod bench;
 pub mod cluster;
 pub mod engine;
 pub mod mask;
 pub mod miner;
+pub mod synth;
 
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use brownout_protocol::{Category, FailureEvent};
+
+pub use api::{SharedEngine, router};
+pub use engine::{EngineConfig, Pattern, PatternEngine, PatternId};
 pub use miner::{MinerConfig, MinerState, MinerStateStore, TemplateId, TemplateMiner};
 
 /// Command-line arguments of `brownout patterns`.
 #[derive(Debug, clap::Args)]
-pub struct PatternsArgs {}
+pub struct PatternsArgs {
+    #[command(subcommand)]
+    cmd: PatternsCmd,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum PatternsCmd {
+    /// Generate realistic agent failure events (NDJSON) with ground truth.
+    Synth {
+        /// Number of events.
+        #[arg(long, default_value_t = 10_000)]
+        lines: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Write raw log lines instead of NDJSON failure events.
+        #[arg(long)]
+        raw: bool,
+        /// Write the ground truth here: `<true template>\t<true pattern>` per event.
+        #[arg(long)]
+        truth: Option<PathBuf>,
+        /// Output file (default stdout).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print `<template_id>\t<template>` for every input line, in order.
+    Mine {
+        /// Log file (`-` for stdin): raw lines or NDJSON failure events.
+        file: String,
+        /// Load and save the miner state (template ids survive between runs).
+        #[arg(long)]
+        state: Option<PathBuf>,
+    },
+    /// Print `<pattern_id>\t<label>` for every input line, in order.
+    Cluster {
+        /// Log file (`-` for stdin): raw lines or NDJSON failure events.
+        file: String,
+    },
+    /// Grouping accuracy and speed on labelled corpora, beside drain3.
+    Bench {
+        /// Directory of NAME.log + NAME.truth files.
+        #[arg(long, default_value = "testdata/logs")]
+        corpus: PathBuf,
+        /// The drain3 peer script; `none` skips the peer.
+        #[arg(long, default_value = "bench/drain3_peer.py")]
+        peer: String,
+        /// Minimum CPU seconds per speed measurement.
+        #[arg(long, default_value_t = 1.0)]
+        min_cpu_s: f64,
+    },
+}
 
 /// Runs `brownout patterns`.
 ///
 /// # Errors
-/// Always, until this component lands.
-pub async fn run(_args: PatternsArgs) -> anyhow::Result<()> {
-    anyhow::bail!("brownout patterns: not implemented yet")
+/// Unreadable input, unwritable output, a bad state file, or a failing peer.
+pub async fn run(args: PatternsArgs) -> anyhow::Result<()> {
+    tokio::task::spawn_blocking(move || run_blocking(args))
+        .await
+        .context("patterns task panicked")?
+}
+
+fn run_blocking(args: PatternsArgs) -> anyhow::Result<()> {
+    match args.cmd {
+        PatternsCmd::Synth {
+            lines,
+            seed,
+            raw,
+            truth,
+            out,
+        } => cmd_synth(lines, seed, raw, truth, out),
+        PatternsCmd::Mine { file, state } => cmd_mine(&file, state),
+        PatternsCmd::Cluster { file } => cmd_cluster(&file),
+        PatternsCmd::Bench { corpus, peer, min_cpu_s } => cmd_bench(&corpus, &peer, min_cpu_s),
+    }
+}
+
+fn open_input(file: &str) -> anyhow::Result<(Box<dyn BufRead>, u64)> {
+    if file == "-" {
+        return Ok((Box::new(std::io::BufReader::new(std::io::stdin())), 0));
+    }
+    let f = std::fs::File::open(file).with_context(|| format!("opening {file}"))?;
+    let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+    Ok((Box::new(std::io::BufReader::with_capacity(1 << 20, f)), size))
+}
+
+/// A line as the miner sees it: a failure event's message, or the raw line.
+fn message_of(line: &str) -> (std::borrow::Cow<'_, str>, Option<FailureEvent>) {
+    if line.starts_with('{') {
+        if let Ok(ev) = FailureEvent::parse_line(line.as_bytes()) {
+            return (std::borrow::Cow::Owned(ev.message.clone()), Some(ev));
+        }
+    }
+    (std::borrow::Cow::Borrowed(line), None)
+}
+
+/// Progress on stderr every ~2 s for inputs over 64 MiB (or stdin).
+struct Progress {
+    enabled: bool,
+    started: std::time::Instant,
+    last: std::time::Instant,
+}
+
+impl Progress {
+    fn new(size: u64, file: &str) -> Self {
+        let now = std::time::Instant::now();
+        Progress {
+            enabled: file == "-" || size > 64 << 20,
+            started: now,
+            last: now,
+        }
+    }
+    fn tick(&mut self, n: u64) {
+        if self.enabled && n % 65_536 == 0 && self.last.elapsed().as_secs_f64() >= 2.0 {
+            self.last = std::time::Instant::now();
+            let rate = n as f64 / self.started.elapsed().as_secs_f64();
+            eprintln!("patterns: {n} lines ({rate:.0} lines/s)");
+        }
+    }
+}
+
+fn cmd_synth(lines: usize, seed: u64, raw: bool, truth: Option<PathBuf>, out: Option<PathBuf>) -> anyhow::Result<()> {
+    let events = synth::generate(&synth::SynthConfig {
+        lines,
+        seed,
+        ..synth::SynthConfig::default()
+    });
+    let mut w: Box<dyn Write> = match &out {
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    for e in &events {
+        if raw {
+            writeln!(w, "{}", synth::raw_line(&e.event))?;
+        } else {
+            serde_json::to_writer(&mut w, &e.event)?;
+            writeln!(w)?;
+        }
+    }
+    w.flush()?;
+    if let Some(p) = truth {
+        let mut t = std::io::BufWriter::new(std::fs::File::create(&p).with_context(|| format!("creating {}", p.display()))?);
+        for e in &events {
+            writeln!(t, "{}\t{}", e.true_template, e.true_pattern)?;
+        }
+        t.flush()?;
+    }
+    Ok(())
+}
+
+fn cmd_mine(file: &str, state: Option<PathBuf>) -> anyhow::Result<()> {
+    let store = state.map(miner::JsonFileStateStore);
+    let mut m = match &store {
+        Some(s) => match s.load()? {
+            Some(st) => TemplateMiner::from_state(st)?,
+            None => TemplateMiner::default(),
+        },
+        None => TemplateMiner::default(),
+    };
+    let (input, size) = open_input(file)?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+    let mut progress = Progress::new(size, file);
+    let mut buf = String::new();
+    let mut n = 0u64;
+    for line in input.lines() {
+        let line = line.with_context(|| format!("reading {file}"))?;
+        let (msg, _) = message_of(&line);
+        let id = m.add(&msg);
+        buf.clear();
+        use std::fmt::Write as _;
+        let _ = write!(buf, "{id}\t");
+        m.write_template(id, &mut buf);
+        buf.push('\n');
+        out.write_all(buf.as_bytes())?;
+        n += 1;
+        progress.tick(n);
+    }
+    out.flush()?;
+    if let Some(s) = &store {
+        s.save(&m.state())?;
+    }
+    Ok(())
+}
+
+fn cmd_cluster(file: &str) -> anyhow::Result<()> {
+    let (input, size) = open_input(file)?;
+    let mut progress = Progress::new(size, file);
+    // Pass 1: mine, remembering per template the metadata clustering looks at.
+    struct Meta {
+        from_event: bool,
+        first_line: usize,
+        count: u64,
+        category: Category,
+        error_type: String,
+        service: String,
+        feature: String,
+        model: String,
+    }
+    let mut m = TemplateMiner::new(MinerConfig {
+        max_templates: usize::MAX / 8,
+        ..MinerConfig::default()
+    });
+    let mut ids = Vec::new();
+    let mut meta: std::collections::HashMap<TemplateId, Meta> = std::collections::HashMap::new();
+    for (i, line) in input.lines().enumerate() {
+        let line = line.with_context(|| format!("reading {file}"))?;
+        let (msg, ev) = message_of(&line);
+        let id = m.add(&msg);
+        let e = meta.entry(id).or_insert_with(|| {
+            let (category, error_type, service, feature, model) = match &ev {
+                Some(ev) => (
+                    ev.category,
+                    ev.error_type.clone(),
+                    ev.service.clone(),
+                    ev.feature.clone(),
+                    ev.attributes.get("model").cloned().unwrap_or_default(),
+                ),
+                // Inferred from the final template below (a raw line's variables, such as a
+                // host called gpu-3, would mislead the inference).
+                None => (Category::Other, String::new(), String::new(), String::new(), String::new()),
+            };
+            Meta {
+                from_event: ev.is_some(),
+                first_line: i,
+                count: 0,
+                category,
+                error_type,
+                service,
+                feature,
+                model,
+            }
+        });
+        e.count += 1;
+        ids.push(id);
+        progress.tick(i as u64 + 1);
+    }
+    // Pass 2: cluster the final templates.
+    let mut tids: Vec<TemplateId> = meta.keys().copied().collect();
+    tids.sort_by_key(|t| meta[t].first_line);
+    let texts: Vec<String> = tids.iter().map(|t| m.template(*t).unwrap_or_default()).collect();
+    for (t, text) in tids.iter().zip(&texts) {
+        let x = meta.get_mut(t).expect("every mined id has metadata");
+        if !x.from_event {
+            x.category = Category::infer("", text);
+        }
+    }
+    let items: Vec<cluster::ClusterItem<'_>> = tids
+        .iter()
+        .zip(&texts)
+        .map(|(t, text)| {
+            let x = &meta[t];
+            cluster::ClusterItem {
+                template: text,
+                category: x.category.as_str(),
+                error_type: &x.error_type,
+                service: &x.service,
+                feature: &x.feature,
+                model: &x.model,
+                count: x.count,
+            }
+        })
+        .collect();
+    let labels = cluster::cluster(&items, &cluster::ClusterConfig::default());
+    // Per cluster: id from the oldest template, label from the most frequent.
+    let mut by_cluster: std::collections::BTreeMap<usize, Vec<usize>> = std::collections::BTreeMap::new();
+    for (i, l) in labels.iter().enumerate() {
+        by_cluster.entry(*l).or_default().push(i);
+    }
+    let mut tid_to_pattern: std::collections::HashMap<TemplateId, (PatternId, usize)> = std::collections::HashMap::new();
+    for members in by_cluster.values() {
+        let oldest = members[0]; // tids are sorted by first line
+        let label = *members
+            .iter()
+            .max_by_key(|&&i| (meta[&tids[i]].count, std::cmp::Reverse(i)))
+            .expect("non-empty");
+        for &i in members {
+            tid_to_pattern.insert(tids[i], (PatternId::from_template(tids[oldest]), label));
+        }
+    }
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+    for id in ids {
+        let (pid, label) = &tid_to_pattern[&id];
+        writeln!(out, "{pid}\t{}", texts[*label])?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+#[derive(serde::Deserialize)]
+struct PeerResult {
+    file: String,
+    lines: usize,
+    cpu_s: f64,
+    ids: Vec<u64>,
+}
+
+fn cmd_bench(corpus: &std::path::Path, peer: &str, min_cpu_s: f64) -> anyhow::Result<()> {
+    let corpora = bench::load_corpora(corpus)?;
+    anyhow::ensure!(!corpora.is_empty(), "no NAME.log + NAME.truth pairs under {}", corpus.display());
+    let peer_results: std::collections::HashMap<String, PeerResult> = if peer == "none" {
+        Default::default()
+    } else {
+        let out = std::process::Command::new("python3")
+            .arg(peer)
+            .args(corpora.iter().map(|c| &c.log_path))
+            .output()
+            .with_context(|| format!("running python3 {peer} (pip install drain3)"))?;
+        anyhow::ensure!(out.status.success(), "peer {peer} failed: {}", String::from_utf8_lossy(&out.stderr));
+        let mut map = std::collections::HashMap::new();
+        for l in String::from_utf8_lossy(&out.stdout).lines() {
+            let r: PeerResult = serde_json::from_str(l).with_context(|| format!("peer output line {l:.80}"))?;
+            map.insert(r.file.clone(), r);
+        }
+        map
+    };
+    println!(
+        "| corpus | lines | true templates | brownout templates | brownout accuracy | drain3 accuracy | brownout lines/CPU-s | drain3 lines/CPU-s | speed-up |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let (mut acc_sum, mut peer_acc_sum, mut n_peer) = (0.0, 0.0, 0usize);
+    let (mut all_lines, mut our_cpu, mut peer_cpu) = (0usize, 0.0, 0.0);
+    for c in &corpora {
+        let ids = bench::mine_corpus(&c.lines);
+        let acc = bench::grouping_accuracy(&ids, &c.truth);
+        let ntrue = c.truth.iter().collect::<std::collections::HashSet<_>>().len();
+        let nours = ids.iter().collect::<std::collections::HashSet<_>>().len();
+        let speed = bench::miner_speed(&c.lines, min_cpu_s);
+        acc_sum += acc;
+        all_lines += c.lines.len();
+        our_cpu += c.lines.len() as f64 / speed;
+        let key = c.log_path.to_string_lossy().into_owned();
+        let (pacc, pspeed) = match peer_results.get(&key) {
+            Some(p) if p.lines == c.lines.len() => {
+                let pa = bench::grouping_accuracy(&p.ids, &c.truth);
+                peer_acc_sum += pa;
+                n_peer += 1;
+                peer_cpu += p.cpu_s;
+                (format!("{pa:.3}"), Some(p.lines as f64 / p.cpu_s.max(1e-9)))
+            }
+            _ => ("-".into(), None),
+        };
+        println!(
+            "| {} | {} | {ntrue} | {nours} | {acc:.3} | {pacc} | {speed:.0} | {} | {} |",
+            c.name,
+            c.lines.len(),
+            pspeed.map_or("-".into(), |s| format!("{s:.0}")),
+            pspeed.map_or("-".into(), |s| format!("{:.0}×", speed / s)),
+        );
+    }
+    let n = corpora.len() as f64;
+    println!(
+        "| **average / total** | {all_lines} | | | **{:.3}** | {} | {:.0} | {} | {} |",
+        acc_sum / n,
+        if n_peer > 0 {
+            format!("{:.3}", peer_acc_sum / n_peer as f64)
+        } else {
+            "-".into()
+        },
+        all_lines as f64 / our_cpu,
+        if n_peer > 0 {
+            format!("{:.0}", all_lines as f64 / peer_cpu)
+        } else {
+            "-".into()
+        },
+        if n_peer > 0 {
+            format!("{:.0}×", peer_cpu / our_cpu)
+        } else {
+            "-".into()
+        },
+    );
+    // Pattern grouping (clustering) where the truth has a pattern column.
+    for c in &corpora {
+        if let Some(tp) = &c.truth_patterns {
+            let pats = cluster_lines(&c.lines);
+            println!(
+                "\npattern grouping accuracy on {}: {:.3} ({} true patterns, {} found)",
+                c.name,
+                bench::grouping_accuracy(&pats, tp),
+                tp.iter().collect::<std::collections::HashSet<_>>().len(),
+                pats.iter().collect::<std::collections::HashSet<_>>().len()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Pattern id per line for raw lines (the `cluster` command's logic, in memory).
+pub fn cluster_lines(lines: &[String]) -> Vec<PatternId> {
+    let mut m = TemplateMiner::default();
+    let ids: Vec<TemplateId> = lines.iter().map(|l| m.add(&message_of(l).0)).collect();
+    let mut first: Vec<TemplateId> = Vec::new();
+    let mut counts: std::collections::HashMap<TemplateId, u64> = std::collections::HashMap::new();
+    for id in &ids {
+        let c = counts.entry(*id).or_default();
+        if *c == 0 {
+            first.push(*id);
+        }
+        *c += 1;
+    }
+    let texts: Vec<String> = first.iter().map(|t| m.template(*t).unwrap_or_default()).collect();
+    let cats: Vec<Category> = texts.iter().map(|t| Category::infer("", t)).collect();
+    let items: Vec<cluster::ClusterItem<'_>> = first
+        .iter()
+        .zip(&texts)
+        .zip(&cats)
+        .map(|((t, text), cat)| cluster::ClusterItem {
+            template: text,
+            category: cat.as_str(),
+            count: counts[t],
+            ..Default::default()
+        })
+        .collect();
+    let labels = cluster::cluster(&items, &cluster::ClusterConfig::default());
+    let mut pid_of_label = std::collections::HashMap::new();
+    let mut tid_to_pid = std::collections::HashMap::new();
+    for (i, l) in labels.iter().enumerate() {
+        let pid = pid_of_label.entry(*l).or_insert_with(|| PatternId::from_template(first[i])).clone();
+        tid_to_pid.insert(first[i], pid);
+    }
+    ids.iter().map(|t| tid_to_pid[t].clone()).collect()
 }
