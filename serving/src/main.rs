@@ -1,1 +1,275 @@
-fn main() {}
+//! `brownout-serve`: the bundled serving tier (paged KV, continuous batching, a real model,
+//! OpenAI-compatible API on :8000, obeys degradation commands from Redis).
+//!
+//! ```text
+//! brownout-serve [--model tiny-random|smollm2|toy|PATH] [--port 8000] [--device cpu|cuda] ...
+//! brownout-serve bench kv        replay a long-tailed trace through paged and contiguous KV
+//! brownout-serve fetch-model     download SmolLM2-135M-Instruct into the local model cache
+//! ```
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use brownout_serving::api::{self, ModelChoice, ServeOptions};
+use brownout_serving::control::{self, ControlHandle, FeatureCatalog, SubscriberConfig};
+use brownout_serving::kvcache::sim::{long_tailed_trace, replay};
+use brownout_serving::kvcache::{AllocMode, BlockPool};
+use brownout_serving::telemetry::{Telemetry, TelemetryConfig};
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "brownout-serve",
+    version,
+    about = "brownout's serving tier",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: BenchWhat,
+    },
+    /// Fetches SmolLM2-135M-Instruct (GGUF) into the local model cache.
+    FetchModel,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchWhat {
+    /// Replays one long-tailed trace through the paged and the contiguous allocator.
+    Kv(BenchKvArgs),
+}
+
+#[derive(Args, Debug)]
+struct BenchKvArgs {
+    #[arg(long, default_value_t = 2000)]
+    requests: usize,
+    #[arg(long, default_value_t = 4096)]
+    num_blocks: usize,
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    #[arg(long, default_value_t = 8192)]
+    max_model_len: usize,
+    #[arg(long, default_value_t = 20)]
+    min_len: usize,
+    #[arg(long, default_value_t = 4000)]
+    max_len: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Alloc+free operations for the pool microbenchmark.
+    #[arg(long, default_value_t = 20_000_000)]
+    pool_ops: u64,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// tiny-random, smollm2, toy, or a path to a GGUF file.
+    #[arg(long, default_value = "tiny-random", env = "BROWNOUT_MODEL")]
+    model: String,
+    #[arg(long, default_value = "0.0.0.0")]
+    host: String,
+    #[arg(long, default_value_t = 8000, env = "BROWNOUT_SERVE_PORT")]
+    port: u16,
+    /// cpu, cuda or auto.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    #[arg(long, default_value_t = 2048)]
+    num_blocks: usize,
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    #[arg(long, default_value_t = 32)]
+    max_num_seqs: usize,
+    #[arg(long, default_value_t = 512)]
+    max_num_batched_tokens: usize,
+    #[arg(long)]
+    max_model_len: Option<usize>,
+    /// paged or contiguous (the baseline).
+    #[arg(long, default_value = "paged")]
+    kv_mode: String,
+    #[arg(long)]
+    no_prefix_caching: bool,
+    #[arg(long)]
+    served_model_name: Option<String>,
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body_bytes: usize,
+    #[arg(long, default_value_t = 60)]
+    max_queue_wait_secs: u64,
+    /// Redis for degradation commands (else REDIS_URL; none: runs at T0 unless commanded in-process).
+    #[arg(long)]
+    redis_url: Option<String>,
+    #[arg(long)]
+    cluster: Option<String>,
+    #[arg(long)]
+    instance_id: Option<String>,
+}
+
+fn parse_mode(s: &str) -> anyhow::Result<AllocMode> {
+    match s {
+        "paged" => Ok(AllocMode::Paged),
+        "contiguous" => Ok(AllocMode::Contiguous),
+        other => anyhow::bail!("--kv-mode must be paged or contiguous (got {other:?})"),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Some(Cmd::Bench {
+            what: BenchWhat::Kv(a),
+        }) => bench_kv(&a),
+        Some(Cmd::FetchModel) => {
+            let path = brownout_serving::model::fetch_model()?;
+            println!("{}", path.display());
+            Ok(())
+        }
+        None => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| "info".into()),
+                )
+                .init();
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("tokio runtime")?;
+            rt.block_on(serve(cli.serve))
+        }
+    }
+}
+
+async fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    let model: ModelChoice = a.model.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    let opts = ServeOptions {
+        model,
+        device: a.device.clone(),
+        num_blocks: a.num_blocks,
+        block_size: a.block_size,
+        max_num_seqs: a.max_num_seqs,
+        max_num_batched_tokens: a.max_num_batched_tokens,
+        max_model_len: a.max_model_len,
+        kv_mode: parse_mode(&a.kv_mode)?,
+        enable_prefix_caching: !a.no_prefix_caching,
+        served_model_name: a.served_model_name.clone(),
+        max_body_bytes: a.max_body_bytes,
+        max_queue_wait: Duration::from_secs(a.max_queue_wait_secs),
+    };
+    let instance = a
+        .instance_id
+        .clone()
+        .unwrap_or_else(|| format!("brownout-serve-{}", a.port));
+    let sub = SubscriberConfig::from_env(a.redis_url.clone(), a.cluster.clone(), None, &instance)
+        .context("degradation subscriber config")?;
+    let cluster = sub.as_ref().map_or_else(
+        || a.cluster.clone().unwrap_or_else(|| "default".into()),
+        |s| s.cluster.clone(),
+    );
+    let handle = ControlHandle::new(&cluster);
+    let _subscriber = match sub {
+        Some(cfg) => Some(control::spawn_subscriber(handle.clone(), cfg).await),
+        None => {
+            tracing::info!("no REDIS_URL: degradation commands are not subscribed");
+            None
+        }
+    };
+    let telemetry = Telemetry::start(TelemetryConfig::from_env("brownout-serve"));
+    let state = api::build_state(&opts, handle.clone(), telemetry).await?;
+    let _ = handle.metrics().register(&state.metrics().registry);
+    let addr: SocketAddr = format!("{}:{}", a.host, a.port)
+        .parse()
+        .context("--host/--port")?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    tracing::info!(%addr, model = state.model_name(), "serving");
+    let features = control::http::router(handle, FeatureCatalog::seed_default());
+    api::run_server(state, Some(features), listener, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .context("server")
+}
+
+fn bench_kv(a: &BenchKvArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.block_size > 0 && a.num_blocks > 0,
+        "--block-size and --num-blocks must be positive"
+    );
+    let trace = long_tailed_trace(a.requests, a.min_len, a.max_len, a.seed);
+    let t0 = Instant::now();
+    let paged = replay(
+        &trace,
+        AllocMode::Paged,
+        a.num_blocks,
+        a.block_size,
+        a.max_model_len,
+    );
+    let paged_s = t0.elapsed().as_secs_f64();
+    let contiguous = replay(
+        &trace,
+        AllocMode::Contiguous,
+        a.num_blocks,
+        a.block_size,
+        a.max_model_len,
+    );
+
+    // Pool microbenchmark: single-block allocate + free, the hot path of decode.
+    let mut pool = BlockPool::new(a.num_blocks, a.block_size);
+    let mut held = Vec::with_capacity(1);
+    let pairs = a.pool_ops / 2;
+    let t = Instant::now();
+    for _ in 0..pairs {
+        pool.allocate_into(1, &mut held)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        pool.free(held.drain(..));
+    }
+    let ops_per_sec = (pairs * 2) as f64 / t.elapsed().as_secs_f64();
+    // Batched: 16 blocks per allocation (a prefill chunk).
+    let batch_pairs = pairs / 16;
+    let t = Instant::now();
+    for _ in 0..batch_pairs {
+        pool.allocate_into(16, &mut held)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        pool.free(held.drain(..));
+    }
+    let block_ops_per_sec = (batch_pairs * 32) as f64 / t.elapsed().as_secs_f64();
+
+    let mean_prompt =
+        trace.iter().map(|r| r.prompt_len).sum::<usize>() as f64 / trace.len().max(1) as f64;
+    let mean_output =
+        trace.iter().map(|r| r.output_len).sum::<usize>() as f64 / trace.len().max(1) as f64;
+    let out = serde_json::json!({
+        "requests": a.requests,
+        "num_blocks": a.num_blocks,
+        "block_size": a.block_size,
+        "trace": {"min_len": a.min_len, "max_len": a.max_len, "seed": a.seed,
+                  "mean_prompt_tokens": mean_prompt, "mean_output_tokens": mean_output},
+        "paged_token_occupancy": paged.token_occupancy,
+        "contiguous_token_occupancy": contiguous.token_occupancy,
+        "paged_max_concurrent": paged.max_concurrent,
+        "contiguous_max_concurrent": contiguous.max_concurrent,
+        "paged_mean_concurrent": paged.mean_concurrent,
+        "contiguous_mean_concurrent": contiguous.mean_concurrent,
+        "paged_steps": paged.steps,
+        "contiguous_steps": contiguous.steps,
+        "paged_preemptions": paged.preemptions,
+        "contiguous_mean_external_fragmentation": contiguous.mean_external_fragmentation,
+        "paged_mean_usage": paged.mean_usage,
+        "contiguous_mean_usage": contiguous.mean_usage,
+        "skipped_never_fit": paged.skipped,
+        "paged_replay_seconds": paged_s,
+        "pool_ops_per_sec": ops_per_sec,
+        "pool_block_ops_per_sec_batch16": block_ops_per_sec,
+    });
+    println!("{out}");
+    Ok(())
+}
