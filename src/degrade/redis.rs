@@ -24,13 +24,15 @@ pub enum RedisBusError {
     VersionConflict,
 }
 
-/// `SET leader NX PX` with an epoch from `INCR epoch` (never below any epoch seen in the state or
-/// the caller's memory, so a Redis that lost its data still hands out a higher epoch).
+/// `SET leader NX PX` with an epoch from `INCR epoch`, never below any epoch seen in the state,
+/// the caller's memory, or the caller's clock in unix seconds: so even a Redis that lost all its
+/// data and a freshly started control plane still hand out an epoch above the one serving tiers
+/// hold (as long as clocks are within a few seconds and failovers are not several per second).
 const ACQUIRE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local cur = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 local st = tonumber(redis.call('HGET', KEYS[3], 'epoch') or '0') or 0
-local floor = math.max(cur, st, tonumber(ARGV[3]) or 0)
+local floor = math.max(cur, st, tonumber(ARGV[3]) or 0, tonumber(ARGV[4]) or 0)
 redis.call('SET', KEYS[2], floor)
 local e = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. e, 'PX', ARGV[2])
@@ -189,7 +191,8 @@ impl RedisBus {
             .key(self.keys.state())
             .arg(&self.replica_id)
             .arg(lease_ms)
-            .arg(min_epoch);
+            .arg(min_epoch)
+            .arg(brownout_protocol::now_ms() / 1000);
         let e: u64 = timed(self.op_timeout, inv.invoke_async(&mut self.conn)).await?;
         Ok((e > 0).then_some(e))
     }

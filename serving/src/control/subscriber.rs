@@ -57,7 +57,7 @@ pub enum SubscriberConfigError {
 }
 
 impl SubscriberConfig {
-    /// Defaults: anti-entropy 2 s, lease check 250 ms, 1 s per operation, reconnect 50 ms–1 s.
+    /// Defaults: anti-entropy 2 s, lease check 250 ms, 1 s per operation, reconnect 50–250 ms.
     pub fn new(
         redis_url: &str,
         cluster: &str,
@@ -73,7 +73,7 @@ impl SubscriberConfig {
             lease_check: Duration::from_millis(250),
             op_timeout: Duration::from_secs(1),
             reconnect_min: Duration::from_millis(50),
-            reconnect_max: Duration::from_secs(1),
+            reconnect_max: Duration::from_millis(250),
         }
     }
 

@@ -1,0 +1,117 @@
+//! docs/PROTOCOL.md stays true to the protocol crate: its JSON examples parse into
+//! `Command`, its ack examples parse into `Ack`, and every field of `Command`, `Reason`,
+//! `Limits` and `Shed` (as serialised) is named in it.
+
+use std::collections::BTreeSet;
+
+use brownout_protocol::{Ack, Command, Criticality, Limits, Reason, Shed, Tier};
+
+const DOC: &str = include_str!("../docs/PROTOCOL.md");
+
+fn blocks(lang: &str) -> Vec<String> {
+    let fence = format!("```{lang}\n");
+    let mut out = Vec::new();
+    let mut rest = DOC;
+    while let Some(i) = rest.find(&fence) {
+        let body = &rest[i + fence.len()..];
+        let end = body.find("```").expect("unterminated code block");
+        out.push(body[..end].to_string());
+        rest = &body[end + 3..];
+    }
+    out
+}
+
+#[test]
+fn json_examples_parse_as_commands() {
+    let cmds: Vec<Command> = blocks("json")
+        .iter()
+        .map(|b| serde_json::from_str(b).expect(b))
+        .collect();
+    assert_eq!(cmds.len(), 2);
+    assert_eq!(cmds[0].tier, Tier::T2);
+    assert!(cmds[0].shed.is_none());
+    assert_eq!(cmds[1].tier, Tier::T3);
+    assert_eq!(
+        cmds[1].shed.as_ref().unwrap().admit_min_criticality,
+        Criticality::Critical
+    );
+    for c in &cmds {
+        assert!(
+            c.extra.is_empty(),
+            "examples use only known fields: {:?}",
+            c.extra
+        );
+    }
+}
+
+#[test]
+fn ack_examples_parse() {
+    let text = blocks("text")
+        .into_iter()
+        .find(|b| b.contains("nack:"))
+        .expect("ack example block");
+    let acks: Vec<Ack> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.parse().expect(l))
+        .collect();
+    assert!(matches!(
+        acks[0],
+        Ack::Applied {
+            epoch: 3,
+            version: 1042,
+            ..
+        }
+    ));
+    assert!(matches!(&acks[1], Ack::Refused { reason, .. } if reason == "bad_signature"));
+}
+
+fn keys(v: &serde_json::Value, prefix: &str, out: &mut BTreeSet<String>) {
+    if let Some(m) = v.as_object() {
+        for (k, child) in m {
+            let name = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            out.insert(name.clone());
+            if matches!(k.as_str(), "reason" | "limits" | "shed") {
+                keys(child, &name, out);
+            }
+        }
+    }
+}
+
+#[test]
+fn every_field_is_documented() {
+    // A command with every optional field set, so its JSON shows every field name.
+    let mut c = Command::normal("prod", 1, 1, 0, 1);
+    c.reason = Reason {
+        trigger: "slo_burn".into(),
+        slo: Some("s".into()),
+        window: Some("5m/1h".into()),
+        burn_rate: Some(1.0),
+        detail: "d".into(),
+    };
+    c.limits = Limits {
+        max_tokens_cap: Some(1),
+        max_num_seqs: Some(1),
+    };
+    c.shed = Some(Shed {
+        admit_min_criticality: Criticality::Critical,
+        retry_after_s: 1,
+        jitter_ratio: 0.1,
+        recovery_eta_ms: 1,
+    });
+    let v: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
+    let mut names = BTreeSet::new();
+    keys(&v, "", &mut names);
+    assert!(names.len() >= 20, "{names:?}");
+    for n in names {
+        let leaf = n.rsplit('.').next().unwrap();
+        assert!(
+            DOC.contains(&format!("`{n}`")) || DOC.contains(&format!("\"{leaf}\"")),
+            "field {n} is not described in docs/PROTOCOL.md"
+        );
+    }
+}
