@@ -286,6 +286,20 @@ async fn json_endpoints_serve_the_views() {
         let v: serde_json::Value = serde_json::from_str(&body).expect("valid JSON");
         assert_eq!(v["origin"], "sample", "{uri}");
     }
+    for uri in [
+        "/ui/api/hosts/gpu-a100-01",
+        "/ui/api/services/chat-gateway",
+        "/ui/api/services/chat-gateway/instances/chat-gateway-7f9c-0",
+    ] {
+        let (status, _, body) = get(d.clone(), uri).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("valid JSON");
+        assert_eq!(v["origin"], "sample", "{uri}");
+    }
+    let (status, _, body) = get(d.clone(), "/ui/api/hosts/nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON error");
+    assert_eq!(v["code"], "not_found");
     let (_, _, body) = get(d, "/ui/api/overview").await;
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["clusters"][0]["tier"], 2, "tiers are numbers on the wire");

@@ -10,8 +10,8 @@
 //! Pages: `/` overview → `/services/{service}` → `/services/{service}/instances/{instance}` (its
 //! logs) is seed 003's three-level drill-down, one click per level; `/hosts`, `/hosts/{host}`,
 //! `/patterns`, `/slos`, `/degradation`, `/debug/resource` (seed 001's console). Every view is
-//! also served as JSON under `/ui/api/...`; the only script (`/static/brownout.js`) polls
-//! `/ui/api/overview` to keep the tier badges live, writing text only (`textContent`).
+//! also served as JSON under `/ui/api/...` (same paths). The only script (`/static/brownout.js`)
+//! polls `/ui/api/overview` to keep the tier badges live, writing text only (`textContent`).
 //!
 //! Escaping: Tera autoescapes every `.html` template; the only `| safe` output is SVG built by
 //! [`chart`], which escapes its own text. Links to traces are rendered only for `http(s)://`
@@ -133,6 +133,12 @@ pub fn router(source: Arc<dyn UiDataSource>) -> Router {
         .route("/debug/resource", get(resource))
         .route("/ui/api/overview", get(api_overview))
         .route("/ui/api/hosts", get(api_hosts))
+        .route("/ui/api/hosts/{host}", get(api_host))
+        .route("/ui/api/services/{service}", get(api_service))
+        .route(
+            "/ui/api/services/{service}/instances/{instance}",
+            get(api_instance),
+        )
         .route("/ui/api/patterns", get(api_patterns))
         .route("/ui/api/slos", get(api_slos))
         .route("/ui/api/degradation", get(api_degradation))
@@ -458,6 +464,32 @@ async fn api_overview(State(st): State<AppState>) -> Result<Json<OverviewView>, 
 }
 async fn api_hosts(State(st): State<AppState>) -> Result<Json<HostsView>, ApiError> {
     st.source.hosts().await.map(Json).map_err(ApiError)
+}
+async fn api_host(
+    State(st): State<AppState>,
+    Path(host): Path<String>,
+) -> Result<Json<HostDetailView>, ApiError> {
+    st.source.host(&host).await.map(Json).map_err(ApiError)
+}
+async fn api_service(
+    State(st): State<AppState>,
+    Path(service): Path<String>,
+) -> Result<Json<ServiceView>, ApiError> {
+    st.source
+        .service(&service)
+        .await
+        .map(Json)
+        .map_err(ApiError)
+}
+async fn api_instance(
+    State(st): State<AppState>,
+    Path((service, instance)): Path<(String, String)>,
+) -> Result<Json<InstanceView>, ApiError> {
+    st.source
+        .instance(&service, &instance)
+        .await
+        .map(Json)
+        .map_err(ApiError)
 }
 async fn api_patterns(State(st): State<AppState>) -> Result<Json<PatternsView>, ApiError> {
     st.source.patterns().await.map(Json).map_err(ApiError)
