@@ -128,6 +128,7 @@ impl Pipeline {
             status: status_tx,
             store_up: true,
             replay_cache: None,
+            shutdown: shutdown.clone(),
         };
         let handle = tokio::spawn(writer.run(shutdown));
         Ok((
@@ -197,6 +198,7 @@ struct Writer {
     max_permits: usize,
     status: watch::Sender<WriterStatus>,
     store_up: bool,
+    shutdown: watch::Receiver<bool>,
     /// The record at the spool's cursor, decoded, so a failed replay does not re-read it.
     replay_cache: Option<(super::spool::Peeked, Batch)>,
 }
@@ -253,6 +255,10 @@ impl Writer {
         }
         self.flush(&mut pending, &mut held).await;
         tracing::info!(spool_bytes = self.spool_bytes(), "ingest writer stopped");
+    }
+
+    fn shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
     }
 
     fn spool_is_empty(&self) -> bool {
@@ -335,12 +341,20 @@ impl Writer {
                         tokio::time::sleep(delay).await;
                         delay = (delay * 2).min(Duration::from_secs(5));
                     }
-                    if self.rx.is_closed() && !self.store_up {
-                        // Shutting down, store down, spool full: say so; nothing else can hold it.
-                        tracing::error!(
-                            rows = batch.num_rows(),
-                            "shutdown with the store down and the spool full: batch kept only until exit"
-                        );
+                    if self.shutting_down() {
+                        // Past the bound rather than lose accepted rows at exit.
+                        match self.spool_append_mode(&batch, false).await {
+                            Ok(()) => tracing::warn!(
+                                rows = batch.num_rows(),
+                                "shutdown with the store down and the spool full: spooled past spool.max_bytes"
+                            ),
+                            Err(e) => tracing::error!(
+                                error = %e,
+                                rows = batch.num_rows(),
+                                "shutdown: cannot spool; these accepted rows are lost"
+                            ),
+                        }
+                        break;
                     }
                 }
                 Err(e) => {
@@ -355,16 +369,23 @@ impl Writer {
     }
 
     async fn spool_append(&self, batch: &Batch) -> Result<(), SpoolError> {
+        self.spool_append_mode(batch, true).await
+    }
+
+    async fn spool_append_mode(&self, batch: &Batch, bounded: bool) -> Result<(), SpoolError> {
         let payload = serde_json::to_vec(batch).map_err(|e| SpoolError::Io {
             path: "<encode>".into(),
             source: std::io::Error::other(e),
         })?;
         let spool = Arc::clone(&self.spool);
         let r = tokio::task::spawn_blocking(move || {
-            spool
-                .lock()
-                .map_err(|_| poisoned())
-                .and_then(|mut s| s.append(&payload))
+            spool.lock().map_err(|_| poisoned()).and_then(|mut s| {
+                if bounded {
+                    s.append(&payload)
+                } else {
+                    s.append_over_limit(&payload)
+                }
+            })
         })
         .await
         .map_err(|e| SpoolError::Io {

@@ -222,11 +222,24 @@ impl Spool {
     /// # Errors
     /// [`SpoolError::Full`] when it would pass `max_bytes` (nothing is written), or IO.
     pub fn append(&mut self, payload: &[u8]) -> Result<(), SpoolError> {
+        self.append_inner(payload, true)
+    }
+
+    /// Appends even past `max_bytes`: for shutdown, when keeping what was already accepted
+    /// matters more than the bound (which exists to stop accepting new data).
+    ///
+    /// # Errors
+    /// IO errors.
+    pub fn append_over_limit(&mut self, payload: &[u8]) -> Result<(), SpoolError> {
+        self.append_inner(payload, false)
+    }
+
+    fn append_inner(&mut self, payload: &[u8], bounded: bool) -> Result<(), SpoolError> {
         let n = payload.len() as u64;
         if n > MAX_RECORD_BYTES {
             return Err(SpoolError::TooLarge(n));
         }
-        if self.would_overflow(n) {
+        if bounded && self.would_overflow(n) {
             return Err(SpoolError::Full {
                 used: self.pending_bytes,
                 max: self.max_bytes,

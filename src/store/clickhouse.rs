@@ -26,6 +26,9 @@ use crate::config::ClickHouseConfig;
 /// The ClickHouse store.
 pub struct ClickHouseStore {
     client: Client,
+    /// Set once the tables are known to exist; until then writes and pings migrate first, so
+    /// the control plane can start while ClickHouse is down and catch up when it returns.
+    migrated: std::sync::atomic::AtomicBool,
     database: String,
     spans: String,
     logs: String,
@@ -143,6 +146,7 @@ impl ClickHouseStore {
         let t = |name: &str| format!("{}{name}", config.table_prefix);
         ClickHouseStore {
             client,
+            migrated: std::sync::atomic::AtomicBool::new(false),
             database: config.database.clone(),
             spans: t("spans"),
             logs: t("logs"),
@@ -204,7 +208,15 @@ impl ClickHouseStore {
         Ok(())
     }
 
+    async fn ensure_migrated(&self) -> Result<(), StoreError> {
+        if !self.migrated.load(std::sync::atomic::Ordering::Acquire) {
+            self.migrate().await?;
+        }
+        Ok(())
+    }
+
     async fn write(&self, b: &Batch, mode: WriteMode) -> Result<(), StoreError> {
+        self.ensure_migrated().await?;
         let skip = |t: &str, len: usize| {
             let t = t.to_string();
             async move {
@@ -422,6 +434,8 @@ impl Store for ClickHouseStore {
             for q in ddl {
                 self.client.query(&q).execute().await?;
             }
+            self.migrated
+                .store(true, std::sync::atomic::Ordering::Release);
             Ok(())
         })
     }
@@ -429,7 +443,7 @@ impl Store for ClickHouseStore {
     fn ping(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let _: u8 = self.client.query("SELECT toUInt8(1)").fetch_one().await?;
-            Ok(())
+            self.ensure_migrated().await
         })
     }
 

@@ -310,18 +310,26 @@ pub trait Store: Send + Sync + 'static {
 /// dir) and creates its tables.
 ///
 /// # Errors
-/// When the store cannot be opened or migrated. ClickHouse being down at start is an error
-/// here; callers that want to start anyway can retry.
+/// When SQLite cannot be opened or migrated. ClickHouse being down at start is *not* an
+/// error: it is logged, and tables are created on the first write that reaches it.
 pub async fn open(config: &Config) -> Result<Arc<dyn Store>, StoreError> {
-    let store: Arc<dyn Store> = match &config.clickhouse {
-        Some(ch) => Arc::new(clickhouse::ClickHouseStore::new(ch)),
+    match &config.clickhouse {
+        Some(ch) => {
+            let store = clickhouse::ClickHouseStore::new(ch);
+            if let Err(e) = store.migrate().await {
+                // Not fatal: ingest spools until ClickHouse answers, and the store creates its
+                // tables on the first successful write.
+                tracing::warn!(error = %e, url = %ch.url, "ClickHouse is not answering; starting anyway, ingest will spool");
+            }
+            Ok(Arc::new(store))
+        }
         None => {
             std::fs::create_dir_all(&config.data_dir)?;
-            Arc::new(sqlite::SqliteStore::open(&config.sqlite_path())?)
+            let store = sqlite::SqliteStore::open(&config.sqlite_path())?;
+            store.migrate().await?;
+            Ok(Arc::new(store))
         }
-    };
-    store.migrate().await?;
-    Ok(store)
+    }
 }
 
 /// Attributes as a JSON object text (SQLite column) — order kept.
