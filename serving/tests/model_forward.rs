@@ -445,7 +445,17 @@ fn fallback_route_stays_close_to_primary_on_tiny_random() {
     let p = m.forward(Route::Primary, &c, &mut kv).expect("primary");
     let f = m.forward(Route::Fallback, &c, &mut kv).expect("fallback");
     let d = max_abs_diff(&p[0], &f[0]);
-    assert!(d < 0.05, "max |Δlogit| primary vs fallback = {d}");
+    let range = p[0].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+        - p[0].iter().fold(f32::INFINITY, |a, &b| a.min(b));
+    // The fallback quantises activations to 8 bits: a few percent of the logit range at most.
+    assert!(
+        d < 0.05 * range,
+        "max |Δlogit| primary vs fallback = {d} (range {range})"
+    );
+    assert_ne!(
+        d, 0.0,
+        "the fallback route should really compute differently"
+    );
 }
 
 #[test]

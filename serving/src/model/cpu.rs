@@ -7,6 +7,11 @@
 //!
 //! Every (row, token) dot product is summed in the same order whatever the batch size or the
 //! token's place in it, so batching never changes a result bit.
+//!
+//! The fallback route's quantised matrices multiply in integers: activations are quantised to 8
+//! bits per block of 32 (one scale each) and each block's dot product is exact in i32 (AVX2
+//! `maddubs`), then scaled — less memory traffic and fewer instructions than dequantising, and a
+//! real (small) loss of precision, which is what the fallback route trades.
 
 use rayon::prelude::*;
 
@@ -96,11 +101,29 @@ impl Matrix {
     }
 }
 
+/// Which kernels [`matmul`] uses (the simple ones are kept to measure against).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// f32: 4 rows × 3 tokens register tiles; quantised: int8 dot products (activations
+    /// quantised to 8 bits per block of 32, as llama.cpp does).
+    Tiled,
+    /// f32: one row × 4 tokens; quantised: dequantise each row to f32 first.
+    Simple,
+}
+
 /// `y[n][w.rows] = x[n][w.cols] · wᵀ`.
 ///
 /// # Panics
 /// If the slices do not match the shapes (a broken invariant in the caller).
 pub fn matmul(x: &[f32], n: usize, w: &Matrix, y: &mut [f32]) {
+    matmul_with(Kernel::Tiled, x, n, w, y);
+}
+
+/// [`matmul`] with a chosen kernel.
+///
+/// # Panics
+/// As [`matmul`].
+pub fn matmul_with(kernel: Kernel, x: &[f32], n: usize, w: &Matrix, y: &mut [f32]) {
     assert_eq!(x.len(), n * w.cols, "matmul: x shape");
     assert_eq!(y.len(), n * w.rows, "matmul: y shape");
     if n == 0 {
@@ -109,12 +132,19 @@ pub fn matmul(x: &[f32], n: usize, w: &Matrix, y: &mut [f32]) {
     let threads = rayon::current_num_threads().max(1);
     // Enough tasks to balance, rows per task a multiple of 4, at least 16.
     let per = (w.rows.div_ceil(threads * 4)).max(16).div_ceil(4) * 4;
+    let qx = match (&w.data, kernel) {
+        (MatData::Quant(..), Kernel::Tiled) => Some(Q8Act::quantize(x, n, w.cols)),
+        _ => None,
+    };
     // Computed transposed ([row][token]) so each task owns a contiguous slice, then transposed.
     let mut yt = vec![0f32; n * w.rows];
     yt.par_chunks_mut(per * n).enumerate().for_each(|(i, out)| {
         let r0 = i * per;
         let r1 = (r0 + per).min(w.rows);
-        rows_task(x, n, w, r0, r1, out);
+        match &qx {
+            Some(q) => quant_rows_task(q, w, r0, r1, out),
+            None => rows_task(kernel, x, n, w, r0, r1, out),
+        }
     });
     for r in 0..w.rows {
         for t in 0..n {
@@ -123,27 +153,54 @@ pub fn matmul(x: &[f32], n: usize, w: &Matrix, y: &mut [f32]) {
     }
 }
 
-fn rows_task(x: &[f32], n: usize, w: &Matrix, r0: usize, r1: usize, out: &mut [f32]) {
+fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+fn rows_task(
+    kernel: Kernel,
+    x: &[f32],
+    n: usize,
+    w: &Matrix,
+    r0: usize,
+    r1: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx2_fma() {
             // SAFETY: the features the function is compiled for were just detected.
-            unsafe { rows_task_avx2(x, n, w, r0, r1, out) };
+            unsafe { rows_task_avx2(kernel, x, n, w, r0, r1, out) };
             return;
         }
     }
-    rows_task_impl::<false>(x, n, w, r0, r1, out);
+    rows_task_impl::<false>(kernel, x, n, w, r0, r1, out);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn rows_task_avx2(x: &[f32], n: usize, w: &Matrix, r0: usize, r1: usize, out: &mut [f32]) {
-    rows_task_impl::<true>(x, n, w, r0, r1, out);
+unsafe fn rows_task_avx2(
+    kernel: Kernel,
+    x: &[f32],
+    n: usize,
+    w: &Matrix,
+    r0: usize,
+    r1: usize,
+    out: &mut [f32],
+) {
+    rows_task_impl::<true>(kernel, x, n, w, r0, r1, out);
 }
 
 #[inline(always)]
 fn rows_task_impl<const FMA: bool>(
+    kernel: Kernel,
     x: &[f32],
     n: usize,
     w: &Matrix,
@@ -153,6 +210,9 @@ fn rows_task_impl<const FMA: bool>(
 ) {
     let cols = w.cols;
     match &w.data {
+        MatData::F32(d) if kernel == Kernel::Tiled => {
+            tiled_f32::<FMA>(&d[r0 * cols..r1 * cols], cols, x, n, out);
+        }
         MatData::F32(d) => {
             for r in r0..r1 {
                 let row = &d[r * cols..(r + 1) * cols];
@@ -179,6 +239,264 @@ fn rows_task_impl<const FMA: bool>(
                 }
                 dot_row_tokens::<FMA>(&row, x, n, &mut out[(r - r0) * n..(r - r0 + 1) * n]);
             }
+        }
+    }
+}
+
+/// Tokens per cache block of `x` in the tiled kernel (a multiple of 3).
+const TOKEN_BLOCK: usize = 48;
+
+/// `out[r][t] = w[r] · x[t]` for the rows of `w`, in 4-row × 3-token register tiles; tails use
+/// smaller tiles with the same per-(row, token) summation order.
+#[inline(always)]
+fn tiled_f32<const FMA: bool>(w: &[f32], cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
+    let rows = w.len() / cols;
+    let mut tb = 0;
+    while tb < n {
+        let te = (tb + TOKEN_BLOCK).min(n);
+        let mut r = 0;
+        while r < rows {
+            let rt = (rows - r).min(4);
+            let mut t = tb;
+            while t < te {
+                let tt = (te - t).min(3);
+                match (rt, tt) {
+                    (4, 3) => micro::<4, 3, FMA>(w, cols, r, x, t, out, n),
+                    (4, 2) => micro::<4, 2, FMA>(w, cols, r, x, t, out, n),
+                    (4, _) => micro::<4, 1, FMA>(w, cols, r, x, t, out, n),
+                    (_, 3) => {
+                        for rr in r..r + rt {
+                            micro::<1, 3, FMA>(w, cols, rr, x, t, out, n);
+                        }
+                    }
+                    (_, 2) => {
+                        for rr in r..r + rt {
+                            micro::<1, 2, FMA>(w, cols, rr, x, t, out, n);
+                        }
+                    }
+                    _ => {
+                        for rr in r..r + rt {
+                            micro::<1, 1, FMA>(w, cols, rr, x, t, out, n);
+                        }
+                    }
+                }
+                t += tt;
+            }
+            r += rt;
+        }
+        tb = te;
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn micro<const R: usize, const T: usize, const FMA: bool>(
+    w: &[f32],
+    cols: usize,
+    r0: usize,
+    x: &[f32],
+    t0: usize,
+    out: &mut [f32],
+    n: usize,
+) {
+    let main = cols / 8 * 8;
+    let wr: [&[f32]; R] = std::array::from_fn(|i| &w[(r0 + i) * cols..(r0 + i + 1) * cols]);
+    let xt: [&[f32]; T] = std::array::from_fn(|i| &x[(t0 + i) * cols..(t0 + i + 1) * cols]);
+    let mut acc = [[[0f32; 8]; T]; R];
+    let mut c = 0;
+    while c < main {
+        let wv: [[f32; 8]; R] =
+            std::array::from_fn(|i| wr[i][c..c + 8].try_into().expect("8 lanes"));
+        for t in 0..T {
+            let xv: [f32; 8] = xt[t][c..c + 8].try_into().expect("8 lanes");
+            for r in 0..R {
+                for l in 0..8 {
+                    acc[r][t][l] = fmadd::<FMA>(wv[r][l], xv[l], acc[r][t][l]);
+                }
+            }
+        }
+        c += 8;
+    }
+    for r in 0..R {
+        for t in 0..T {
+            let mut s = hsum(&acc[r][t]);
+            for cc in main..cols {
+                s = fmadd::<FMA>(wr[r][cc], xt[t][cc], s);
+            }
+            out[(r0 + r) * n + t0 + t] = s;
+        }
+    }
+}
+
+/// Activations quantised to 8 bits per block of 32 (scale, float sum, integer sum, values).
+pub struct Q8Act {
+    n: usize,
+    blocks_per_row: usize,
+    d: Vec<f32>,
+    sum: Vec<f32>,
+    isum: Vec<i32>,
+    q: Vec<i8>,
+}
+
+impl Q8Act {
+    pub fn quantize(x: &[f32], n: usize, cols: usize) -> Q8Act {
+        let bpr = cols / QK;
+        let nb = n * bpr;
+        let mut a = Q8Act {
+            n,
+            blocks_per_row: bpr,
+            d: vec![0.0; nb],
+            sum: vec![0.0; nb],
+            isum: vec![0; nb],
+            q: vec![0; nb * QK],
+        };
+        for (b, blk) in x.chunks_exact(QK).enumerate() {
+            let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut is = 0i32;
+            for (q, &v) in a.q[b * QK..(b + 1) * QK].iter_mut().zip(blk) {
+                *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+                is += i32::from(*q);
+            }
+            a.d[b] = d;
+            a.sum[b] = blk.iter().sum();
+            a.isum[b] = is;
+        }
+        a
+    }
+}
+
+fn quant_rows_task(qx: &Q8Act, w: &Matrix, r0: usize, r1: usize, out: &mut [f32]) {
+    let MatData::Quant(ty, data) = &w.data else {
+        unreachable!("quant_rows_task on an f32 matrix")
+    };
+    let bb = ty.block_bytes();
+    let bpr = qx.blocks_per_row;
+    let rb = bpr * bb;
+    let n = qx.n;
+    let avx2 = has_avx2_fma();
+    for r in r0..r1 {
+        let row = &data[r * rb..(r + 1) * rb];
+        for t in 0..n {
+            let xb = t * bpr;
+            let mut acc = 0f32;
+            for (b, wb) in row.chunks_exact(bb).enumerate() {
+                let xi = xb + b;
+                let xq: &[i8; QK] = qx.q[xi * QK..(xi + 1) * QK].try_into().expect("32");
+                let dw = f16_le(wb, 0);
+                let dx = qx.d[xi];
+                acc += match ty {
+                    GgmlType::Q4_1 => {
+                        let qs: &[u8; 16] = wb[4..20].try_into().expect("16");
+                        let dot = dot_q4_q8(qs, xq, avx2);
+                        dw * dx * dot as f32 + f16_le(wb, 2) * qx.sum[xi]
+                    }
+                    GgmlType::Q4_0 => {
+                        let qs: &[u8; 16] = wb[2..18].try_into().expect("16");
+                        let dot = dot_q4_q8(qs, xq, avx2) - 8 * qx.isum[xi];
+                        dw * dx * dot as f32
+                    }
+                    GgmlType::Q8_0 => {
+                        let qs: &[u8; QK] = wb[2..34].try_into().expect("32");
+                        dw * dx * dot_q8_q8(qs, xq, avx2) as f32
+                    }
+                    GgmlType::F32 | GgmlType::F16 => {
+                        unreachable!("quantised matrix of a plain type")
+                    }
+                };
+            }
+            out[(r - r0) * n + t] = acc;
+        }
+    }
+}
+
+#[inline(always)]
+fn f16_le(b: &[u8], i: usize) -> f32 {
+    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Σ nibble_j · x_j over a block (nibbles: byte j = value j low, value j+16 high). Exact.
+#[inline(always)]
+fn dot_q4_q8(qs: &[u8; 16], x: &[i8; QK], avx2: bool) -> i32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2 {
+            // SAFETY: AVX2 was detected by the caller.
+            return unsafe { simd::dot_q4_q8(qs, x) };
+        }
+    }
+    let _ = avx2;
+    let mut s = 0i32;
+    for j in 0..16 {
+        s += i32::from(qs[j] & 0x0f) * i32::from(x[j])
+            + i32::from(qs[j] >> 4) * i32::from(x[j + 16]);
+    }
+    s
+}
+
+/// Σ w_j · x_j over a Q8_0 block's values. Exact.
+#[inline(always)]
+fn dot_q8_q8(w: &[u8; QK], x: &[i8; QK], avx2: bool) -> i32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2 {
+            // SAFETY: AVX2 was detected by the caller.
+            return unsafe { simd::dot_q8_q8(w, x) };
+        }
+    }
+    let _ = avx2;
+    w.iter()
+        .zip(x)
+        .map(|(&a, &b)| i32::from(a as i8) * i32::from(b))
+        .sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        // SAFETY: AVX2 is enabled by the callers' target_feature.
+        unsafe {
+            let lo = _mm256_castsi256_si128(v);
+            let hi = _mm256_extracti128_si256(v, 1);
+            let s = _mm_add_epi32(lo, hi);
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+            _mm_cvtsi128_si32(s)
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn dot_q4_q8(qs: &[u8; 16], x: &[i8; 32]) -> i32 {
+        // SAFETY: loads stay inside the 16- and 32-byte arrays.
+        unsafe {
+            let b = _mm_loadu_si128(qs.as_ptr().cast());
+            let m = _mm_set1_epi8(0x0f);
+            let lo = _mm_and_si128(b, m);
+            let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+            let w = _mm256_set_m128i(hi, lo);
+            let xv = _mm256_loadu_si256(x.as_ptr().cast());
+            let p16 = _mm256_maddubs_epi16(w, xv);
+            let p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+            hsum_i32(p32)
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn dot_q8_q8(w: &[u8; 32], x: &[i8; 32]) -> i32 {
+        // SAFETY: loads stay inside the 32-byte arrays.
+        unsafe {
+            let wv = _mm256_loadu_si256(w.as_ptr().cast());
+            let xv = _mm256_loadu_si256(x.as_ptr().cast());
+            // maddubs wants unsigned × signed: |w| × (x with w's sign).
+            let aw = _mm256_sign_epi8(wv, wv);
+            let sx = _mm256_sign_epi8(xv, wv);
+            let p16 = _mm256_maddubs_epi16(aw, sx);
+            let p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+            hsum_i32(p32)
         }
     }
 }

@@ -1,0 +1,33 @@
+//! Model benchmark: `cargo run --release -p brownout-serving --example bench_model -- [spec] [steps]`
+//! (spec: smollm2 (default), tiny-random or a .gguf path). Prints a Markdown table.
+
+use brownout_serving::model::{Device, LoadedModel, Route, bench_model};
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let spec = args.get(1).map_or("smollm2", String::as_str);
+    let steps: usize = args.get(2).map_or(Ok(16), |s| s.parse())?;
+    let batches: Vec<usize> = match args.get(3) {
+        Some(s) => s.split(',').map(str::parse).collect::<Result<_, _>>()?,
+        None => vec![1, 8, 32],
+    };
+    let ttft: usize = args.get(4).map_or(Ok(512), |s| s.parse())?;
+    let t0 = std::time::Instant::now();
+    let model = LoadedModel::load(spec, Device::Cpu)?;
+    eprintln!("loaded {} in {:.2?}", model.source(), t0.elapsed());
+    for h in model.warm_up()? {
+        eprintln!(
+            "health {:?}: {:?} ({:.0} ms)",
+            h.route, h.generated, h.elapsed_ms
+        );
+    }
+    let report = bench_model(
+        &model,
+        &[Route::Primary, Route::Fallback],
+        &batches,
+        steps,
+        ttft,
+    )?;
+    println!("{}", report.to_markdown());
+    Ok(())
+}
