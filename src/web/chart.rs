@@ -308,7 +308,11 @@ pub fn line_chart(series: &[Series], opts: &LineOpts) -> Svg {
             th.severity.class(),
             escape(&th.label),
             PAD_L + pw - 2.0,
-            yy - 3.0,
+            if th.severity == Severity::Warn {
+                yy + 11.0
+            } else {
+                yy - 3.0
+            },
             th.severity.class(),
             escape(&th.label)
         );

@@ -301,6 +301,7 @@ async fn host(State(st): State<AppState>, Path(name): Path<String>) -> Page {
                 severity: Severity::Warn,
             }],
             title: "VRAM used, last hour".into(),
+            width: 420,
             ..LineOpts::default()
         },
     );
@@ -311,6 +312,7 @@ async fn host(State(st): State<AppState>, Path(name): Path<String>) -> Page {
             y_format: YFormat::Percent,
             thresholds: kv_thresholds(),
             title: "KV-cache usage per engine, last hour".into(),
+            width: 420,
             ..LineOpts::default()
         },
     );
@@ -321,6 +323,7 @@ async fn host(State(st): State<AppState>, Path(name): Path<String>) -> Page {
         }],
         &LineOpts {
             title: "Queue depth, last hour".into(),
+            width: 420,
             ..LineOpts::default()
         },
     );
