@@ -182,7 +182,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         }
     };
     let telemetry = Telemetry::start(TelemetryConfig::from_env("brownout-serve"));
-    let state = api::build_state(&opts, handle.clone(), telemetry).await?;
+    let state = api::build_state(&opts, handle.clone(), telemetry.clone()).await?;
     let _ = handle.metrics().register(&state.metrics().registry);
     let addr: SocketAddr = format!("{}:{}", a.host, a.port)
         .parse()
@@ -196,7 +196,10 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await
-    .context("server")
+    .context("server")?;
+    // Flush buffered spans; the exporter may block, so off the async workers.
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    Ok(())
 }
 
 fn bench_kv(a: &BenchKvArgs) -> anyhow::Result<()> {

@@ -1,13 +1,18 @@
 //! Telemetry out: every request's record and every failure, exported without ever blocking
 //! serving. Failures go as NDJSON [`FailureEvent`]s to `$BROWNOUT_CONTROL_PLANE/v1/failures`
 //! (bearer `$BROWNOUT_INGEST_TOKEN`) through a bounded queue; when the queue is full the event is
-//! dropped and counted. Request spans go to OTLP (see [`crate::telemetry::otlp`]) when
-//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
+//! dropped and counted. Every request becomes an OTLP span (gRPC, batch processor with a bounded
+//! queue that drops when full) when `OTEL_EXPORTER_OTLP_ENDPOINT` is set; the span's trace id is
+//! the failure event's `trace_id`, so the two join in the control plane.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::KeyValue;
+use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _, TracerProvider as _};
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 
 use brownout_protocol::{Category, Criticality, FailureEvent};
 use tokio::sync::mpsc;
@@ -79,6 +84,7 @@ pub struct Telemetry {
     cfg: Arc<TelemetryConfig>,
     failures: Option<mpsc::Sender<FailureEvent>>,
     counters: Arc<Counters>,
+    spans: Option<(SdkTracerProvider, SdkTracer)>,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -96,6 +102,7 @@ impl Telemetry {
             cfg: Arc::new(TelemetryConfig::default()),
             failures: None,
             counters: Arc::default(),
+            spans: None,
         }
     }
 
@@ -113,15 +120,86 @@ impl Telemetry {
             ));
             tx
         });
+        let spans =
+            cfg.otlp_endpoint
+                .as_deref()
+                .and_then(|ep| match span_exporter(ep, &cfg.service) {
+                    Ok(p) => {
+                        let tracer = p.tracer("brownout-serving");
+                        Some((p, tracer))
+                    }
+                    Err(e) => {
+                        tracing::warn!(endpoint = ep, error = %e, "OTLP span export disabled");
+                        None
+                    }
+                });
         Telemetry {
             cfg: Arc::new(cfg),
             failures,
             counters,
+            spans,
         }
+    }
+
+    /// Exports buffered spans now (tests; shutdown).
+    pub fn flush(&self) {
+        if let Some((p, _)) = &self.spans {
+            let _ = p.force_flush();
+        }
+    }
+
+    /// Flushes and stops the span exporter.
+    pub fn shutdown(&self) {
+        if let Some((p, _)) = &self.spans {
+            let _ = p.shutdown();
+        }
+    }
+
+    /// Records the request as one span; returns its trace id (hex) when spans are on.
+    fn span(&self, r: &RequestRecord) -> String {
+        let Some((_, tracer)) = &self.spans else {
+            return String::new();
+        };
+        let end = SystemTime::now();
+        let start = end
+            .checked_sub(Duration::from_secs_f64(r.latency_s.max(0.0)))
+            .unwrap_or(end);
+        let mut attrs = vec![
+            KeyValue::new("gen_ai.request.model", r.model.clone()),
+            KeyValue::new("brownout.request_id", r.request_id.clone()),
+            KeyValue::new("brownout.route", r.route),
+            KeyValue::new("brownout.criticality", r.criticality.as_str()),
+            KeyValue::new("brownout.feature", r.feature.clone()),
+            KeyValue::new("brownout.tier", i64::from(r.tier)),
+            KeyValue::new("gen_ai.usage.input_tokens", r.prompt_tokens as i64),
+            KeyValue::new("gen_ai.usage.output_tokens", r.completion_tokens as i64),
+            KeyValue::new("brownout.queue_time_s", r.queue_s),
+            KeyValue::new("brownout.ttft_s", r.ttft_s),
+            KeyValue::new("brownout.num_preemptions", i64::from(r.num_preemptions)),
+        ];
+        if let Some(f) = &r.finish_reason {
+            attrs.push(KeyValue::new("gen_ai.response.finish_reasons", f.clone()));
+        }
+        if let Some((c, _)) = &r.failure {
+            attrs.push(KeyValue::new("error.type", c.as_str()));
+        }
+        let mut span = tracer
+            .span_builder("llm.request")
+            .with_kind(SpanKind::Server)
+            .with_start_time(start)
+            .with_attributes(attrs)
+            .start(tracer);
+        if let Some((_, m)) = &r.failure {
+            span.set_status(Status::error(m.clone()));
+        }
+        let trace_id = span.span_context().trace_id().to_string();
+        span.end_with_timestamp(end);
+        trace_id
     }
 
     /// Records a request: a failure event when it failed.
     pub fn request(&self, r: RequestRecord) {
+        let trace_id = self.span(&r);
         if let Some((category, message)) = &r.failure {
             let mut attributes = BTreeMap::new();
             attributes.insert("model".into(), r.model.clone());
@@ -134,7 +212,7 @@ impl Telemetry {
                 service: self.cfg.service.clone(),
                 host: self.cfg.host.clone(),
                 request_id: r.request_id.clone(),
-                trace_id: String::new(),
+                trace_id,
                 user_id: String::new(),
                 feature: r.feature.clone(),
                 criticality: r.criticality,
@@ -202,6 +280,23 @@ impl Telemetry {
         }
         s
     }
+}
+
+fn span_exporter(endpoint: &str, service: &str) -> Result<SdkTracerProvider, String> {
+    use opentelemetry_otlp::WithExportConfig;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .with_timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name(service.to_string())
+        .build();
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build())
 }
 
 fn error_type(c: Category) -> &'static str {

@@ -88,6 +88,14 @@ pub(crate) fn admit(st: &Inner, headers: &HeaderMap) -> Result<RequestCtx, ApiEr
     st.metrics.set_tier(tier);
     if !feature.is_empty() && cmd.feature_state(&feature) == FeatureState::Disabled {
         st.metrics.inc_feature_disabled(&feature);
+        refused(
+            st,
+            criticality,
+            &feature,
+            tier,
+            Category::Degraded,
+            format!("feature {feature} disabled at tier T{tier}"),
+        );
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "feature_disabled",
@@ -117,6 +125,14 @@ pub(crate) fn admit(st: &Inner, headers: &HeaderMap) -> Result<RequestCtx, ApiEr
             .with("estimated_recovery_at", json!(eta))
             .with("tier", json!(tier));
             e.retry_after_s = Some(retry);
+            refused(
+                st,
+                criticality,
+                &feature,
+                tier,
+                Category::RateLimited,
+                format!("{criticality} request shed at tier T{tier}"),
+            );
             return Err(e);
         }
     }
@@ -148,6 +164,33 @@ pub(crate) fn admit(st: &Inner, headers: &HeaderMap) -> Result<RequestCtx, ApiEr
         tier,
         started: Instant::now(),
     })
+}
+
+/// A request refused by the degradation rules still becomes a failure event (and a span).
+fn refused(
+    st: &Inner,
+    criticality: Criticality,
+    feature: &str,
+    tier: u8,
+    category: Category,
+    message: String,
+) {
+    st.telemetry.request(RequestRecord {
+        request_id: String::new(),
+        model: st.model_name.clone(),
+        route: "none",
+        criticality,
+        feature: feature.to_string(),
+        tier,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        queue_s: 0.0,
+        ttft_s: 0.0,
+        num_preemptions: 0,
+        latency_s: 0.0,
+        finish_reason: None,
+        failure: Some((category, message)),
+    });
 }
 
 fn body_error(e: BytesRejection) -> ApiError {
