@@ -177,8 +177,6 @@ impl SloStatus {
 /// Closing slack for time slices: a slice is final this long after it ends, so events a few
 /// seconds late still land in it.
 pub const SLICE_GRACE_MS: u64 = 5_000;
-/// Events dated further than this past the last evaluation time are refused.
-pub const FUTURE_SLACK_MS: u64 = 5 * 60_000;
 
 #[derive(Debug)]
 struct Slicer {
@@ -241,7 +239,7 @@ pub struct EvalStats {
     pub counted: u64,
     /// Refused: older than the rings (or a closed time slice) hold.
     pub dropped_late: u64,
-    /// Refused: dated more than [`FUTURE_SLACK_MS`] after the last evaluation.
+    /// Refused by [`SloHandle`](super::task::SloHandle): dated too far ahead of the wall clock.
     pub dropped_future: u64,
 }
 
@@ -269,8 +267,6 @@ pub fn absent_alert_name(spec: &SloSpec) -> String {
 pub struct Evaluator {
     slos: Vec<SloState>,
     service_to_slos: HashMap<String, Vec<u32>>,
-    /// The latest `now` passed to [`Evaluator::evaluate`] (0 before the first).
-    clock_ms: u64,
     stats: EvalStats,
 }
 
@@ -360,14 +356,13 @@ impl Evaluator {
         self.slos.iter().map(|s| s.rings.heap_bytes()).sum()
     }
 
-    /// Counts an event for every SLO it belongs to; returns how many.
+    /// Counts an event for every SLO it belongs to; returns how many. Events are expected
+    /// roughly in time order: one older than a ring holds is dropped (and counted). The core
+    /// trusts timestamps; [`SloHandle`](super::task::SloHandle) refuses future-dated ones,
+    /// which would otherwise overwrite current buckets.
     #[inline]
     pub fn record(&mut self, obs: &Observation<'_>) -> usize {
         self.stats.observed += 1;
-        if self.clock_ms > 0 && obs.ts_ms > self.clock_ms + FUTURE_SLACK_MS {
-            self.stats.dropped_future += 1;
-            return 0;
-        }
         let Some(ids) = self.service_to_slos.get(obs.service) else {
             return 0;
         };
@@ -394,10 +389,6 @@ impl Evaluator {
     /// Counts `total` events, `good` of them good, for one SLO (pre-aggregated input).
     pub fn record_counts(&mut self, id: SloId, ts_ms: u64, good: u64, total: u64) {
         let good = good.min(total);
-        if self.clock_ms > 0 && ts_ms > self.clock_ms + FUTURE_SLACK_MS {
-            self.stats.dropped_future += 1;
-            return;
-        }
         if add_to(&mut self.slos[id.0], ts_ms, good, total) {
             self.stats.counted += total;
         } else {
@@ -408,7 +399,6 @@ impl Evaluator {
     /// Evaluates every SLO at `now_ms` and advances the alert state machines. Call it every
     /// few seconds with a non-decreasing clock.
     pub fn evaluate(&mut self, now_ms: u64) -> Vec<SloStatus> {
-        self.clock_ms = self.clock_ms.max(now_ms);
         self.slos
             .iter_mut()
             .map(|s| evaluate_one(s, now_ms))

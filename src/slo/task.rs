@@ -7,6 +7,7 @@
 //! next one.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -36,7 +37,12 @@ pub struct SloHandle {
     evaluator: Arc<Mutex<Evaluator>>,
     report_tx: Arc<watch::Sender<Arc<SloReport>>>,
     names: Arc<[String]>,
+    dropped_future: Arc<AtomicU64>,
 }
+
+/// Events dated further than this ahead of the wall clock are refused: written into the rings
+/// they would overwrite current buckets.
+pub const FUTURE_SLACK_MS: u64 = 5 * 60_000;
 
 impl SloHandle {
     pub fn new(evaluator: Evaluator) -> SloHandle {
@@ -46,6 +52,7 @@ impl SloHandle {
             evaluator: Arc::new(Mutex::new(evaluator)),
             report_tx: Arc::new(tx),
             names,
+            dropped_future: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -62,14 +69,29 @@ impl SloHandle {
     }
 
     /// Counts one event (a finished span, a failure…); returns how many SLOs it counted for.
+    /// Events dated more than [`FUTURE_SLACK_MS`] ahead of the wall clock are refused.
     pub fn record(&self, obs: &Observation<'_>) -> usize {
+        let limit = brownout_protocol::now_ms() + FUTURE_SLACK_MS;
+        if obs.ts_ms > limit {
+            self.dropped_future.fetch_add(1, Ordering::Relaxed);
+            return 0;
+        }
         self.lock().record(obs)
     }
 
     /// Counts many events under one lock.
     pub fn record_all<'a>(&self, obs: impl IntoIterator<Item = Observation<'a>>) -> usize {
+        let limit = brownout_protocol::now_ms() + FUTURE_SLACK_MS;
         let mut ev = self.lock();
-        obs.into_iter().map(|o| ev.record(&o)).sum()
+        let mut n = 0;
+        for o in obs {
+            if o.ts_ms > limit {
+                self.dropped_future.fetch_add(1, Ordering::Relaxed);
+            } else {
+                n += ev.record(&o);
+            }
+        }
+        n
     }
 
     /// Counts a failure event as one bad event ([`Observation::from_failure`]).
@@ -99,7 +121,9 @@ impl SloHandle {
     }
 
     pub fn stats(&self) -> EvalStats {
-        self.lock().stats()
+        let mut s = self.lock().stats();
+        s.dropped_future = self.dropped_future.load(Ordering::Relaxed);
+        s
     }
 }
 
