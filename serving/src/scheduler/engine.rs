@@ -317,8 +317,20 @@ pub fn spawn_engine<B: ModelBackend>(
     let join = std::thread::Builder::new()
         .name("brownout-engine".into())
         .spawn(move || {
-            let mut e = Engine::new(cfg, backend, metrics, control, shared.clone());
-            e.run(rx);
+            let run = std::panic::AssertUnwindSafe(|| {
+                let mut e = Engine::new(cfg, backend, metrics, control, shared.clone());
+                e.run(rx);
+            });
+            if let Err(p) = std::panic::catch_unwind(run) {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+                tracing::error!(
+                    panic = msg.as_deref().unwrap_or("?"),
+                    "engine thread panicked; the engine is stopped"
+                );
+            }
             shared.stopped.store(true, Ordering::Relaxed);
         })?;
     Ok((handle, join))
