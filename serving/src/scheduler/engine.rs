@@ -613,14 +613,6 @@ impl<B: ModelBackend> Engine<B> {
                 Ok(logits) if logits.len() == chunks.len() => {
                     for (c, l) in chunks.iter().zip(logits) {
                         self.sched.chunk_done(c);
-                        if let Some(s) = self.sched.seq(c.seq) {
-                            if c.start_pos < s.prompt_len {
-                                let prompt_part =
-                                    (c.start_pos + c.num_tokens).min(s.prompt_len) - c.start_pos;
-                                self.metrics
-                                    .inc(&self.metrics.prompt_tokens, prompt_part as f64);
-                            }
-                        }
                         if c.samples {
                             self.sample_and_emit(c.seq, &l);
                         }
@@ -669,10 +661,14 @@ impl<B: ModelBackend> Engine<B> {
         };
         let now = Instant::now();
         let is_eos = !s.params.ignore_eos && s.eos_token_ids.contains(&tok);
+        let prompt_len = s.prompt_len;
         if let Some(r) = self.reqs.get_mut(&id) {
             match r.last_token_at {
                 None => {
                     r.first_token_at = Some(now);
+                    // vLLM counts a request's prompt once, cached or not, when it starts decoding.
+                    self.metrics
+                        .inc(&self.metrics.prompt_tokens, prompt_len as f64);
                     self.metrics.observe(
                         &self.metrics.ttft,
                         now.duration_since(r.arrived).as_secs_f64(),
