@@ -1,7 +1,7 @@
 //! Model benchmark: `cargo run --release -p brownout-serving --example bench_model -- [spec] [steps]`
 //! (spec: smollm2 (default), tiny-random or a .gguf path). Prints a Markdown table.
 
-use brownout_serving::model::{Device, LoadedModel, Route, bench_model};
+use brownout_serving::model::{Device, LoadedModel, Route, bench_matmul, bench_model};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();

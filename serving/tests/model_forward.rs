@@ -541,3 +541,59 @@ fn missing_model_files_say_what_is_wrong_and_how_to_fetch() {
     let msg = e.to_string();
     assert!(msg.contains("scripts/fetch-model.sh") && msg.contains("brownout-serve fetch-model"));
 }
+
+/// Perplexity of `text` on a route, feeding it one token at a time through the paged cache.
+fn perplexity(m: &LoadedModel, route: Route, ids: &[u32]) -> f64 {
+    let bs = 16;
+    let mut kv = m.new_kv(ids.len().div_ceil(bs), bs);
+    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let mut nll = 0f64;
+    for (pos, w) in ids.windows(2).enumerate() {
+        let logits = m
+            .forward(
+                route,
+                &[SeqChunk {
+                    tokens: &w[..1],
+                    start_pos: pos,
+                    block_table: &table,
+                }],
+                &mut kv,
+            )
+            .expect("forward");
+        let l = &logits[0];
+        let max = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let lse = l
+            .iter()
+            .map(|&v| f64::from(v - max).exp())
+            .sum::<f64>()
+            .ln()
+            + f64::from(max);
+        nll += lse - f64::from(l[w[1] as usize]);
+    }
+    (nll / (ids.len() - 1) as f64).exp()
+}
+
+/// The fallback route (Q4_1 weights, 8-bit activations) may lose a little: its perplexity on a
+/// fixed English text must stay within 10% of the primary route's (f32 dequantised weights).
+#[test]
+fn fallback_perplexity_within_10_percent_of_primary_on_smollm2_when_fetched() {
+    let Some(m) = smollm2() else { return };
+    let text = "The city council met on Tuesday evening to discuss the new budget. After a long \
+                debate, the members agreed to spend more money on public transport and on repairing \
+                the old bridge near the river. The mayor said the decision would help families";
+    let ids = m.tokenizer().encode(text);
+    let p = perplexity(&m, Route::Primary, &ids);
+    let f = perplexity(&m, Route::Fallback, &ids);
+    eprintln!(
+        "perplexity over {} tokens: primary {p:.3}, fallback {f:.3}",
+        ids.len()
+    );
+    assert!(
+        p < 60.0,
+        "primary perplexity {p} is implausibly high for English text"
+    );
+    assert!(
+        f <= p * 1.10 && f >= p * 0.90,
+        "fallback {f} vs primary {p}"
+    );
+}

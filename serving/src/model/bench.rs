@@ -4,7 +4,10 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
+use super::cpu::{Kernel, MatData, Matrix, matmul_with};
+use super::gguf::GgmlType;
 use super::loaded::argmax;
+use super::quant;
 use super::{LoadedModel, ModelError, Route, SeqChunk};
 
 /// One measured figure.
@@ -161,4 +164,49 @@ pub fn bench_model(
         threads: rayon::current_num_threads(),
         rows,
     })
+}
+
+/// GFLOP/s of one `rows × cols` matmul at batch `n` for each kernel and representation: the
+/// measurement behind keeping the tiled kernels.
+pub fn bench_matmul(rows: usize, cols: usize, batches: &[usize], reps: usize) -> Vec<BenchRow> {
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 5000.0)
+        .collect();
+    let mats = [
+        ("f32", Matrix::f32(rows, cols, w.clone())),
+        (
+            "Q4_1",
+            Matrix {
+                rows,
+                cols,
+                data: MatData::Quant(GgmlType::Q4_1, quant::quantize(GgmlType::Q4_1, &w)),
+            },
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, m) in &mats {
+        for kernel in [Kernel::Tiled, Kernel::Simple] {
+            for &n in batches {
+                let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
+                let mut y = vec![0f32; n * rows];
+                matmul_with(kernel, &x, n, m, &mut y);
+                let t0 = Instant::now();
+                for _ in 0..reps {
+                    matmul_with(kernel, &x, n, m, &mut y);
+                }
+                let secs = t0.elapsed().as_secs_f64();
+                out.push(BenchRow {
+                    route: if *name == "f32" {
+                        "primary"
+                    } else {
+                        "fallback"
+                    },
+                    what: format!("matmul {rows}x{cols} {name} {kernel:?} batch {n}"),
+                    value: 2.0 * (rows * cols * n * reps) as f64 / secs / 1e9,
+                    unit: "GFLOP/s",
+                });
+            }
+        }
+    }
+    out
 }

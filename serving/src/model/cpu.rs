@@ -328,13 +328,12 @@ fn micro<const R: usize, const T: usize, const FMA: bool>(
     }
 }
 
-/// Activations quantised to 8 bits per block of 32 (scale, float sum, integer sum, values).
+/// Activations quantised to 8 bits per block of 32 (scale, float sum, values).
 pub struct Q8Act {
     n: usize,
     blocks_per_row: usize,
     d: Vec<f32>,
     sum: Vec<f32>,
-    isum: Vec<i32>,
     q: Vec<i8>,
 }
 
@@ -347,23 +346,99 @@ impl Q8Act {
             blocks_per_row: bpr,
             d: vec![0.0; nb],
             sum: vec![0.0; nb],
-            isum: vec![0; nb],
             q: vec![0; nb * QK],
         };
         for (b, blk) in x.chunks_exact(QK).enumerate() {
             let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut is = 0i32;
             for (q, &v) in a.q[b * QK..(b + 1) * QK].iter_mut().zip(blk) {
                 *q = (v * id).round().clamp(-127.0, 127.0) as i8;
-                is += i32::from(*q);
             }
             a.d[b] = d;
             a.sum[b] = blk.iter().sum();
-            a.isum[b] = is;
         }
         a
+    }
+}
+
+/// One weight row unpacked for the integer kernel: 32 values per block as bytes (unsigned
+/// nibbles for Q4_1, signed values for Q4_0 (q − 8) and Q8_0), the block scales and mins.
+struct PreparedRow {
+    q: Vec<u8>,
+    d: Vec<f32>,
+    m: Vec<f32>,
+    signed: bool,
+}
+
+impl PreparedRow {
+    fn new(cols: usize) -> PreparedRow {
+        PreparedRow {
+            q: vec![0; cols],
+            d: vec![0.0; cols / QK],
+            m: vec![0.0; cols / QK],
+            signed: true,
+        }
+    }
+
+    fn fill(&mut self, ty: GgmlType, row: &[u8]) {
+        let bb = ty.block_bytes();
+        self.signed = ty != GgmlType::Q4_1;
+        for (b, wb) in row.chunks_exact(bb).enumerate() {
+            self.d[b] = f16_le(wb, 0);
+            let q = &mut self.q[b * QK..(b + 1) * QK];
+            match ty {
+                GgmlType::Q4_1 => {
+                    self.m[b] = f16_le(wb, 2);
+                    for j in 0..16 {
+                        q[j] = wb[4 + j] & 0x0f;
+                        q[j + 16] = wb[4 + j] >> 4;
+                    }
+                }
+                GgmlType::Q4_0 => {
+                    for j in 0..16 {
+                        q[j] = ((wb[2 + j] & 0x0f) as i8 - 8) as u8;
+                        q[j + 16] = ((wb[2 + j] >> 4) as i8 - 8) as u8;
+                    }
+                }
+                GgmlType::Q8_0 => q.copy_from_slice(&wb[2..34]),
+                GgmlType::F32 | GgmlType::F16 => unreachable!("quantised matrix of a plain type"),
+            }
+        }
+    }
+
+    /// Σ over blocks of d_w·d_x·(Σ q_w·q_x) (+ m_w·Σx for Q4_1).
+    fn dot(&self, qx: &Q8Act, t: usize, avx2: bool) -> f32 {
+        let bpr = qx.blocks_per_row;
+        let xq = &qx.q[t * bpr * QK..(t + 1) * bpr * QK];
+        let xd = &qx.d[t * bpr..(t + 1) * bpr];
+        let mut s = 0f32;
+        #[cfg(target_arch = "x86_64")]
+        {
+            if avx2 {
+                // SAFETY: AVX2+FMA detected; all slices hold `bpr` blocks.
+                s = unsafe { simd::dot_row(&self.q, &self.d, xq, xd, self.signed) };
+            }
+        }
+        if !avx2 {
+            for b in 0..bpr {
+                let mut i = 0i32;
+                for j in b * QK..(b + 1) * QK {
+                    let w = if self.signed {
+                        i32::from(self.q[j] as i8)
+                    } else {
+                        i32::from(self.q[j])
+                    };
+                    i += w * i32::from(xq[j]);
+                }
+                s += self.d[b] * xd[b] * i as f32;
+            }
+        }
+        if !self.signed {
+            let xs = &qx.sum[t * bpr..(t + 1) * bpr];
+            s += self.m.iter().zip(xs).map(|(m, x)| m * x).sum::<f32>();
+        }
+        s
     }
 }
 
@@ -371,42 +446,14 @@ fn quant_rows_task(qx: &Q8Act, w: &Matrix, r0: usize, r1: usize, out: &mut [f32]
     let MatData::Quant(ty, data) = &w.data else {
         unreachable!("quant_rows_task on an f32 matrix")
     };
-    let bb = ty.block_bytes();
-    let bpr = qx.blocks_per_row;
-    let rb = bpr * bb;
+    let rb = qx.blocks_per_row * ty.block_bytes();
     let n = qx.n;
     let avx2 = has_avx2_fma();
+    let mut row = PreparedRow::new(w.cols);
     for r in r0..r1 {
-        let row = &data[r * rb..(r + 1) * rb];
+        row.fill(*ty, &data[r * rb..(r + 1) * rb]);
         for t in 0..n {
-            let xb = t * bpr;
-            let mut acc = 0f32;
-            for (b, wb) in row.chunks_exact(bb).enumerate() {
-                let xi = xb + b;
-                let xq: &[i8; QK] = qx.q[xi * QK..(xi + 1) * QK].try_into().expect("32");
-                let dw = f16_le(wb, 0);
-                let dx = qx.d[xi];
-                acc += match ty {
-                    GgmlType::Q4_1 => {
-                        let qs: &[u8; 16] = wb[4..20].try_into().expect("16");
-                        let dot = dot_q4_q8(qs, xq, avx2);
-                        dw * dx * dot as f32 + f16_le(wb, 2) * qx.sum[xi]
-                    }
-                    GgmlType::Q4_0 => {
-                        let qs: &[u8; 16] = wb[2..18].try_into().expect("16");
-                        let dot = dot_q4_q8(qs, xq, avx2) - 8 * qx.isum[xi];
-                        dw * dx * dot as f32
-                    }
-                    GgmlType::Q8_0 => {
-                        let qs: &[u8; QK] = wb[2..34].try_into().expect("32");
-                        dw * dx * dot_q8_q8(qs, xq, avx2) as f32
-                    }
-                    GgmlType::F32 | GgmlType::F16 => {
-                        unreachable!("quantised matrix of a plain type")
-                    }
-                };
-            }
-            out[(r - r0) * n + t] = acc;
+            out[(r - r0) * n + t] = row.dot(qx, t, avx2);
         }
     }
 }
@@ -416,91 +463,43 @@ fn f16_le(b: &[u8], i: usize) -> f32 {
     half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
-/// Σ nibble_j · x_j over a block (nibbles: byte j = value j low, value j+16 high). Exact.
-#[inline(always)]
-fn dot_q4_q8(qs: &[u8; 16], x: &[i8; QK], avx2: bool) -> i32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if avx2 {
-            // SAFETY: AVX2 was detected by the caller.
-            return unsafe { simd::dot_q4_q8(qs, x) };
-        }
-    }
-    let _ = avx2;
-    let mut s = 0i32;
-    for j in 0..16 {
-        s += i32::from(qs[j] & 0x0f) * i32::from(x[j])
-            + i32::from(qs[j] >> 4) * i32::from(x[j + 16]);
-    }
-    s
-}
-
-/// Σ w_j · x_j over a Q8_0 block's values. Exact.
-#[inline(always)]
-fn dot_q8_q8(w: &[u8; QK], x: &[i8; QK], avx2: bool) -> i32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if avx2 {
-            // SAFETY: AVX2 was detected by the caller.
-            return unsafe { simd::dot_q8_q8(w, x) };
-        }
-    }
-    let _ = avx2;
-    w.iter()
-        .zip(x)
-        .map(|(&a, &b)| i32::from(a as i8) * i32::from(b))
-        .sum()
-}
-
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use std::arch::x86_64::*;
 
-    #[inline(always)]
-    unsafe fn hsum_i32(v: __m256i) -> i32 {
-        // SAFETY: AVX2 is enabled by the callers' target_feature.
+    /// Σ_b wd[b]·xd[b]·(Σ_j w[b,j]·x[b,j]); `signed` says whether `w` holds i8 or u8 values.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_row(w: &[u8], wd: &[f32], x: &[i8], xd: &[f32], signed: bool) -> f32 {
+        let nb = wd.len();
+        assert!(
+            w.len() >= nb * 32 && x.len() >= nb * 32 && xd.len() >= nb,
+            "dot_row sizes"
+        );
+        // SAFETY: the loads stay inside `w` and `x` (checked above).
         unsafe {
-            let lo = _mm256_castsi256_si128(v);
-            let hi = _mm256_extracti128_si256(v, 1);
-            let s = _mm_add_epi32(lo, hi);
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-            _mm_cvtsi128_si32(s)
-        }
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn dot_q4_q8(qs: &[u8; 16], x: &[i8; 32]) -> i32 {
-        // SAFETY: loads stay inside the 16- and 32-byte arrays.
-        unsafe {
-            let b = _mm_loadu_si128(qs.as_ptr().cast());
-            let m = _mm_set1_epi8(0x0f);
-            let lo = _mm_and_si128(b, m);
-            let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-            let w = _mm256_set_m128i(hi, lo);
-            let xv = _mm256_loadu_si256(x.as_ptr().cast());
-            let p16 = _mm256_maddubs_epi16(w, xv);
-            let p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-            hsum_i32(p32)
-        }
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn dot_q8_q8(w: &[u8; 32], x: &[i8; 32]) -> i32 {
-        // SAFETY: loads stay inside the 32-byte arrays.
-        unsafe {
-            let wv = _mm256_loadu_si256(w.as_ptr().cast());
-            let xv = _mm256_loadu_si256(x.as_ptr().cast());
-            // maddubs wants unsigned × signed: |w| × (x with w's sign).
-            let aw = _mm256_sign_epi8(wv, wv);
-            let sx = _mm256_sign_epi8(xv, wv);
-            let p16 = _mm256_maddubs_epi16(aw, sx);
-            let p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-            hsum_i32(p32)
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = _mm256_setzero_ps();
+            for b in 0..nb {
+                let wv = _mm256_loadu_si256(w.as_ptr().add(b * 32).cast());
+                let xv = _mm256_loadu_si256(x.as_ptr().add(b * 32).cast());
+                let p16 = if signed {
+                    // maddubs wants unsigned × signed: |w| × (x with w's sign).
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+                } else {
+                    _mm256_maddubs_epi16(wv, xv)
+                };
+                let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                acc = _mm256_fmadd_ps(p, _mm256_set1_ps(wd[b] * xd[b]), acc);
+            }
+            let lo = _mm256_castps256_ps128(acc);
+            let hi = _mm256_extractf128_ps(acc, 1);
+            let s = _mm_add_ps(lo, hi);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0b01));
+            _mm_cvtss_f32(s)
         }
     }
 }
-
 #[inline(always)]
 fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FMA { a.mul_add(b, c) } else { a * b + c }
