@@ -21,13 +21,17 @@ fn main() -> anyhow::Result<()> {
             h.route, h.generated, h.elapsed_ms
         );
     }
-    let report = bench_model(
+    let mut report = bench_model(
         &model,
         &[Route::Primary, Route::Fallback],
         &batches,
         steps,
         ttft,
     )?;
+    if std::env::var_os("BENCH_MATMUL").is_some() {
+        // SmolLM2's gate+up matrix: 3072 × 576.
+        report.rows.extend(bench_matmul(3072, 576, &[1, 32], 20));
+    }
     println!("{}", report.to_markdown());
     Ok(())
 }
