@@ -230,7 +230,14 @@ async fn seeded_sampling_is_reproducible() {
 async fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
     let (app, _, _) = app().await;
     let big = "x".repeat(70 * 1024);
-    let cases: Vec<(&str, Vec<(&str, &str)>, Vec<u8>, StatusCode, &str)> = vec![
+    type Case<'a> = (
+        &'a str,
+        Vec<(&'a str, &'a str)>,
+        Vec<u8>,
+        StatusCode,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
         (
             "malformed json",
             vec![],

@@ -105,36 +105,37 @@ pub(crate) fn admit(st: &Inner, headers: &HeaderMap) -> Result<RequestCtx, ApiEr
         .with("feature", json!(feature))
         .with("tier", json!(tier)));
     }
-    if let Some(shed) = &cmd.shed {
-        if criticality != Criticality::Critical && criticality < shed.admit_min_criticality {
-            st.metrics.inc_shed(criticality.as_str());
-            let jitter = shed.jitter_ratio.clamp(0.0, 10.0);
-            let factor = if jitter > 0.0 {
-                rand::rng().random_range(1.0..=1.0 + jitter)
-            } else {
-                1.0
-            };
-            let retry = (f64::from(shed.retry_after_s.max(1)) * factor).ceil() as u64;
-            let eta = chrono::DateTime::from_timestamp_millis(shed.recovery_eta_ms as i64)
-                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
-            let mut e = ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "shed",
-                format!("The service is shedding {criticality} traffic to protect critical requests (tier T{tier}); retry after {retry} s."),
-            )
-            .with("estimated_recovery_at", json!(eta))
-            .with("tier", json!(tier));
-            e.retry_after_s = Some(retry);
-            refused(
-                st,
-                criticality,
-                &feature,
-                tier,
-                Category::RateLimited,
-                format!("{criticality} request shed at tier T{tier}"),
-            );
-            return Err(e);
-        }
+    if let Some(shed) = &cmd.shed
+        && criticality != Criticality::Critical
+        && criticality < shed.admit_min_criticality
+    {
+        st.metrics.inc_shed(criticality.as_str());
+        let jitter = shed.jitter_ratio.clamp(0.0, 10.0);
+        let factor = if jitter > 0.0 {
+            rand::rng().random_range(1.0..=1.0 + jitter)
+        } else {
+            1.0
+        };
+        let retry = (f64::from(shed.retry_after_s.max(1)) * factor).ceil() as u64;
+        let eta = chrono::DateTime::from_timestamp_millis(shed.recovery_eta_ms as i64)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "shed",
+            format!("The service is shedding {criticality} traffic to protect critical requests (tier T{tier}); retry after {retry} s."),
+        )
+        .with("estimated_recovery_at", json!(eta))
+        .with("tier", json!(tier));
+        e.retry_after_s = Some(retry);
+        refused(
+            st,
+            criticality,
+            &feature,
+            tier,
+            Category::RateLimited,
+            format!("{criticality} request shed at tier T{tier}"),
+        );
+        return Err(e);
     }
     let class = match criticality {
         Criticality::Critical => "critical",
@@ -389,7 +390,7 @@ async fn generate(
     };
     let meta = Meta {
         id: format!("{prefix}-{id}"),
-        created: inner.created_s + 0,
+        created: inner.created_s,
         model: inner.model_name.clone(),
         kind,
         prompt_tokens,

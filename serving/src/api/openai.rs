@@ -104,18 +104,18 @@ pub fn validate_common(
     served_model: &str,
     max_model_len: usize,
 ) -> Result<Validated, ApiError> {
-    if let Some(m) = &c.model {
-        if m != served_model {
-            return Err(ApiError::new(
-                axum::http::StatusCode::NOT_FOUND,
-                "model_not_found",
-                format!(
-                    "The model `{}` does not exist; this server serves `{served_model}`.",
-                    sanitize(m).chars().take(100).collect::<String>()
-                ),
-            )
-            .param("model"));
-        }
+    if let Some(m) = &c.model
+        && m != served_model
+    {
+        return Err(ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "model_not_found",
+            format!(
+                "The model `{}` does not exist; this server serves `{served_model}`.",
+                sanitize(m).chars().take(100).collect::<String>()
+            ),
+        )
+        .param("model"));
     }
     let max_tokens = match c.max_completion_tokens.or(c.max_tokens) {
         None => None,
@@ -153,14 +153,14 @@ pub fn validate_common(
         )
         .param("top_p"));
     }
-    if let Some(n) = c.n {
-        if n != 1 {
-            return Err(ApiError::bad_request(
-                "unsupported_value",
-                format!("only n = 1 is supported (got {n})"),
-            )
-            .param("n"));
-        }
+    if let Some(n) = c.n
+        && n != 1
+    {
+        return Err(ApiError::bad_request(
+            "unsupported_value",
+            format!("only n = 1 is supported (got {n})"),
+        )
+        .param("n"));
     }
     let stop: Vec<String> = match &c.stop {
         None => Vec::new(),

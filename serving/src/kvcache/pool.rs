@@ -202,12 +202,12 @@ impl BlockPool {
             }
         }
         for (i, h) in self.block_hash.iter().enumerate() {
-            if let Some(h) = h {
-                if self.hash_to_block.get(h) != Some(&BlockId(i as u32)) {
-                    return Err(format!(
-                        "block #{i} has a hash the map does not point back from"
-                    ));
-                }
+            if let Some(h) = h
+                && self.hash_to_block.get(h) != Some(&BlockId(i as u32))
+            {
+                return Err(format!(
+                    "block #{i} has a hash the map does not point back from"
+                ));
             }
         }
         Ok(())

@@ -446,7 +446,7 @@ impl Scheduler {
     /// `max_tokens`, `max_model_len`). Stop strings are the caller's (it has the tokenizer).
     pub fn append_token(&mut self, id: SeqId, tok: u32) -> Option<FinishReason> {
         let max_model_len = self.cfg.max_model_len;
-        let s = self.seqs.get_mut(&id).expect("sequence exists");
+        let s = self.seqs.get_mut(&id)?;
         s.tokens.push(tok);
         let _ = self.kv.append_tokens(id, &[tok]);
         if !s.params.ignore_eos && s.eos_token_ids.contains(&tok) {
