@@ -857,3 +857,90 @@ async fn real_socket_streaming_with_reqwest() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test]
+async fn contiguous_mode_serves_the_same_tokens_and_reserves_ahead() {
+    let (st, _) = state_with(ServeOptions {
+        kv_mode: brownout_serving::kvcache::AllocMode::Contiguous,
+        num_blocks: 64,
+        block_size: 4,
+        ..toy_opts()
+    })
+    .await;
+    // Held open by a long request so /debug/kv sees its reservation.
+    let rxs = st
+        .engine()
+        .submit_batch(vec![EngineRequest {
+            prompt: b"abcdef".iter().map(|&b| u32::from(b)).collect(),
+            params: SamplingParams {
+                max_tokens: 200,
+                ..SamplingParams::default()
+            },
+            criticality: Criticality::Default,
+            route: Route::Primary,
+        }])
+        .unwrap();
+    let dbg = st.engine().debug_kv().await.unwrap();
+    assert_eq!(dbg.mode, "contiguous");
+    if let Some(s) = dbg.sequences.first() {
+        assert_eq!(
+            s.blocks.len(),
+            52,
+            "ceil((6 + 200) / 4) blocks reserved up front"
+        );
+        let first = s.blocks[0];
+        assert!(
+            s.blocks
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == first + i as u32),
+            "one contiguous run"
+        );
+    }
+    drop(rxs);
+    let app = api::router(st.clone());
+    let (s, _, v) = post_json(
+        &app,
+        "/v1/completions",
+        &[],
+        json!({"prompt": "contiguous", "max_tokens": 9, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        v["choices"][0]["text"],
+        expected("contiguous", 9, Route::Primary)
+    );
+}
+
+#[tokio::test]
+async fn the_kv_quota_changes_at_run_time() {
+    let (st, _) = state_with(toy_opts()).await;
+    let app = api::router(st.clone());
+    let body = json!({"prompt": "quota", "max_tokens": 60});
+    assert_eq!(
+        post_json(&app, "/v1/completions", &[], body.clone())
+            .await
+            .0,
+        StatusCode::OK
+    );
+    st.engine().set_kv_quota_blocks(4).await; // 64 tokens of 16
+    let (s, _, v) = post_json(&app, "/v1/completions", &[], body.clone()).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("kv_quota_exceeded")),
+        "{v}"
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 4")
+    );
+    assert_eq!(st.engine().debug_kv().await.unwrap().kv_quota_blocks, 4);
+    st.engine().set_kv_quota_blocks(256).await;
+    assert_eq!(
+        post_json(&app, "/v1/completions", &[], body).await.0,
+        StatusCode::OK
+    );
+}
