@@ -621,7 +621,7 @@ proptest! {
         let mut changes = 0;
         let mut prev = Tier::T3;
         for i in 0..n {
-            let phase = (i as u64 / period) % 2 == 0;
+            let phase = (i as u64 / period).is_multiple_of(2);
             let v = if phase { center + amp } else { center - amp };
             let d = c.step(&gpu_inputs(4000 + i as u64 * 1000, v.clamp(0.0, 1.0)));
             prop_assert!(d.tier <= prev, "went back up to {} at step {i} (center {center} amp {amp})", d.tier);
