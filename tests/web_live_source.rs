@@ -28,6 +28,10 @@ use brownout::web::{self, DataOrigin};
 use brownout_protocol::{
     Ack, AgentSnapshot, EngineStats, FailureEvent, GpuStats, KvStats, Tier, now_ms,
 };
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
 use tower::ServiceExt;
 
 const INGEST: &str = "ingest-token-aaaaaaaaaaaa";
@@ -72,6 +76,7 @@ fn plain_names() -> Names {
 
 struct Plane {
     run: Running,
+    patterns: SharedEngine,
     source: Arc<LiveDataSource>,
     store: Arc<dyn Store>,
     _dir: tempfile::TempDir,
@@ -215,6 +220,16 @@ async fn start(n: &Names) -> Plane {
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    // 20 request spans (2 failed) over OTLP/HTTP JSON.
+    let r = client
+        .post(format!("{http}/v1/traces"))
+        .bearer_auth(INGEST)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&spans(n, 20, 2)).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let snap = snapshot(n);
     let r = client
         .post(format!("{http}/v1/agents/snapshot"))
@@ -284,27 +299,93 @@ async fn start(n: &Names) -> Plane {
         ..FailureQuery::default()
     };
     for _ in 0..200 {
-        if store.failures(&q).await.unwrap().items.len() == events.len()
+        if store.failures(&q).await.unwrap().items.len() >= events.len()
             && !run.state.hosts.list(now_ms()).is_empty()
         {
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    assert_eq!(store.failures(&q).await.unwrap().items.len(), events.len());
+    assert!(store.failures(&q).await.unwrap().items.len() >= events.len());
 
+    let cq = brownout::store::CountQuery {
+        since_ms: 0,
+        until_ms: u64::MAX / 2,
+        bucket_ms: 3_600_000,
+        service: None,
+        latency_threshold_ms: None,
+    };
+    for _ in 0..200 {
+        let n: u64 = store
+            .request_counts(&cq)
+            .await
+            .unwrap()
+            .iter()
+            .map(|c| c.total)
+            .sum();
+        if n == 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     let source = Arc::new(LiveDataSource::new(LiveParts {
         state: run.state.clone(),
         slo,
         degrade,
-        patterns,
+        patterns: patterns.clone(),
         origin: DataOrigin::Live,
     }));
     Plane {
         run,
+        patterns,
         source,
         store,
         _dir: dir,
+    }
+}
+
+/// `total` root server spans of `n.service` on `n.host`, the first `failed` with status ERROR.
+fn spans(n: &Names, total: u8, failed: u8) -> ExportTraceServiceRequest {
+    let t0 = now_ms() * 1_000_000 - 30_000_000_000;
+    let kv = |k: &str, v: &str| KeyValue {
+        key: k.into(),
+        value: Some(AnyValue {
+            value: Some(Value::StringValue(v.into())),
+        }),
+        ..Default::default()
+    };
+    let spans = (0..total)
+        .map(|i| Span {
+            trace_id: vec![0x70 + i; 16],
+            span_id: vec![i + 1; 8],
+            name: "chat.completions".into(),
+            kind: 2,
+            start_time_unix_nano: t0 + u64::from(i) * 1_000_000,
+            end_time_unix_nano: t0 + u64::from(i) * 1_000_000 + 400_000_000,
+            attributes: vec![kv("feature", &n.feature)],
+            status: Some(Status {
+                code: if i < failed { 2 } else { 1 },
+                message: if i < failed {
+                    n.messages[0].clone()
+                } else {
+                    String::new()
+                },
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![kv("service.name", &n.service), kv("host.name", &n.host)],
+                ..Default::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                spans,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
     }
 }
 
@@ -438,9 +519,17 @@ async fn every_page_shows_what_was_ingested() {
         .find(|s| s["name"] == "chat")
         .unwrap();
     assert_eq!(svc["num_instances"], 1, "{svc}");
+    // 20 requests in the 5-minute window: 0.0667/s. Bad events: the failures reported (8 sent
+    // + the 2 error spans ingest turns into failures) outnumber the 2 failed spans: 10 / 20.
+    let rps = svc["requests_per_s"].as_f64().unwrap();
+    assert!((rps - 20.0 / 300.0).abs() < 1e-9, "{svc}");
     assert!(
-        svc["error_ratio"].as_f64().unwrap() > 0.99,
-        "only failures were sent: {svc}"
+        (svc["error_ratio"].as_f64().unwrap() - 0.5).abs() < 1e-9,
+        "{svc}"
+    );
+    assert!(
+        (svc["ttft_p99_s"].as_f64().unwrap() - 2.6).abs() < 1e-9,
+        "{svc}"
     );
     let slo = j["slos"]
         .as_array()
@@ -463,6 +552,34 @@ async fn every_page_shows_what_was_ingested() {
         .filter_map(|e| e["message"].as_str())
         .collect();
     assert!(examples.contains(&n.messages[0].as_str()), "{pj}");
+    // Clustering is cached: a pattern observed just now shows only after the cache expires.
+    {
+        let mut e = p.patterns.lock().unwrap();
+        for i in 0..3 {
+            let mut ev: FailureEvent = serde_json::from_value(serde_json::json!({
+                "ts": now_ms(), "service": "chat", "category": "serialization_error",
+                "message": format!("Unexpected token in JSON at position {i}")
+            }))
+            .unwrap();
+            ev.request_id = format!("late-{i}");
+            e.observe(&ev);
+        }
+    }
+    let (_, again) = get(&app, "/ui/api/patterns").await;
+    let again: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(
+        again["patterns"], pj["patterns"],
+        "recomputed within the cache period"
+    );
+    tokio::time::sleep(Duration::from_millis(
+        brownout::web::live::PATTERN_CACHE_MS + 100,
+    ))
+    .await;
+    let (_, later) = get(&app, "/ui/api/patterns").await;
+    assert!(
+        later.contains("Unexpected token"),
+        "cache never expired: {later}"
+    );
     let (_, dj) = get(&app, "/ui/api/degradation").await;
     let dj: serde_json::Value = serde_json::from_str(&dj).unwrap();
     let ack = &dj["clusters"][0]["acks"][0];
@@ -616,12 +733,7 @@ async fn payloads_sent_through_ingest_render_as_text_in_chromium() {
             !dom.contains("<title>pwned"),
             "{page}: a payload changed the title: {dom}"
         );
-        for tag in [
-            "<img",
-            "<svg onload",
-            "<circle r=\"9\"",
-            " onmouseover=\"",
-        ] {
+        for tag in ["<img", "<svg onload", "<circle r=\"9\"", " onmouseover=\""] {
             assert!(
                 !dom.contains(tag),
                 "{page}: payload became markup ({tag}): {dom}"
