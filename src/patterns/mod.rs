@@ -324,6 +324,8 @@ struct PeerResult {
     lines: usize,
     cpu_s: f64,
     ids: Vec<u64>,
+    #[serde(default)]
+    content_ids: Vec<u64>,
 }
 
 fn cmd_bench(corpus: &std::path::Path, peer: &str, min_cpu_s: f64) -> anyhow::Result<()> {
@@ -346,11 +348,12 @@ fn cmd_bench(corpus: &std::path::Path, peer: &str, min_cpu_s: f64) -> anyhow::Re
         map
     };
     println!(
-        "| corpus | lines | true templates | brownout templates | brownout accuracy | drain3 accuracy | brownout lines/CPU-s | drain3 lines/CPU-s | speed-up |"
+        "| corpus | lines | true templates | brownout templates | brownout accuracy | drain3 accuracy (raw lines) | drain3 accuracy (per-source header regex) | brownout lines/CPU-s | drain3 lines/CPU-s (raw) | speed-up |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let (mut acc_sum, mut peer_acc_sum, mut n_peer) = (0.0, 0.0, 0usize);
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let (mut acc_sum, mut peer_acc_sum, mut content_acc_sum, mut n_peer) = (0.0, 0.0, 0.0, 0usize);
     let (mut all_lines, mut our_cpu, mut peer_cpu) = (0usize, 0.0, 0.0);
+    let dash = || "-".to_string();
     for c in &corpora {
         let ids = bench::mine_corpus(&c.lines);
         let acc = bench::grouping_accuracy(&ids, &c.truth);
@@ -361,43 +364,47 @@ fn cmd_bench(corpus: &std::path::Path, peer: &str, min_cpu_s: f64) -> anyhow::Re
         all_lines += c.lines.len();
         our_cpu += c.lines.len() as f64 / speed;
         let key = c.log_path.to_string_lossy().into_owned();
-        let (pacc, pspeed) = match peer_results.get(&key) {
+        let (pacc, cacc, pspeed) = match peer_results.get(&key) {
             Some(p) if p.lines == c.lines.len() => {
                 let pa = bench::grouping_accuracy(&p.ids, &c.truth);
+                let ca = if p.content_ids.len() == c.lines.len() {
+                    bench::grouping_accuracy(&p.content_ids, &c.truth)
+                } else {
+                    0.0
+                };
                 peer_acc_sum += pa;
+                content_acc_sum += ca;
                 n_peer += 1;
                 peer_cpu += p.cpu_s;
-                (format!("{pa:.3}"), Some(p.lines as f64 / p.cpu_s.max(1e-9)))
+                (format!("{pa:.3}"), format!("{ca:.3}"), Some(p.lines as f64 / p.cpu_s.max(1e-9)))
             }
-            _ => ("-".into(), None),
+            _ => (dash(), dash(), None),
         };
         println!(
-            "| {} | {} | {ntrue} | {nours} | {acc:.3} | {pacc} | {speed:.0} | {} | {} |",
+            "| {} | {} | {ntrue} | {nours} | {acc:.3} | {pacc} | {cacc} | {speed:.0} | {} | {} |",
             c.name,
             c.lines.len(),
-            pspeed.map_or("-".into(), |s| format!("{s:.0}")),
-            pspeed.map_or("-".into(), |s| format!("{:.0}×", speed / s)),
+            pspeed.map_or_else(dash, |s| format!("{s:.0}")),
+            pspeed.map_or_else(dash, |s| format!("{:.0}×", speed / s)),
         );
     }
     let n = corpora.len() as f64;
+    let peer_avg = |x: f64| if n_peer > 0 { format!("{:.3}", x / n_peer as f64) } else { dash() };
     println!(
-        "| **average / total** | {all_lines} | | | **{:.3}** | {} | {:.0} | {} | {} |",
+        "| **average / total** | {all_lines} | | | **{:.3}** | {} | {} | {:.0} | {} | {} |",
         acc_sum / n,
-        if n_peer > 0 {
-            format!("{:.3}", peer_acc_sum / n_peer as f64)
-        } else {
-            "-".into()
-        },
+        peer_avg(peer_acc_sum),
+        peer_avg(content_acc_sum),
         all_lines as f64 / our_cpu,
         if n_peer > 0 {
             format!("{:.0}", all_lines as f64 / peer_cpu)
         } else {
-            "-".into()
+            dash()
         },
         if n_peer > 0 {
             format!("{:.0}×", peer_cpu / our_cpu)
         } else {
-            "-".into()
+            dash()
         },
     );
     // Pattern grouping (clustering) where the truth has a pattern column.

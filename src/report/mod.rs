@@ -1,13 +1,169 @@
-//! Weekly stability roadmap report.
+//! Weekly stability roadmap report (seed 000 §5: every failure becomes an engineering item; the
+//! top three come first).
+//!
+//! - [`model`]: the input [`WeekData`], the [`Playbook`] (playbooks/default.toml, user
+//!   extendable) and [`build`] → [`Report`] (pure).
+//! - [`svg`]: budget burn-down and pattern-trend charts as inline SVG (pure).
+//! - [`render`]: HTML (self-contained, prints), Markdown, JSON (tera templates in templates/).
+//! - this file: `brownout report` and [`synth_week`] (WeekData from `patterns synth` data until
+//!   the store is wired).
+
+pub mod model;
+pub mod render;
+pub mod svg;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+pub use model::{Episode, PatternWeek, Playbook, Report, SloWeek, WeekData, build};
+pub use render::{Format, render};
+
+use crate::patterns::PatternEngine;
+use crate::patterns::synth::{SynthConfig, generate};
 
 /// Command-line arguments of `brownout report`.
 #[derive(Debug, clap::Args)]
-pub struct ReportArgs {}
+pub struct ReportArgs {
+    /// ISO week, e.g. 2026-W48.
+    #[arg(long)]
+    week: String,
+    #[arg(long, default_value = "prod")]
+    cluster: String,
+    #[arg(long, value_enum, default_value_t = Format::Html)]
+    format: Format,
+    /// Output file (default stdout).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Read the week's data from this WeekData JSON file (otherwise: synthetic data).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Extra playbook (TOML); its items are tried before the bundled ones.
+    #[arg(long)]
+    playbook: Option<PathBuf>,
+    /// Seed of the synthetic data when no --data is given.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// Monday 00:00 UTC of an ISO week like `2026-W48`, in unix ms.
+///
+/// # Errors
+/// A malformed week or one that does not exist.
+pub fn week_start_ms(week: &str) -> anyhow::Result<u64> {
+    let (y, w) = week
+        .split_once("-W")
+        .with_context(|| format!("week {week:?} is not like 2026-W48"))?;
+    let y: i32 = y.parse().with_context(|| format!("week {week:?}: bad year"))?;
+    let w: u32 = w.parse().with_context(|| format!("week {week:?}: bad week number"))?;
+    let d = chrono::NaiveDate::from_isoywd_opt(y, w, chrono::Weekday::Mon).with_context(|| format!("week {week:?} does not exist"))?;
+    let ms = d.and_hms_opt(0, 0, 0).expect("midnight exists").and_utc().timestamp_millis();
+    u64::try_from(ms).with_context(|| format!("week {week:?} is before 1970"))
+}
+
+/// A week of data derived from `patterns synth` events (this week and the one before), run
+/// through the [`PatternEngine`]: SLO budget from failures against an assumed 2 M requests a
+/// week at 99.5 %, degradation episodes where an hour has more than 3× the median failures.
+pub fn synth_week(week: &str, cluster: &str, seed: u64, lines: usize) -> anyhow::Result<WeekData> {
+    let start_ms = week_start_ms(week)?;
+    let day = 86_400_000u64;
+    let mut engine = PatternEngine::default();
+    let last = generate(&SynthConfig {
+        lines: lines * 4 / 5,
+        seed: seed.wrapping_add(1),
+        start_ms: start_ms - 7 * day,
+        span_ms: 7 * day,
+    });
+    let this = generate(&SynthConfig {
+        lines,
+        seed,
+        start_ms,
+        span_ms: 7 * day,
+    });
+    for e in last.iter().chain(&this) {
+        engine.observe(&e.event);
+    }
+    let patterns: Vec<PatternWeek> = engine
+        .patterns(start_ms, start_ms + 7 * day)
+        .iter()
+        .map(|p| PatternWeek::from_pattern(p, start_ms))
+        .collect();
+    // Budget: 2 M requests a week at 99.5 % allow 10 000 bad events.
+    let allowed = 2_000_000.0 * 0.005;
+    let mut remaining = Vec::new();
+    let mut spent = 0.0;
+    for d in 0..7 {
+        let n = this.iter().filter(|e| (e.event.ts_ms - start_ms) / day == d).count() as f64;
+        spent += n / allowed;
+        remaining.push((1.0 - spent).max(0.0));
+    }
+    let slos = vec![SloWeek {
+        name: "agent-availability".into(),
+        objective: 0.995,
+        budget_spent_ratio: this.len() as f64 / allowed,
+        last_week_budget_spent_ratio: last.len() as f64 / allowed,
+        remaining_by_day: remaining,
+    }];
+    // Episodes: runs of hours above 3× the median hourly failures.
+    let mut hourly = vec![0u64; 7 * 24];
+    for e in &this {
+        hourly[((e.event.ts_ms - start_ms) / 3_600_000) as usize] += 1;
+    }
+    let mut sorted = hourly.clone();
+    sorted.sort_unstable();
+    let median = sorted[sorted.len() / 2].max(1);
+    let mut episodes = Vec::new();
+    let mut h = 0;
+    while h < hourly.len() {
+        if hourly[h] > 3 * median {
+            let s = h;
+            let mut peak = 0;
+            while h < hourly.len() && hourly[h] > 3 * median {
+                peak = peak.max(hourly[h]);
+                h += 1;
+            }
+            let tier = if peak > 6 * median { 2 } else { 1 };
+            episodes.push(Episode {
+                start_ms: start_ms + s as u64 * 3_600_000,
+                end_ms: start_ms + h as u64 * 3_600_000,
+                max_tier: tier,
+                trigger: "slo_burn".into(),
+                detail: format!("{peak} failures/h against a median of {median}"),
+            });
+        }
+        h += 1;
+    }
+    Ok(WeekData {
+        week: week.into(),
+        cluster: cluster.into(),
+        start_ms,
+        slos,
+        episodes,
+        patterns,
+    })
+}
 
 /// Runs `brownout report`.
 ///
 /// # Errors
-/// Always, until this component lands.
-pub async fn run(_args: ReportArgs) -> anyhow::Result<()> {
-    anyhow::bail!("brownout report: not implemented yet")
+/// A bad week, an unreadable or invalid data or playbook file, an unwritable output.
+pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
+    let data = match &args.data {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            serde_json::from_str::<WeekData>(&text).with_context(|| format!("{}: not a WeekData document", p.display()))?
+        }
+        None => synth_week(&args.week, &args.cluster, args.seed, 8000)?,
+    };
+    let mut playbook = Playbook::bundled();
+    if let Some(p) = &args.playbook {
+        let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        playbook = playbook.extended_by(Playbook::parse(&p.display().to_string(), &text)?);
+    }
+    let out = render(&build(&data, &playbook), args.format)?;
+    match &args.out {
+        Some(p) => std::fs::write(p, out).with_context(|| format!("writing {}", p.display()))?,
+        None => print!("{out}"),
+    }
+    Ok(())
 }

@@ -1,0 +1,410 @@
+//! The report's input ([`WeekData`]), the playbook, and the pure step that turns them into a
+//! [`Report`] (what every output format renders).
+
+use serde::{Deserialize, Serialize};
+
+/// Everything a weekly report is built from. The lead's store reader fills it; `--data FILE`
+/// reads it as JSON; [`super::synth_week`] derives it from `patterns synth` data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeekData {
+    /// ISO week, e.g. `2026-W48`.
+    pub week: String,
+    pub cluster: String,
+    /// Monday 00:00 UTC of the week (unix ms).
+    pub start_ms: u64,
+    #[serde(default)]
+    pub slos: Vec<SloWeek>,
+    #[serde(default)]
+    pub episodes: Vec<Episode>,
+    #[serde(default)]
+    pub patterns: Vec<PatternWeek>,
+}
+
+/// One SLO over the week.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SloWeek {
+    pub name: String,
+    /// e.g. 0.995
+    pub objective: f64,
+    /// Share of the period's error budget spent this week (1.0 = all of it).
+    pub budget_spent_ratio: f64,
+    pub last_week_budget_spent_ratio: f64,
+    /// Budget remaining at the end of each day of the week (7 values, 1.0 = untouched).
+    #[serde(default)]
+    pub remaining_by_day: Vec<f64>,
+}
+
+/// One degradation episode (time in a tier above T0).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Episode {
+    pub start_ms: u64,
+    pub end_ms: u64,
+    /// Highest tier reached (1–3).
+    pub max_tier: u8,
+    pub trigger: String,
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// One failure pattern over the week.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatternWeek {
+    pub id: String,
+    pub label: String,
+    pub category: String,
+    pub count: u64,
+    pub last_week_count: u64,
+    /// Share of the week's bad events it explains.
+    pub budget_impact: f64,
+    pub affected_users: u64,
+    #[serde(default)]
+    pub features: Vec<String>,
+    #[serde(default)]
+    pub example_trace_id: String,
+    /// Failures per day (7 values).
+    #[serde(default)]
+    pub daily: Vec<u64>,
+    /// First seen this week.
+    #[serde(default)]
+    pub new: bool,
+}
+
+impl PatternWeek {
+    /// From a pattern computed by the engine over the week (`counts` at day steps are summed
+    /// per day).
+    pub fn from_pattern(p: &crate::patterns::Pattern, week_start_ms: u64) -> PatternWeek {
+        let mut daily = vec![0u64; 7];
+        for c in &p.counts {
+            let d = (c.start_ms.saturating_sub(week_start_ms) / 86_400_000) as usize;
+            if d < 7 {
+                daily[d] += c.count;
+            }
+        }
+        PatternWeek {
+            id: p.id.0.clone(),
+            label: p.label.clone(),
+            category: p.category.as_str().to_string(),
+            count: p.count,
+            last_week_count: p.trend.previous_count,
+            budget_impact: p.budget_impact,
+            affected_users: p.affected_users,
+            features: p.features.clone(),
+            example_trace_id: p.example_trace_ids.first().cloned().unwrap_or_default(),
+            daily,
+            new: p.is_new,
+        }
+    }
+}
+
+/// One playbook entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlaybookItem {
+    pub id: String,
+    #[serde(default)]
+    pub categories: Vec<String>,
+    #[serde(default)]
+    pub keywords: Vec<String>,
+    pub title: String,
+    pub change: String,
+    pub verify: String,
+    #[serde(default)]
+    pub signal: String,
+    #[serde(default)]
+    pub source: String,
+    pub win_back_ratio: f64,
+}
+
+/// The playbook file (TOML).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Playbook {
+    #[serde(rename = "item")]
+    pub items: Vec<PlaybookItem>,
+}
+
+/// Why a playbook was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaybookError {
+    #[error("playbook {file}: {source}")]
+    Toml { file: String, source: toml::de::Error },
+    #[error("playbook {file}: item {id:?}: win_back_ratio {value} is not in 0..=1")]
+    Ratio { file: String, id: String, value: f64 },
+}
+
+impl Playbook {
+    /// The bundled playbook (`playbooks/default.toml`).
+    pub fn bundled() -> Playbook {
+        Playbook::parse("playbooks/default.toml", include_str!("../../playbooks/default.toml"))
+            .expect("invariant: the bundled playbook parses")
+    }
+
+    /// Parses and validates a playbook.
+    ///
+    /// # Errors
+    /// TOML errors (with line and column) or a ratio outside 0..=1, naming the file.
+    pub fn parse(file: &str, text: &str) -> Result<Playbook, PlaybookError> {
+        let p: Playbook = toml::from_str(text).map_err(|source| PlaybookError::Toml { file: file.into(), source })?;
+        for it in &p.items {
+            if !(0.0..=1.0).contains(&it.win_back_ratio) {
+                return Err(PlaybookError::Ratio {
+                    file: file.into(),
+                    id: it.id.clone(),
+                    value: it.win_back_ratio,
+                });
+            }
+        }
+        Ok(p)
+    }
+
+    /// `user` items first, then these.
+    pub fn extended_by(mut self, user: Playbook) -> Playbook {
+        let mut items = user.items;
+        items.append(&mut self.items);
+        self.items = items;
+        self
+    }
+
+    /// The first item matching a pattern.
+    pub fn item_for(&self, category: &str, label: &str) -> Option<&PlaybookItem> {
+        let label = label.to_lowercase();
+        self.items.iter().find(|it| {
+            (it.categories.is_empty() || it.categories.iter().any(|c| c == category))
+                && (it.keywords.is_empty() || it.keywords.iter().any(|k| label.contains(&k.to_lowercase())))
+        })
+    }
+}
+
+/// A roadmap item: a top pattern and what to change about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoadmapItem {
+    pub rank: usize,
+    pub pattern_id: String,
+    pub pattern_label: String,
+    pub category: String,
+    pub playbook_id: String,
+    pub title: String,
+    pub change: String,
+    pub verify: String,
+    pub signal: String,
+    pub source: String,
+    /// Share of the week's bad events the item should win back.
+    pub expected_budget_win_back: f64,
+    /// The same, as shown (`27.4%`).
+    pub win_back_pct: String,
+}
+
+/// A top pattern, as shown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopPattern {
+    pub rank: usize,
+    #[serde(flatten)]
+    pub pattern: PatternWeek,
+    /// `+35%`, `-10%`, `new`.
+    pub trend: String,
+    /// Budget impact as shown (`34.2%`).
+    pub impact_pct: String,
+}
+
+/// A degradation episode, as shown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpisodeRow {
+    pub start: String,
+    pub end: String,
+    pub duration: String,
+    pub max_tier: u8,
+    pub trigger: String,
+    pub detail: String,
+    /// Left offset and width on the week's timeline, in percent.
+    pub left_pct: f64,
+    pub width_pct: f64,
+}
+
+/// An SLO row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SloRow {
+    pub name: String,
+    pub objective_pct: String,
+    pub spent_pct: String,
+    pub last_week_pct: String,
+    pub delta: String,
+}
+
+/// Everything every format renders.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub week: String,
+    pub cluster: String,
+    pub week_start: String,
+    pub week_end: String,
+    pub empty: bool,
+    pub summary: String,
+    pub slos: Vec<SloRow>,
+    pub episodes: Vec<EpisodeRow>,
+    pub top: Vec<TopPattern>,
+    pub new_patterns: Vec<PatternWeek>,
+    pub roadmap: Vec<RoadmapItem>,
+    /// Inline SVG (built from numbers and escaped text only).
+    pub burn_chart_svg: String,
+    pub trend_chart_svg: String,
+}
+
+fn fmt_ts(ms: u64) -> String {
+    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms as i64)
+        .map_or_else(String::new, |t| t.format("%a %Y-%m-%d %H:%M UTC").to_string())
+}
+
+fn fmt_duration(ms: u64) -> String {
+    let m = ms / 60_000;
+    if m >= 60 {
+        format!("{} h {:02} min", m / 60, m % 60)
+    } else {
+        format!("{m} min")
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+fn trend(now: u64, before: u64, new: bool) -> String {
+    if new || before == 0 {
+        "new".into()
+    } else {
+        let r = now as f64 / before as f64 - 1.0;
+        format!("{}{:.0}%", if r >= 0.0 { "+" } else { "" }, r * 100.0)
+    }
+}
+
+/// Builds the report. Pure: the same data and playbook give the same report.
+pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
+    let week_ms = 7 * 86_400_000;
+    let mut patterns = data.patterns.clone();
+    patterns.sort_by(|a, b| {
+        b.budget_impact
+            .total_cmp(&a.budget_impact)
+            .then(b.count.cmp(&a.count))
+            .then(a.id.cmp(&b.id))
+    });
+    let top: Vec<TopPattern> = patterns
+        .iter()
+        .take(3)
+        .enumerate()
+        .map(|(i, p)| TopPattern {
+            rank: i + 1,
+            pattern: p.clone(),
+            trend: trend(p.count, p.last_week_count, p.new),
+            impact_pct: pct(p.budget_impact),
+        })
+        .collect();
+    let roadmap: Vec<RoadmapItem> = top
+        .iter()
+        .filter_map(|t| {
+            let it = playbook.item_for(&t.pattern.category, &t.pattern.label)?;
+            Some(RoadmapItem {
+                rank: t.rank,
+                pattern_id: t.pattern.id.clone(),
+                pattern_label: t.pattern.label.clone(),
+                category: t.pattern.category.clone(),
+                playbook_id: it.id.clone(),
+                title: it.title.clone(),
+                change: it.change.clone(),
+                verify: it.verify.clone(),
+                signal: it.signal.clone(),
+                source: it.source.clone(),
+                expected_budget_win_back: t.pattern.budget_impact * it.win_back_ratio,
+                win_back_pct: pct(t.pattern.budget_impact * it.win_back_ratio),
+            })
+        })
+        .collect();
+    let new_patterns: Vec<PatternWeek> = patterns.iter().filter(|p| p.new).cloned().collect();
+    let slos: Vec<SloRow> = data
+        .slos
+        .iter()
+        .map(|s| SloRow {
+            name: s.name.clone(),
+            objective_pct: format!("{:.2}%", s.objective * 100.0),
+            spent_pct: pct(s.budget_spent_ratio),
+            last_week_pct: pct(s.last_week_budget_spent_ratio),
+            delta: format!("{:+.1} pp", (s.budget_spent_ratio - s.last_week_budget_spent_ratio) * 100.0),
+        })
+        .collect();
+    let mut episodes_sorted = data.episodes.clone();
+    episodes_sorted.sort_by_key(|e| (e.start_ms, e.end_ms));
+    let episodes: Vec<EpisodeRow> = episodes_sorted
+        .iter()
+        .map(|e| {
+            let end = e.end_ms.max(e.start_ms);
+            let left = e.start_ms.saturating_sub(data.start_ms).min(week_ms) as f64 / week_ms as f64 * 100.0;
+            let width = ((end - e.start_ms) as f64 / week_ms as f64 * 100.0).max(0.4).min(100.0 - left);
+            EpisodeRow {
+                start: fmt_ts(e.start_ms),
+                end: fmt_ts(end),
+                duration: fmt_duration(end - e.start_ms),
+                max_tier: e.max_tier,
+                trigger: e.trigger.clone(),
+                detail: e.detail.clone(),
+                left_pct: (left * 10.0).round() / 10.0,
+                width_pct: (width * 10.0).round() / 10.0,
+            }
+        })
+        .collect();
+    let empty = data.slos.is_empty() && data.episodes.is_empty() && data.patterns.is_empty();
+    let summary = if empty {
+        format!(
+            "No data was recorded for {} on cluster {}: no SLO budgets, no degradation episodes and no failures.",
+            data.week, data.cluster
+        )
+    } else {
+        let mut s = String::new();
+        for slo in &data.slos {
+            s.push_str(&format!(
+                "{} spent {} of its error budget ({} the week before). ",
+                slo.name,
+                pct(slo.budget_spent_ratio),
+                pct(slo.last_week_budget_spent_ratio)
+            ));
+        }
+        let total_ms: u64 = data.episodes.iter().map(|e| e.end_ms.saturating_sub(e.start_ms)).sum();
+        match data.episodes.len() {
+            0 => s.push_str("The service was never degraded. "),
+            n => s.push_str(&format!(
+                "The service was degraded {n} time{} for {} in total (longest to recover: {}, highest tier T{}). ",
+                if n == 1 { "" } else { "s" },
+                fmt_duration(total_ms),
+                fmt_duration(data.episodes.iter().map(|e| e.end_ms.saturating_sub(e.start_ms)).max().unwrap_or(0)),
+                data.episodes.iter().map(|e| e.max_tier).max().unwrap_or(0)
+            )),
+        }
+        let failures: u64 = data.patterns.iter().map(|p| p.count).sum();
+        if let Some(t) = top.first() {
+            s.push_str(&format!(
+                "{failures} failures fell into {} patterns; the top three explain {} of the bad events, led by \u{201c}{}\u{201d} ({}).",
+                data.patterns.len(),
+                pct(top.iter().map(|t| t.pattern.budget_impact).sum()),
+                t.pattern.label,
+                pct(t.pattern.budget_impact)
+            ));
+        }
+        s
+    };
+    Report {
+        week: data.week.clone(),
+        cluster: data.cluster.clone(),
+        week_start: fmt_ts(data.start_ms),
+        week_end: fmt_ts(data.start_ms + week_ms),
+        empty,
+        summary,
+        burn_chart_svg: super::svg::burn_down(&data.slos),
+        trend_chart_svg: super::svg::pattern_trends(&top),
+        slos,
+        episodes,
+        top,
+        new_patterns,
+        roadmap,
+    }
+}

@@ -1,0 +1,92 @@
+//! Rendering a [`Report`] as self-contained HTML, Markdown or JSON (tera templates under
+//! `templates/`, compiled in).
+
+use std::collections::HashMap;
+
+use super::model::Report;
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Html,
+    Md,
+    Json,
+}
+
+/// Why rendering failed (a template bug; the data cannot cause it).
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("report template: {0:?}")]
+    Template(#[from] tera::Error),
+    #[error("report json: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Escapes text for a Markdown table cell or paragraph: HTML specials and the characters that
+/// would break a table or start markup.
+fn md_escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '|' => o.push_str("\\|"),
+            '\n' | '\r' => o.push(' '),
+            '*' | '_' | '`' | '[' | ']' | '#' | '\\' => {
+                o.push('\\');
+                o.push(c);
+            }
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// Text inside an inline code span: no backticks, no pipes, no newlines.
+fn code_escape(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            '`' => '\'',
+            '|' => '¦',
+            '\n' | '\r' => ' ',
+            c => c,
+        })
+        .collect()
+}
+
+fn filter(f: fn(&str) -> String) -> impl tera::Filter {
+    move |v: &tera::Value, _: &HashMap<String, tera::Value>| -> tera::Result<tera::Value> {
+        let s = match v {
+            tera::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        Ok(tera::Value::String(f(&s)))
+    }
+}
+
+fn engine() -> Result<tera::Tera, tera::Error> {
+    let mut t = tera::Tera::default();
+    // Names ending in .html are auto-escaped by tera; the .md one is escaped by filters.
+    t.add_raw_template("report.html", include_str!("../../templates/report.html.tera"))?;
+    t.add_raw_template("report.md", include_str!("../../templates/report.md.tera"))?;
+    t.register_filter("md", filter(md_escape));
+    t.register_filter("code", filter(code_escape));
+    Ok(t)
+}
+
+/// Renders a report.
+///
+/// # Errors
+/// Only on a broken template.
+pub fn render(report: &Report, format: Format) -> Result<String, RenderError> {
+    match format {
+        Format::Json => Ok(serde_json::to_string_pretty(report)? + "\n"),
+        Format::Html | Format::Md => {
+            let mut ctx = tera::Context::new();
+            ctx.insert("r", report);
+            let name = if format == Format::Html { "report.html" } else { "report.md" };
+            Ok(engine()?.render(name, &ctx)?)
+        }
+    }
+}
