@@ -722,3 +722,121 @@ async fn in_process_bus_drives_serving_handles_without_redis() {
         t.abort();
     }
 }
+
+#[tokio::test]
+async fn override_posted_to_a_follower_is_published_by_the_leader() {
+    let url = redis_url();
+    require_redis(&url).await;
+    let cl = cluster("shared-override");
+    let a = handle(cfg(&cl, "cp-a"));
+    let b = handle(cfg(&cl, "cp-b"));
+    let ctl_a = tokio::spawn(run_controller(
+        a.clone(),
+        Transport::Redis { url: url.clone() },
+        std::future::pending(),
+    ));
+    wait_for("a leads", Duration::from_secs(5), || {
+        a.leader_epoch().is_some()
+    })
+    .await;
+    let ctl_b = tokio::spawn(run_controller(
+        b.clone(),
+        Transport::Redis { url: url.clone() },
+        std::future::pending(),
+    ));
+    let serving = ControlHandle::new(&cl);
+    let sub = spawn_subscriber(serving.clone(), subscriber_cfg(&url, &cl, "inst-0")).await;
+    wait_for("T0 published", Duration::from_secs(5), || {
+        serving.current().command.version > 0
+    })
+    .await;
+    assert!(b.leader_epoch().is_none());
+
+    let app_b = router(b.clone());
+    let (st, v) = call(
+        &app_b,
+        json_req(
+            "POST",
+            "/api/v1/degrade/override",
+            r#"{"tier": 2, "duration_secs": 60, "reason": "via follower"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    wait_for(
+        "leader publishes the follower's override",
+        Duration::from_secs(5),
+        || serving.tier() == Tier::T2,
+    )
+    .await;
+    assert_eq!(serving.current().command.reason.detail, "via follower");
+    assert_eq!(
+        a.status().operator_override.map(|o| o.reason),
+        Some("via follower".into())
+    );
+
+    let (st, _) = call(
+        &app_b,
+        Request::delete("/api/v1/degrade/override")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    wait_for(
+        "override removed everywhere",
+        Duration::from_secs(5),
+        || a.status().operator_override.is_none(),
+    )
+    .await;
+    wait_for("stepping down", Duration::from_secs(6), || {
+        serving.tier() == Tier::T0
+    })
+    .await;
+    ctl_a.abort();
+    ctl_b.abort();
+    sub.abort();
+}
+
+#[tokio::test]
+async fn override_survives_redis_losing_its_data() {
+    let mut own = OwnRedis::start();
+    let url = own.url();
+    let cl = cluster("override-loss");
+    let h = handle(cfg(&cl, "cp-o"));
+    let ctl = tokio::spawn(run_controller(
+        h.clone(),
+        Transport::Redis { url: url.clone() },
+        std::future::pending(),
+    ));
+    let serving = ControlHandle::new(&cl);
+    let sub = spawn_subscriber(serving.clone(), subscriber_cfg(&url, &cl, "inst-0")).await;
+    h.set_override(brownout::degrade::Override {
+        tier: Tier::T2,
+        until_ms: brownout_protocol::now_ms() + 600_000,
+        reason: "pinned".into(),
+    });
+    wait_for("T2", Duration::from_secs(5), || serving.tier() == Tier::T2).await;
+    own.kill();
+    own.spawn();
+    let mut bus = RedisBus::connect(&url, &cl, "reader", Duration::from_secs(1))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    while bus.get_override().await.unwrap().flatten().is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "override not re-shared after Redis lost it"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Well past the 1 s hold-down: still pinned.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(serving.tier(), Tier::T2);
+    assert_eq!(
+        h.status().operator_override.map(|o| o.reason),
+        Some("pinned".into())
+    );
+    ctl.abort();
+    sub.abort();
+}

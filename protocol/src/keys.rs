@@ -64,6 +64,11 @@ impl RedisKeys {
     pub fn epoch_counter(&self) -> String {
         self.key("epoch")
     }
+    /// The operator's pinned tier (JSON, `PX` until it ends), shared by all control-plane
+    /// replicas so an override posted to any of them reaches the leader.
+    pub fn operator_override(&self) -> String {
+        self.key("override")
+    }
 }
 
 /// The `notify` payload: `"<epoch>:<version>"`.

@@ -171,6 +171,8 @@ struct Shared {
     am_alerts: BTreeMap<String, AmAlert>,
     patterns: Vec<PatternRate>,
     operator_override: Option<Override>,
+    /// An override change not yet written to Redis (`Some(None)`: a removal).
+    override_to_share: Option<Option<Override>>,
     last: Option<Decision>,
     history: VecDeque<DecisionRecord>,
     command: Option<Command>,
@@ -267,14 +269,18 @@ impl DegradeHandle {
         self.lock().patterns = patterns;
     }
 
-    /// Pins a tier until `until_ms`.
+    /// Pins a tier until `until_ms` (shared with the other replicas through Redis).
     pub fn set_override(&self, o: Override) {
-        self.lock().operator_override = Some(o);
+        let mut s = self.lock();
+        s.operator_override = Some(o.clone());
+        s.override_to_share = Some(Some(o));
     }
 
     /// Removes the pin; returns whether there was one.
     pub fn clear_override(&self) -> bool {
-        self.lock().operator_override.take().is_some()
+        let mut s = self.lock();
+        s.override_to_share = Some(None);
+        s.operator_override.take().is_some()
     }
 
     /// Everything the controller looks at, now.
@@ -855,6 +861,36 @@ async fn redis_round(
     now: u64,
 ) -> Result<(), super::redis::RedisBusError> {
     let lease_ms = cfg.policy.command_lease_ms;
+    // The operator override is shared through Redis: write a local change, then read the truth.
+    let pending = handle.lock().override_to_share.take();
+    if let Some(o) = pending {
+        if let Err(e) = b.put_override(o.as_ref(), now).await {
+            handle.lock().override_to_share.get_or_insert(o);
+            return Err(e);
+        }
+    }
+    match b.get_override().await? {
+        // Absent (expired, never set, or lost with Redis's data): share ours again if active.
+        None => {
+            let mut s = handle.lock();
+            if s.override_to_share.is_none()
+                && s.operator_override
+                    .as_ref()
+                    .is_some_and(|o| o.until_ms > now)
+            {
+                s.override_to_share = Some(s.operator_override.clone());
+            }
+        }
+        Some(shared) => {
+            let mut s = handle.lock();
+            if s.override_to_share.is_none() && s.operator_override != shared {
+                s.operator_override = shared;
+                drop(s);
+                *decision = controller.step(&handle.inputs(now));
+                handle.record(decision);
+            }
+        }
+    }
     // Keep or take the leader lease. Refreshed every round (one cheap script): this is also how
     // a Redis that restarted empty is noticed within one interval.
     if let Some(e) = *epoch {

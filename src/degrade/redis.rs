@@ -11,6 +11,8 @@ use brownout_protocol::{Ack, Command, RedisKeys, SignedCommand};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
 
+use super::controller::Override;
+
 /// Why a Redis operation of the control plane failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RedisBusError {
@@ -309,6 +311,40 @@ impl RedisBus {
                 (inst, e)
             })
             .collect())
+    }
+
+    /// Stores the operator override for every replica. `None` writes a tombstone (`null`, kept a
+    /// week) so that "removed" and "lost with Redis's data" can be told apart.
+    ///
+    /// # Errors
+    /// Redis errors and timeouts.
+    pub async fn put_override(
+        &mut self,
+        o: Option<&Override>,
+        now_ms: u64,
+    ) -> Result<(), RedisBusError> {
+        let k = self.keys.operator_override();
+        let (json, px) = match o {
+            Some(o) if o.until_ms > now_ms => (
+                serde_json::to_string(o).expect("an Override always serialises"),
+                o.until_ms - now_ms,
+            ),
+            _ => ("null".to_string(), 7 * 24 * 3600 * 1000),
+        };
+        let _: () = timed(self.op_timeout, self.conn.pset_ex(k, json, px)).await?;
+        Ok(())
+    }
+
+    /// The shared operator override: `None` when the key is absent (unknown: e.g. Redis lost its
+    /// data), `Some(None)` when removed, `Some(Some(o))` when pinned. Malformed values read as
+    /// absent.
+    ///
+    /// # Errors
+    /// Redis errors and timeouts.
+    pub async fn get_override(&mut self) -> Result<Option<Option<Override>>, RedisBusError> {
+        let k = self.keys.operator_override();
+        let v: Option<String> = timed(self.op_timeout, self.conn.get(k)).await?;
+        Ok(v.and_then(|s| serde_json::from_str::<Option<Override>>(&s).ok()))
     }
 
     /// Length of the command log stream (audit).
