@@ -31,6 +31,79 @@ pub enum MatData {
     F32(Vec<f32>),
     /// Raw ggml blocks, `cols / 32` blocks per row.
     Quant(GgmlType, Vec<u8>),
+    /// Quantised blocks split for the integer kernel (see [`Prepared`]).
+    Prepared(Box<Prepared>),
+}
+
+/// Q4_0/Q4_1/Q8_0 blocks with the f16 scales already converted: `qs` holds each block's packed
+/// values (16 bytes of nibbles for Q4_x, 32 signed bytes for Q8_0), `d`/`m` one f32 each per
+/// block (`m` empty unless Q4_1).
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub ty: GgmlType,
+    pub qs: Vec<u8>,
+    pub d: Vec<f32>,
+    pub m: Vec<f32>,
+}
+
+impl Prepared {
+    fn from_raw(ty: GgmlType, raw: &[u8]) -> Prepared {
+        let bb = ty.block_bytes();
+        let nb = raw.len() / bb;
+        let qlen = if ty == GgmlType::Q8_0 { QK } else { QK / 2 };
+        let mut p = Prepared {
+            ty,
+            qs: Vec::with_capacity(nb * qlen),
+            d: Vec::with_capacity(nb),
+            m: Vec::new(),
+        };
+        for b in raw.chunks_exact(bb) {
+            p.d.push(f16_le(b, 0));
+            match ty {
+                GgmlType::Q4_1 => {
+                    p.m.push(f16_le(b, 2));
+                    p.qs.extend_from_slice(&b[4..20]);
+                }
+                _ => p.qs.extend_from_slice(&b[2..2 + qlen]),
+            }
+        }
+        p
+    }
+
+    fn qlen(&self) -> usize {
+        if self.ty == GgmlType::Q8_0 {
+            QK
+        } else {
+            QK / 2
+        }
+    }
+
+    /// Block `b` as 32 floats.
+    fn dequant_block(&self, b: usize, out: &mut [f32]) {
+        let ql = self.qlen();
+        let q = &self.qs[b * ql..(b + 1) * ql];
+        let d = self.d[b];
+        match self.ty {
+            GgmlType::Q4_1 => {
+                let m = self.m[b];
+                for j in 0..16 {
+                    out[j] = f32::from(q[j] & 0x0f) * d + m;
+                    out[j + 16] = f32::from(q[j] >> 4) * d + m;
+                }
+            }
+            GgmlType::Q4_0 => {
+                for j in 0..16 {
+                    out[j] = (f32::from(q[j] & 0x0f) - 8.0) * d;
+                    out[j + 16] = (f32::from(q[j] >> 4) - 8.0) * d;
+                }
+            }
+            _ => {
+                for j in 0..QK {
+                    out[j] = f32::from(q[j] as i8) * d;
+                }
+            }
+        }
+    }
 }
 
 impl Matrix {
@@ -48,6 +121,7 @@ impl Matrix {
         match &self.data {
             MatData::F32(v) => v.len() * 4,
             MatData::Quant(_, v) => v.len(),
+            MatData::Prepared(p) => p.qs.len() + (p.d.len() + p.m.len()) * 4,
         }
     }
 
@@ -55,6 +129,7 @@ impl Matrix {
         match &self.data {
             MatData::F32(_) => "F32",
             MatData::Quant(t, _) => t.name(),
+            MatData::Prepared(p) => p.ty.name(),
         }
     }
 
@@ -66,6 +141,24 @@ impl Matrix {
                 let rb = self.cols / QK * t.block_bytes();
                 quant::dequantize(*t, &v[r * rb..(r + 1) * rb], out);
             }
+            MatData::Prepared(p) => {
+                let bpr = self.cols / QK;
+                for (i, o) in out.chunks_exact_mut(QK).enumerate() {
+                    p.dequant_block(r * bpr + i, o);
+                }
+            }
+        }
+    }
+
+    /// Quantised matrices converted for the integer kernel; others unchanged.
+    pub fn prepared(self) -> Matrix {
+        match self.data {
+            MatData::Quant(ty, raw) => Matrix {
+                rows: self.rows,
+                cols: self.cols,
+                data: MatData::Prepared(Box::new(Prepared::from_raw(ty, &raw))),
+            },
+            data => Matrix { data, ..self },
         }
     }
 
@@ -80,7 +173,7 @@ impl Matrix {
                     assert_eq!(p.cols, cols, "concat_rows: cols differ");
                     match &p.data {
                         MatData::F32(d) => v.extend_from_slice(d),
-                        MatData::Quant(..) => panic!("concat_rows: mixed representations"),
+                        _ => panic!("concat_rows: mixed representations"),
                     }
                 }
                 MatData::F32(v)
@@ -96,6 +189,7 @@ impl Matrix {
                 }
                 MatData::Quant(*t, v)
             }
+            MatData::Prepared(_) => panic!("concat_rows: concatenate before preparing"),
         };
         Matrix { rows, cols, data }
     }
@@ -133,8 +227,19 @@ pub fn matmul_with(kernel: Kernel, x: &[f32], n: usize, w: &Matrix, y: &mut [f32
     // Enough tasks to balance, rows per task a multiple of 4, at least 16.
     let per = (w.rows.div_ceil(threads * 4)).max(16).div_ceil(4) * 4;
     let qx = match (&w.data, kernel) {
-        (MatData::Quant(..), Kernel::Tiled) => Some(Q8Act::quantize(x, n, w.cols)),
+        (MatData::Quant(..) | MatData::Prepared(_), Kernel::Tiled) => {
+            Some(Q8Act::quantize(x, n, w.cols))
+        }
         _ => None,
+    };
+    // Raw blocks are prepared on the fly (the model prepares its matrices once, at load).
+    let tmp;
+    let w = match (&w.data, kernel) {
+        (MatData::Quant(..), Kernel::Tiled) => {
+            tmp = w.clone().prepared();
+            &tmp
+        }
+        _ => w,
     };
     // Computed transposed ([row][token]) so each task owns a contiguous slice, then transposed.
     let mut yt = vec![0f32; n * w.rows];
@@ -217,6 +322,13 @@ fn rows_task_impl<const FMA: bool>(
             for r in r0..r1 {
                 let row = &d[r * cols..(r + 1) * cols];
                 dot_row_tokens::<FMA>(row, x, n, &mut out[(r - r0) * n..(r - r0 + 1) * n]);
+            }
+        }
+        MatData::Prepared(_) => {
+            let mut row = vec![0f32; cols];
+            for r in r0..r1 {
+                w.row_f32(r, &mut row);
+                dot_row_tokens::<FMA>(&row, x, n, &mut out[(r - r0) * n..(r - r0 + 1) * n]);
             }
         }
         MatData::Quant(t, d) => {
@@ -362,131 +474,110 @@ impl Q8Act {
     }
 }
 
-/// One weight row unpacked for the integer kernel: 32 values per block as bytes (unsigned
-/// nibbles for Q4_1, signed values for Q4_0 (q − 8) and Q8_0), the block scales and mins.
-struct PreparedRow {
-    q: Vec<u8>,
-    d: Vec<f32>,
-    m: Vec<f32>,
-    signed: bool,
-}
-
-impl PreparedRow {
-    fn new(cols: usize) -> PreparedRow {
-        PreparedRow {
-            q: vec![0; cols],
-            d: vec![0.0; cols / QK],
-            m: vec![0.0; cols / QK],
-            signed: true,
-        }
-    }
-
-    fn fill(&mut self, ty: GgmlType, row: &[u8]) {
-        let bb = ty.block_bytes();
-        self.signed = ty != GgmlType::Q4_1;
-        for (b, wb) in row.chunks_exact(bb).enumerate() {
-            self.d[b] = f16_le(wb, 0);
-            let q = &mut self.q[b * QK..(b + 1) * QK];
-            match ty {
-                GgmlType::Q4_1 => {
-                    self.m[b] = f16_le(wb, 2);
-                    for j in 0..16 {
-                        q[j] = wb[4 + j] & 0x0f;
-                        q[j + 16] = wb[4 + j] >> 4;
-                    }
-                }
-                GgmlType::Q4_0 => {
-                    for j in 0..16 {
-                        q[j] = ((wb[2 + j] & 0x0f) as i8 - 8) as u8;
-                        q[j + 16] = ((wb[2 + j] >> 4) as i8 - 8) as u8;
-                    }
-                }
-                GgmlType::Q8_0 => q.copy_from_slice(&wb[2..34]),
-                GgmlType::F32 | GgmlType::F16 => unreachable!("quantised matrix of a plain type"),
-            }
-        }
-    }
-
-    /// Σ over blocks of d_w·d_x·(Σ q_w·q_x) (+ m_w·Σx for Q4_1).
-    fn dot(&self, qx: &Q8Act, t: usize, avx2: bool) -> f32 {
-        let bpr = qx.blocks_per_row;
-        let xq = &qx.q[t * bpr * QK..(t + 1) * bpr * QK];
-        let xd = &qx.d[t * bpr..(t + 1) * bpr];
-        let mut s = 0f32;
-        #[cfg(target_arch = "x86_64")]
-        {
-            if avx2 {
-                // SAFETY: AVX2+FMA detected; all slices hold `bpr` blocks.
-                s = unsafe { simd::dot_row(&self.q, &self.d, xq, xd, self.signed) };
-            }
-        }
-        if !avx2 {
-            for b in 0..bpr {
-                let mut i = 0i32;
-                for j in b * QK..(b + 1) * QK {
-                    let w = if self.signed {
-                        i32::from(self.q[j] as i8)
-                    } else {
-                        i32::from(self.q[j])
-                    };
-                    i += w * i32::from(xq[j]);
-                }
-                s += self.d[b] * xd[b] * i as f32;
-            }
-        }
-        if !self.signed {
-            let xs = &qx.sum[t * bpr..(t + 1) * bpr];
-            s += self.m.iter().zip(xs).map(|(m, x)| m * x).sum::<f32>();
-        }
-        s
-    }
-}
-
 fn quant_rows_task(qx: &Q8Act, w: &Matrix, r0: usize, r1: usize, out: &mut [f32]) {
-    let MatData::Quant(ty, data) = &w.data else {
-        unreachable!("quant_rows_task on an f32 matrix")
+    let MatData::Prepared(p) = &w.data else {
+        unreachable!("quant_rows_task on a matrix that is not prepared")
     };
-    let rb = qx.blocks_per_row * ty.block_bytes();
+    let bpr = qx.blocks_per_row;
+    let ql = p.qlen();
     let n = qx.n;
     let avx2 = has_avx2_fma();
-    let mut row = PreparedRow::new(w.cols);
     for r in r0..r1 {
-        row.fill(*ty, &data[r * rb..(r + 1) * rb]);
+        let qs = &p.qs[r * bpr * ql..(r + 1) * bpr * ql];
+        let wd = &p.d[r * bpr..(r + 1) * bpr];
         for t in 0..n {
-            out[(r - r0) * n + t] = row.dot(qx, t, avx2);
+            let xq = &qx.q[t * bpr * QK..(t + 1) * bpr * QK];
+            let xd = &qx.d[t * bpr..(t + 1) * bpr];
+            let mut s = 0f32;
+            #[cfg(target_arch = "x86_64")]
+            {
+                if avx2 {
+                    // SAFETY: AVX2+FMA detected; the slices hold `bpr` blocks each.
+                    s = unsafe { simd::dot_row(p.ty, qs, wd, xq, xd) };
+                }
+            }
+            if !avx2 {
+                s = dot_row_scalar(p.ty, qs, wd, xq, xd);
+            }
+            if p.ty == GgmlType::Q4_1 {
+                let xs = &qx.sum[t * bpr..(t + 1) * bpr];
+                let wm = &p.m[r * bpr..(r + 1) * bpr];
+                s += wm.iter().zip(xs).map(|(m, x)| m * x).sum::<f32>();
+            }
+            out[(r - r0) * n + t] = s;
         }
     }
 }
 
-#[inline(always)]
-fn f16_le(b: &[u8], i: usize) -> f32 {
-    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+/// Σ_b wd[b]·xd[b]·(Σ_j q_w[b,j]·q_x[b,j]) with q_w unsigned nibbles (Q4_1), nibbles − 8
+/// (Q4_0) or signed bytes (Q8_0).
+fn dot_row_scalar(ty: GgmlType, qs: &[u8], wd: &[f32], xq: &[i8], xd: &[f32]) -> f32 {
+    let mut s = 0f32;
+    for b in 0..wd.len() {
+        let x = &xq[b * QK..(b + 1) * QK];
+        let mut i = 0i32;
+        match ty {
+            GgmlType::Q8_0 => {
+                for j in 0..QK {
+                    i += i32::from(qs[b * QK + j] as i8) * i32::from(x[j]);
+                }
+            }
+            _ => {
+                let off = if ty == GgmlType::Q4_0 { 8 } else { 0 };
+                for j in 0..16 {
+                    let q = qs[b * 16 + j];
+                    i += (i32::from(q & 0x0f) - off) * i32::from(x[j]);
+                    i += (i32::from(q >> 4) - off) * i32::from(x[j + 16]);
+                }
+            }
+        }
+        s += wd[b] * xd[b] * i as f32;
+    }
+    s
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use std::arch::x86_64::*;
 
-    /// Σ_b wd[b]·xd[b]·(Σ_j w[b,j]·x[b,j]); `signed` says whether `w` holds i8 or u8 values.
+    use super::GgmlType;
+
+    /// AVX2 version of [`super::dot_row_scalar`] (same value up to float summation order).
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_row(w: &[u8], wd: &[f32], x: &[i8], xd: &[f32], signed: bool) -> f32 {
+    pub unsafe fn dot_row(ty: GgmlType, qs: &[u8], wd: &[f32], x: &[i8], xd: &[f32]) -> f32 {
         let nb = wd.len();
+        let ql = if ty == GgmlType::Q8_0 { 32 } else { 16 };
         assert!(
-            w.len() >= nb * 32 && x.len() >= nb * 32 && xd.len() >= nb,
+            qs.len() >= nb * ql && x.len() >= nb * 32 && xd.len() >= nb,
             "dot_row sizes"
         );
-        // SAFETY: the loads stay inside `w` and `x` (checked above).
+        // SAFETY: the loads stay inside `qs` and `x` (checked above).
         unsafe {
             let ones = _mm256_set1_epi16(1);
+            let low = _mm_set1_epi8(0x0f);
+            let eight = _mm256_set1_epi8(8);
             let mut acc = _mm256_setzero_ps();
             for b in 0..nb {
-                let wv = _mm256_loadu_si256(w.as_ptr().add(b * 32).cast());
                 let xv = _mm256_loadu_si256(x.as_ptr().add(b * 32).cast());
-                let p16 = if signed {
-                    // maddubs wants unsigned × signed: |w| × (x with w's sign).
-                    _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
-                } else {
-                    _mm256_maddubs_epi16(wv, xv)
+                let p16 = match ty {
+                    GgmlType::Q4_1 => {
+                        let raw = _mm_loadu_si128(qs.as_ptr().add(b * 16).cast());
+                        let lo = _mm_and_si128(raw, low);
+                        let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+                        _mm256_maddubs_epi16(_mm256_set_m128i(hi, lo), xv)
+                    }
+                    _ => {
+                        let wv = if ty == GgmlType::Q8_0 {
+                            _mm256_loadu_si256(qs.as_ptr().add(b * 32).cast())
+                        } else {
+                            let raw = _mm_loadu_si128(qs.as_ptr().add(b * 16).cast());
+                            let lo = _mm_and_si128(raw, low);
+                            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+                            _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight)
+                        };
+                        // maddubs wants unsigned × signed: |w| × (x with w's sign).
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+                    }
                 };
                 let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
                 acc = _mm256_fmadd_ps(p, _mm256_set1_ps(wd[b] * xd[b]), acc);
@@ -500,6 +591,12 @@ mod simd {
         }
     }
 }
+
+#[inline(always)]
+fn f16_le(b: &[u8], i: usize) -> f32 {
+    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
 #[inline(always)]
 fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FMA { a.mul_add(b, c) } else { a * b + c }

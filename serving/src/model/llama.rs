@@ -201,11 +201,17 @@ impl RouteWeights {
         } else {
             None
         };
+        // Quantised matrices get their scales converted once, here, for the integer kernel.
+        for l in &mut layers {
+            for m in [&mut l.wqkv, &mut l.wo, &mut l.w_gate_up, &mut l.w_down] {
+                *m = std::mem::replace(m, Matrix::f32(0, 0, Vec::new())).prepared();
+            }
+        }
         Ok(RouteWeights {
-            embed: mat("token_embd.weight", hp.vocab_size, h)?,
+            embed: mat("token_embd.weight", hp.vocab_size, h)?.prepared(),
             layers,
             out_norm: vec("output_norm.weight", h)?,
-            head,
+            head: head.map(Matrix::prepared),
         })
     }
 

@@ -549,3 +549,30 @@ fn pick_device(device: Device) -> Result<String, ModelError> {
         }
     }
 }
+
+/// A model plus the KV memory of one engine: what the scheduler's backend wraps. `Send`, so it
+/// can live on the engine thread.
+#[derive(Debug)]
+pub struct ModelRunner {
+    pub model: std::sync::Arc<LoadedModel>,
+    pub kv: KvTensors,
+}
+
+impl ModelRunner {
+    pub fn new(model: std::sync::Arc<LoadedModel>, num_blocks: usize, block_size: usize) -> Self {
+        let kv = model.new_kv(num_blocks, block_size);
+        ModelRunner { model, kv }
+    }
+
+    /// [`LoadedModel::forward`] over this runner's KV memory.
+    ///
+    /// # Errors
+    /// As [`LoadedModel::forward`].
+    pub fn forward(
+        &mut self,
+        route: Route,
+        chunks: &[SeqChunk<'_>],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.model.forward(route, chunks, &mut self.kv)
+    }
+}

@@ -30,7 +30,7 @@ pub mod tokenizer;
 pub use bench::{BenchReport, BenchRow, bench_matmul, bench_model, resident_bytes};
 pub use chat::{ChatMessage, DEFAULT_SYSTEM_PROMPT};
 pub use fetch::{MODEL_FILE, fetch_model, model_dir};
-pub use loaded::{Device, KvTensors, LoadedModel, ModelError, RouteHealth};
+pub use loaded::{Device, KvTensors, LoadedModel, ModelError, ModelRunner, RouteHealth, argmax};
 pub use tokenizer::{StreamDecoder, Tokenizer};
 
 /// Shape and special tokens of a loaded model.
