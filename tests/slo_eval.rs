@@ -301,7 +301,7 @@ fn failure_events_and_spans_become_observations() {
     let attrs = [
         ("brownout.feature", "pdf_analysis"),
         ("criticality", "sheddable"),
-        ("brownout.ttft_ms", "2500"),
+        ("brownout.ttft_s", "2.5"),
     ];
     let lookup = |k: &str| attrs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
     let span = Observation::from_span("chat", T0, 3_100.0, false, lookup);

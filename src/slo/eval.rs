@@ -78,7 +78,9 @@ impl<'a> Observation<'a> {
 
     /// A finished server span. `attr` looks up span attributes by name: `brownout.feature` /
     /// `feature`, `brownout.criticality` / `criticality`, `brownout.kind` (`request` or
-    /// `agent_task`), `brownout.ttft_ms` / `ttft_ms`. `ts_ms` is the span's end.
+    /// `agent_task`), and the time to first token as `brownout.ttft_s` / `ttft_s` (seconds,
+    /// what the serving tier exports) or `brownout.ttft_ms` / `ttft_ms`. `ts_ms` is the span's
+    /// end, `duration_ms` its length (the end-to-end latency).
     pub fn from_span(
         service: &'a str,
         ts_ms: u64,
@@ -86,24 +88,29 @@ impl<'a> Observation<'a> {
         is_error: bool,
         attr: impl Fn(&str) -> Option<&'a str>,
     ) -> Observation<'a> {
-        let get = |k: &str| attr(&format!("brownout.{k}")).or_else(|| attr(k));
+        let get = |prefixed: &str, plain: &str| attr(prefixed).or_else(|| attr(plain));
+        let number = |v: Option<&str>| {
+            v.and_then(|v| v.parse::<f64>().ok())
+                .filter(|d| d.is_finite() && *d >= 0.0)
+        };
+        let ttft_ms = number(get("brownout.ttft_s", "ttft_s"))
+            .map(|s| s * 1000.0)
+            .or_else(|| number(get("brownout.ttft_ms", "ttft_ms")));
         Observation {
             ts_ms,
-            kind: if get("kind") == Some("agent_task") {
+            kind: if get("brownout.kind", "kind") == Some("agent_task") {
                 EventKind::AgentTask
             } else {
                 EventKind::Request
             },
             service,
-            feature: get("feature").unwrap_or(""),
-            criticality: get("criticality")
+            feature: get("brownout.feature", "feature").unwrap_or(""),
+            criticality: get("brownout.criticality", "criticality")
                 .and_then(Criticality::parse)
                 .unwrap_or_default(),
             ok: !is_error,
             latency_ms: Some(duration_ms).filter(|d| d.is_finite() && *d >= 0.0),
-            ttft_ms: get("ttft_ms")
-                .and_then(|v| v.parse::<f64>().ok())
-                .filter(|d| d.is_finite() && *d >= 0.0),
+            ttft_ms,
         }
     }
 }

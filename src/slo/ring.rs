@@ -59,7 +59,12 @@ impl Ring {
     /// when the bucket has already been overwritten by a newer one: the event is too old.
     #[inline]
     pub fn add(&mut self, ts_ms: u64, good: u64, n: u64) -> bool {
-        let epoch = ts_ms / self.bucket_ms;
+        self.add_epoch(ts_ms / self.bucket_ms, good, n)
+    }
+
+    /// [`Ring::add`] with the bucket number already computed (`ts / bucket_ms`).
+    #[inline]
+    fn add_epoch(&mut self, epoch: u64, good: u64, n: u64) -> bool {
         let len = self.slots.len() as u64;
         let slot = &mut self.slots[(epoch % len) as usize];
         if slot.epoch != epoch {
@@ -135,9 +140,10 @@ impl Rings {
     /// Records `n` events, `good` of them good. False when too old for every ring.
     #[inline]
     pub fn add(&mut self, ts_ms: u64, good: u64, n: u64) -> bool {
-        let a = self.fine.add(ts_ms, good, n);
-        let b = self.medium.add(ts_ms, good, n);
-        let c = self.coarse.add(ts_ms, good, n);
+        // Constant divisors: the compiler turns these into multiplications (the hot path).
+        let a = self.fine.add_epoch(ts_ms / FINE_BUCKET_MS, good, n);
+        let b = self.medium.add_epoch(ts_ms / MEDIUM_BUCKET_MS, good, n);
+        let c = self.coarse.add_epoch(ts_ms / COARSE_BUCKET_MS, good, n);
         a || b || c
     }
 
