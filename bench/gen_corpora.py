@@ -208,9 +208,60 @@ def syslog():
 STYLES = {"hdfs": hdfs, "spark": spark, "openssh": openssh, "android": android, "windows": windows, "syslog": syslog}
 
 
+# Held-out styles: written after the miner was tuned and never used to tune it; their figures
+# are reported separately (testdata/logs/heldout/).
+def apache():
+    def header(r, comp, level):
+        return "[%s %s %02d %02d:%02d:%02d 2005] [%s]" % (r.choice(DAYS), r.choice(MONTHS), r.randint(1, 28), r.randint(0, 23), r.randint(0, 59), r.randint(0, 59), level)
+    t = [
+        ("workerEnv.init() ok <*>", "", "notice", lambda r: "workerEnv.init() ok /etc/httpd/conf/workers2.properties"),
+        ("mod_jk child workerEnv in error state <*>", "", "error", lambda r: "mod_jk child workerEnv in error state %d" % r.randint(1, 10)),
+        ("jk2_init() Found child <*> in scoreboard slot <*>", "", "notice", lambda r: "jk2_init() Found child %d in scoreboard slot %d" % (r.randint(1000, 30000), r.randint(1, 12))),
+        ("[client <*>] Directory index forbidden by rule: <*>", "", "error", lambda r: "[client %s] Directory index forbidden by rule: /var/www/html/" % ip(r)),
+        ("jk2_init() Can't find child <*> in scoreboard", "", "error", lambda r: "jk2_init() Can't find child %d in scoreboard" % r.randint(1000, 30000)),
+        ("mod_jk child init <*> <*>", "", "error", lambda r: "mod_jk child init 1 -2"),
+        ("[client <*>] File does not exist: <*>", "", "error", lambda r: "[client %s] File does not exist: /var/www/html/%s" % (ip(r), r.choice(["robots.txt", "favicon.ico", "scripts/x.php"]))),
+        ("Apache/<*> (Fedora) configured -- resuming normal operations", "", "notice", lambda r: "Apache/2.0.49 (Fedora) configured -- resuming normal operations"),
+        ("Digest: generating secret for digest authentication ...", "", "notice", lambda r: "Digest: generating secret for digest authentication ..."),
+        ("Digest: done", "", "notice", lambda r: "Digest: done"),
+        ("caught SIGTERM, shutting down", "", "notice", lambda r: "caught SIGTERM, shutting down"),
+        ("suEXEC mechanism enabled (wrapper: <*>)", "", "notice", lambda r: "suEXEC mechanism enabled (wrapper: /usr/sbin/suexec)"),
+        ("[client <*>] script not found or unable to stat: <*>", "", "error", lambda r: "[client %s] script not found or unable to stat: /var/www/cgi-bin/%s" % (ip(r), r.choice(["awstats", "formmail", "test.cgi"]))),
+    ]
+    return header, t
+
+
+def zookeeper():
+    def header(r, comp, level):
+        return "2015-07-%02d %02d:%02d:%02d,%03d - %-5s [%s] -" % (r.randint(1, 31), r.randint(0, 23), r.randint(0, 59), r.randint(0, 59), r.randint(0, 999), level, comp % r.randint(1, 3) if "%d" in comp else comp)
+    nio = "NIOServerCxn.Factory:0.0.0.0/0.0.0.0:2181:%s"
+    t = [
+        ("Notification time out: <*>", "QuorumPeer[myid=%d]/0:0:0:0:0:0:0:0:2181:FastLeaderElection@774", "INFO", lambda r: "Notification time out: %d" % r.choice([200, 400, 800, 1600, 3200, 6400])),
+        ("Received connection request <*>", "/10.10.34.11:3888:QuorumCnxManager$Listener@493", "INFO", lambda r: "Received connection request /%s:%d" % (ip(r), r.randint(1024, 65535))),
+        ("Interrupting SendWorker", "RecvWorker:188978561024:QuorumCnxManager$RecvWorker@765", "WARN", lambda r: "Interrupting SendWorker"),
+        ("Send worker leaving thread", "SendWorker:188978561024:QuorumCnxManager$SendWorker@679", "WARN", lambda r: "Send worker leaving thread"),
+        ("Accepted socket connection from <*>", nio % "NIOServerCnxnFactory@197", "INFO", lambda r: "Accepted socket connection from /%s:%d" % (ip(r), r.randint(1024, 65535))),
+        ("Client attempting to establish new session at <*>", nio % "ZooKeeperServer@839", "INFO", lambda r: "Client attempting to establish new session at /%s:%d" % (ip(r), r.randint(1024, 65535))),
+        ("Established session <*> with negotiated timeout <*> for client <*>", "CommitProcessor:1:ZooKeeperServer@595", "INFO", lambda r: "Established session 0x%x with negotiated timeout %d for client /%s:%d" % (r.randint(2**40, 2**50), r.choice([10000, 20000]), ip(r), r.randint(1024, 65535))),
+        ("Closed socket connection for client <*> which had sessionid <*>", nio % "NIOServerCnxn@1001", "INFO", lambda r: "Closed socket connection for client /%s:%d which had sessionid 0x%x" % (ip(r), r.randint(1024, 65535), r.randint(2**40, 2**50))),
+        ("caught end of stream exception", nio % "NIOServerCnxn@357", "WARN", lambda r: "caught end of stream exception"),
+        ("Unexpected exception causing shutdown while sock still open", "LearnerHandler-/10.10.34.12:35276:LearnerHandler@562", "ERROR", lambda r: "Unexpected exception causing shutdown while sock still open"),
+        ("LOOKING", "QuorumPeer[myid=%d]/0:0:0:0:0:0:0:0:2181:QuorumPeer@670", "INFO", lambda r: "LOOKING"),
+        ("FOLLOWING", "QuorumPeer[myid=%d]/0:0:0:0:0:0:0:0:2181:QuorumPeer@738", "INFO", lambda r: "FOLLOWING"),
+        ("LEADING", "QuorumPeer[myid=%d]/0:0:0:0:0:0:0:0:2181:QuorumPeer@750", "INFO", lambda r: "LEADING"),
+        ("Expiring session <*>, timeout of <*> exceeded", "SessionTracker:ZooKeeperServer@325", "INFO", lambda r: "Expiring session 0x%x, timeout of %dms exceeded" % (r.randint(2**40, 2**50), r.choice([10000, 20000]))),
+        ("Processed session termination for sessionid: <*>", "ProcessThread(sid:1 cport:-1)::PrepRequestProcessor@476", "INFO", lambda r: "Processed session termination for sessionid: 0x%x" % r.randint(2**40, 2**50)),
+        ("Cannot open channel to <*> at election address <*>", "WorkerSender[myid=1]:QuorumCnxManager@368", "WARN", lambda r: "Cannot open channel to %d at election address /%s:3888" % (r.randint(1, 3), ip(r))),
+    ]
+    return header, t
+
+
+HELDOUT = {"apache": apache, "zookeeper": zookeeper}
+
+
 def generate(name, n, seed):
     r = random.Random("%s-%d" % (name, seed))
-    header, templates = STYLES[name]()
+    header, templates = {**STYLES, **HELDOUT}[name]()
     # Zipf-like frequencies over a shuffled order, so some templates are rare.
     order = list(range(len(templates)))
     r.shuffle(order)
@@ -240,6 +291,15 @@ def main():
         with open(os.path.join(a.out, name + ".truth"), "w") as f:
             f.write("\n".join(truth) + "\n")
         print("%s: %d lines, %d templates" % (name, len(lines), len(set(truth))))
+    held = os.path.join(a.out, "heldout")
+    os.makedirs(held, exist_ok=True)
+    for name in HELDOUT:
+        lines, truth = generate(name, a.lines, a.seed)
+        with open(os.path.join(held, name + ".log"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        with open(os.path.join(held, name + ".truth"), "w") as f:
+            f.write("\n".join(truth) + "\n")
+        print("heldout/%s: %d lines, %d templates" % (name, len(lines), len(set(truth))))
 
 
 if __name__ == "__main__":

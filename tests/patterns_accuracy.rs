@@ -31,6 +31,18 @@ fn one_configuration_groups_every_log_style_accurately() {
 }
 
 #[test]
+fn held_out_styles_are_grouped_accurately_too() {
+    // Apache and ZooKeeper styles were written after the miner was tuned (bench/gen_corpora.py).
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/logs/heldout");
+    let corpora = load_corpora(&dir).expect("held-out corpora load");
+    assert_eq!(corpora.len(), 2);
+    for c in &corpora {
+        let acc = grouping_accuracy(&mine_corpus(&c.lines), &c.truth);
+        assert!(acc >= 0.90, "{}: grouping accuracy {acc:.3} < 0.90", c.name);
+    }
+}
+
+#[test]
 fn agent_failures_cluster_into_their_true_patterns() {
     let corpora = corpora();
     let agent = corpora.iter().find(|c| c.name == "agent").unwrap();
