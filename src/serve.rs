@@ -31,7 +31,7 @@ use crate::ingest::hosts::HostRegistry;
 use crate::ingest::pipeline::PipelineTask;
 use crate::ingest::{FailureTagger, Pipeline, WriterStatus};
 use crate::metrics::Metrics;
-use crate::store::{FailureRow, Store};
+use crate::store::{FailureRow, SpanRow, Store};
 
 /// Command-line arguments of `brownout serve`.
 #[derive(Debug, clap::Args)]
@@ -55,6 +55,9 @@ pub struct AppState {
     pub tagger: Option<Arc<dyn FailureTagger>>,
     /// Every accepted failure, live (lossy for slow subscribers: `broadcast`).
     pub failures_tx: broadcast::Sender<Arc<FailureRow>>,
+    /// Every accepted request span (roots and server spans), live, one message per ingest batch
+    /// (lossy for slow subscribers: `broadcast`). Feeds the SLO evaluator.
+    pub spans_tx: broadcast::Sender<Arc<[SpanRow]>>,
     pub writer_status: watch::Receiver<WriterStatus>,
 }
 
@@ -62,6 +65,11 @@ impl AppState {
     /// Subscribes to accepted failures as they arrive.
     pub fn subscribe_failures(&self) -> broadcast::Receiver<Arc<FailureRow>> {
         self.failures_tx.subscribe()
+    }
+
+    /// Subscribes to accepted request spans as they arrive (one message per ingest batch).
+    pub fn subscribe_spans(&self) -> broadcast::Receiver<Arc<[SpanRow]>> {
+        self.spans_tx.subscribe()
     }
 }
 
@@ -189,6 +197,7 @@ impl App {
             }
         }
         let (failures_tx, _) = broadcast::channel(4096);
+        let (spans_tx, _) = broadcast::channel(1024);
         let state = AppState {
             config: Arc::new(config),
             store,
@@ -198,6 +207,7 @@ impl App {
             pipeline,
             tagger: None,
             failures_tx,
+            spans_tx,
             writer_status,
         };
         Ok(App {

@@ -17,7 +17,7 @@ use prost::Message;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
-use super::{Accepted, SubmitError, accept, otlp};
+use super::{Accepted, SubmitError, accept_reserved, otlp};
 use crate::serve::AppState;
 
 /// Both services, sharing the app state.
@@ -65,7 +65,13 @@ impl TraceService for Otlp {
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
         check_auth(&self.state, &req)?;
         let req = req.into_inner();
-        let approx = req.encoded_len() * 2 + 256;
+        // Reserve before converting: a request waiting for memory holds only its message.
+        let reservation = self
+            .state
+            .pipeline
+            .reserve(super::decoded_size(req.encoded_len(), true))
+            .await
+            .map_err(submit_status)?;
         let c = otlp::convert_traces(&req);
         drop(req);
         let rows = Accepted {
@@ -73,9 +79,7 @@ impl TraceService for Otlp {
             failures: c.failures,
             ..Accepted::default()
         };
-        accept(&self.state, rows, approx)
-            .await
-            .map_err(submit_status)?;
+        accept_reserved(&self.state, rows, reservation).map_err(submit_status)?;
         if c.rejected > 0 {
             self.state
                 .metrics
@@ -101,7 +105,13 @@ impl LogsService for Otlp {
     ) -> Result<Response<ExportLogsServiceResponse>, Status> {
         check_auth(&self.state, &req)?;
         let req = req.into_inner();
-        let approx = req.encoded_len() * 2 + 256;
+        // Reserve before converting: a request waiting for memory holds only its message.
+        let reservation = self
+            .state
+            .pipeline
+            .reserve(super::decoded_size(req.encoded_len(), true))
+            .await
+            .map_err(submit_status)?;
         let c = otlp::convert_logs(&req, brownout_protocol::now_ms());
         drop(req);
         let rows = Accepted {
@@ -109,9 +119,7 @@ impl LogsService for Otlp {
             failures: c.failures,
             ..Accepted::default()
         };
-        accept(&self.state, rows, approx)
-            .await
-            .map_err(submit_status)?;
+        accept_reserved(&self.state, rows, reservation).map_err(submit_status)?;
         if c.rejected > 0 {
             self.state
                 .metrics

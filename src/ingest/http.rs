@@ -28,7 +28,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use prost::Message;
 use serde::Serialize;
 
-use super::{Accepted, SubmitError, accept, otlp};
+use super::{Accepted, SubmitError, accept, accept_reserved, otlp};
 use crate::api::ApiError;
 use crate::auth::Role;
 use crate::serve::AppState;
@@ -283,6 +283,14 @@ async fn traces(State(state): State<AppState>, headers: HeaderMap, body: Body) -
         Ok(x) => x,
         Err(r) => return r,
     };
+    let reservation = match state
+        .pipeline
+        .reserve(super::decoded_size(bytes.len(), enc == Encoding::Protobuf))
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return otlp_error(enc, submit_error(e)),
+    };
     let req: ExportTraceServiceRequest = match decode(enc, &bytes) {
         Ok(r) => r,
         Err(e) => {
@@ -293,13 +301,12 @@ async fn traces(State(state): State<AppState>, headers: HeaderMap, body: Body) -
     let c = otlp::convert_traces(&req);
     drop(req);
     let (rejected, first_error) = (c.rejected, c.first_error.clone());
-    let approx = bytes.len() * 2 + 256;
     let rows = Accepted {
         spans: c.spans,
         failures: c.failures,
         ..Accepted::default()
     };
-    if let Err(e) = accept(&state, rows, approx).await {
+    if let Err(e) = accept_reserved(&state, rows, reservation) {
         return otlp_error(enc, submit_error(e));
     }
     if rejected > 0 {
@@ -324,6 +331,14 @@ async fn logs(State(state): State<AppState>, headers: HeaderMap, body: Body) -> 
         Ok(x) => x,
         Err(r) => return r,
     };
+    let reservation = match state
+        .pipeline
+        .reserve(super::decoded_size(bytes.len(), enc == Encoding::Protobuf))
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return otlp_error(enc, submit_error(e)),
+    };
     let req: ExportLogsServiceRequest = match decode(enc, &bytes) {
         Ok(r) => r,
         Err(e) => {
@@ -334,13 +349,12 @@ async fn logs(State(state): State<AppState>, headers: HeaderMap, body: Body) -> 
     let c = otlp::convert_logs(&req, brownout_protocol::now_ms());
     drop(req);
     let (rejected, first_error) = (c.rejected, c.first_error.clone());
-    let approx = bytes.len() * 2 + 256;
     let rows = Accepted {
         logs: c.logs,
         failures: c.failures,
         ..Accepted::default()
     };
-    if let Err(e) = accept(&state, rows, approx).await {
+    if let Err(e) = accept_reserved(&state, rows, reservation) {
         return otlp_error(enc, submit_error(e));
     }
     if rejected > 0 {
@@ -446,7 +460,7 @@ async fn failures(State(state): State<AppState>, headers: HeaderMap, body: Body)
         });
         return (StatusCode::BAD_REQUEST, Json(body)).into_response();
     }
-    let approx = bytes.len() * 2 + 256;
+    let approx = super::decoded_size(bytes.len(), false);
     if let Err(e) = accept(
         &state,
         Accepted {
@@ -510,7 +524,7 @@ async fn snapshot(State(state): State<AppState>, headers: HeaderMap, body: Body)
             snapshots: vec![snap],
             ..Accepted::default()
         },
-        bytes.len() * 2 + 256,
+        super::decoded_size(bytes.len(), false),
     )
     .await
     {

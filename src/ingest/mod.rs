@@ -7,8 +7,10 @@
 //! - [`pipeline`]: bounded memory → batches → store, with [`spool`] as the on-disk fallback.
 //! - [`hosts`]: per-host last-seen and fresh/stale/down from snapshots.
 //!
-//! All receivers end in [`accept`], which tags failures, counts, publishes them to live
-//! subscribers and submits one batch to the pipeline.
+//! All receivers end in [`accept`] / [`accept_reserved`], which tag failures, count, publish
+//! them to live subscribers and submit one batch to the pipeline. Receivers reserve memory
+//! *before* decoding, sized by [`decoded_size`], so requests waiting for memory hold only
+//! their (bounded) bodies.
 
 pub mod grpc;
 pub mod hosts;
@@ -50,6 +52,19 @@ pub async fn accept(
     rows: Accepted,
     approx_bytes: usize,
 ) -> Result<(), SubmitError> {
+    let r = state.pipeline.reserve(approx_bytes).await?;
+    accept_reserved(state, rows, r)
+}
+
+/// Like [`accept`] under memory reserved with [`Pipeline::reserve`] before decoding.
+///
+/// # Errors
+/// [`SubmitError::Closed`] after shutdown.
+pub fn accept_reserved(
+    state: &AppState,
+    rows: Accepted,
+    reservation: pipeline::Reservation,
+) -> Result<(), SubmitError> {
     let tagger = state.tagger.clone();
     let failures: Vec<FailureRow> = rows
         .failures
@@ -70,6 +85,15 @@ pub async fn accept(
     } else {
         Vec::new()
     };
+    let live_spans: Vec<SpanRow> = if state.spans_tx.receiver_count() > 0 {
+        rows.spans
+            .iter()
+            .filter(|s| s.is_request)
+            .cloned()
+            .collect()
+    } else {
+        Vec::new()
+    };
     let batch = Batch {
         id: 0,
         spans: rows.spans,
@@ -77,7 +101,7 @@ pub async fn accept(
         failures,
         snapshots: rows.snapshots,
     };
-    state.pipeline.submit(batch, approx_bytes).await?;
+    state.pipeline.submit_reserved(batch, reservation)?;
     let m = &state.metrics.ingest;
     m.spans_total.inc_by(n_spans as u64);
     m.logs_total.inc_by(n_logs as u64);
@@ -86,5 +110,16 @@ pub async fn accept(
     for f in live {
         let _ = state.failures_tx.send(Arc::new(f));
     }
+    if !live_spans.is_empty() {
+        let _ = state.spans_tx.send(Arc::from(live_spans));
+    }
     Ok(())
+}
+
+/// How many bytes of memory the rows decoded from a body of `body_bytes` take, roughly: a
+/// span is ~150 bytes of protobuf and ~1.5 KiB as a [`SpanRow`] with its strings; text
+/// encodings are closer to their decoded size.
+pub fn decoded_size(body_bytes: usize, protobuf: bool) -> usize {
+    let factor = if protobuf { 10 } else { 4 };
+    body_bytes.saturating_mul(factor).saturating_add(1024)
 }

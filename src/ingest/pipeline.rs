@@ -155,6 +155,16 @@ impl Pipeline {
         if batch.is_empty() {
             return Ok(());
         }
+        let r = self.reserve(approx_bytes).await?;
+        self.submit_reserved(batch, r)
+    }
+
+    /// Takes `approx_bytes` of the memory budget *before* a request is decoded, so requests
+    /// waiting for memory hold only their body, not their decoded rows.
+    ///
+    /// # Errors
+    /// [`SubmitError`] when the spool is full or no memory frees up within the wait.
+    pub async fn reserve(&self, approx_bytes: usize) -> Result<Reservation, SubmitError> {
         if self.spool_full.load(std::sync::atomic::Ordering::Relaxed) {
             self.metrics.reject("spool_full");
             return Err(SubmitError::SpoolFull {
@@ -179,11 +189,25 @@ impl Pipeline {
             .ingest
             .inflight_bytes
             .set(i64::try_from(self.max_permits - self.permits.available_permits()).unwrap_or(0));
+        Ok(Reservation(permit))
+    }
+
+    /// Queues a batch under a reservation (released when it is written or spooled).
+    ///
+    /// # Errors
+    /// [`SubmitError::Closed`] after shutdown.
+    pub fn submit_reserved(&self, batch: Batch, r: Reservation) -> Result<(), SubmitError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
         self.tx
-            .send(Item { batch, permit })
+            .send(Item { batch, permit: r.0 })
             .map_err(|_| SubmitError::Closed)
     }
 }
+
+/// Memory taken from the ingest budget; given back when dropped or when its batch is written.
+pub struct Reservation(OwnedSemaphorePermit);
 
 struct Writer {
     store: Arc<dyn Store>,
@@ -213,8 +237,9 @@ impl Writer {
         loop {
             let spool_waiting = !self.spool_is_empty();
             let can_replay = spool_waiting && tokio::time::Instant::now() >= retry_at;
+            // Unbiased on purpose: under sustained load `recv` is always ready, and replay
+            // must still get its turns or the spool would never drain.
             tokio::select! {
-                biased;
                 _ = shutdown.changed() => {
                     if *shutdown.borrow() {
                         break;

@@ -1,0 +1,318 @@
+//! Ingest benchmark: sustained spans/s end to end, with the real OpenTelemetry SDK and
+//! `opentelemetry-otlp` exporter as the load, in another process.
+//!
+//! ```text
+//! cargo run --release --example ingest_bench -- --store sqlite --seconds 30
+//! CLICKHOUSE_URL=http://127.0.0.1:8123 cargo run --release --example ingest_bench -- --store clickhouse --seconds 30
+//! ```
+//!
+//! The parent runs the control plane in-process (real sockets, the chosen store), starts itself
+//! again as the load generator (`--load`, N threads, each with its own tracer provider, batch
+//! span processor and OTLP exporter), samples the accepted-spans counter and its own resident
+//! memory every second, then waits for the ingest writer to drain and counts the stored rows.
+//! Spans the SDK dropped (its queue full) show up as `created − accepted`; rows lost after
+//! acceptance as `accepted − stored`.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use brownout::auth::Tokens;
+use brownout::config::{ClickHouseConfig, Config};
+use brownout::serve::{App, Listeners};
+use opentelemetry::KeyValue;
+use opentelemetry::trace::{
+    Span as _, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
+};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
+
+fn arg(args: &[String], name: &str, default: &str) -> String {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| default.to_string())
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--load") {
+        return load(&args);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(bench(&args))
+}
+
+/// The load generator (child process).
+fn load(args: &[String]) -> anyhow::Result<()> {
+    let transport = arg(args, "--transport", "grpc");
+    let endpoint = arg(args, "--endpoint", "");
+    let token = arg(args, "--token", "");
+    let seconds: f64 = arg(args, "--seconds", "30").parse()?;
+    let threads: usize = arg(args, "--threads", "2").parse()?;
+    let rate: f64 = arg(args, "--rate", "0").parse()?; // spans/s over all threads; 0 = flat out
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut handles = Vec::new();
+    for t in 0..threads {
+        let guard = rt.enter();
+        let exporter = match transport.as_str() {
+            "grpc" => {
+                let mut md = tonic::metadata::MetadataMap::new();
+                md.insert("authorization", format!("Bearer {token}").parse()?);
+                opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_endpoint(&endpoint)
+                    .with_metadata(md)
+                    .build()?
+            }
+            _ => opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .with_endpoint(format!("{endpoint}/v1/traces"))
+                .with_headers([("authorization".to_string(), format!("Bearer {token}"))].into())
+                .build()?,
+        };
+        let bsp = BatchSpanProcessor::builder(exporter)
+            .with_batch_config(
+                BatchConfigBuilder::default()
+                    .with_max_queue_size(200_000)
+                    .with_max_export_batch_size(4096)
+                    .with_scheduled_delay(Duration::from_millis(50))
+                    .build(),
+            )
+            .build();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(bsp)
+            .with_resource(
+                opentelemetry_sdk::Resource::builder()
+                    .with_service_name(format!("bench-{t}"))
+                    .build(),
+            )
+            .build();
+        drop(guard);
+        let per_thread = rate / threads as f64;
+        handles.push(std::thread::spawn(move || {
+            let tracer = provider.tracer("ingest-bench");
+            let start = Instant::now();
+            let mut created: u64 = 0;
+            let mut i: u64 = 0;
+            while start.elapsed().as_secs_f64() < seconds {
+                // One request: a server root span and 9 children; 1 % fail.
+                let mut root = tracer
+                    .span_builder("POST /v1/chat/completions")
+                    .with_kind(SpanKind::Server)
+                    .with_attributes([
+                        KeyValue::new(
+                            "feature",
+                            if i % 3 == 0 {
+                                "pdf_analysis"
+                            } else {
+                                "basic_qa"
+                            },
+                        ),
+                        KeyValue::new("criticality", "default"),
+                    ])
+                    .start(&tracer);
+                let cx = opentelemetry::Context::current()
+                    .with_remote_span_context(root.span_context().clone());
+                for c in 0..9 {
+                    let mut s = tracer.start_with_context(
+                        ["tokenize", "retrieve", "prefill", "decode", "tool"][c % 5],
+                        &cx,
+                    );
+                    s.set_attribute(KeyValue::new("step", c as i64));
+                    s.end();
+                }
+                if i % 100 == 0 {
+                    root.set_status(Status::error(
+                        "tool call to weather API timed out after 8000 ms",
+                    ));
+                }
+                root.end();
+                created += 10;
+                i += 1;
+                if per_thread > 0.0 {
+                    let due = created as f64 / per_thread;
+                    let now = start.elapsed().as_secs_f64();
+                    if due > now {
+                        std::thread::sleep(Duration::from_secs_f64(due - now));
+                    }
+                }
+            }
+            let _ = provider.force_flush();
+            let _ = provider.shutdown();
+            created
+        }));
+    }
+    let created: u64 = handles.into_iter().map(|h| h.join().unwrap_or(0)).sum();
+    println!("created {created}");
+    drop(rt);
+    Ok(())
+}
+
+async fn bench(args: &[String]) -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let store = arg(args, "--store", "sqlite");
+    let seconds = arg(args, "--seconds", "30");
+    let threads = arg(args, "--threads", "2");
+    let transport = arg(args, "--transport", "grpc");
+    let rate = arg(args, "--rate", "0");
+    let dir = tempfile::tempdir()?;
+    let mut config = Config::defaults();
+    config.data_dir = dir.path().to_path_buf();
+    config.ingest.batch_max_delay = Duration::from_millis(200);
+    let prefix = format!("bench{}_", uuid::Uuid::new_v4().simple());
+    if store == "clickhouse" {
+        let url =
+            std::env::var("CLICKHOUSE_URL").context("--store clickhouse needs CLICKHOUSE_URL")?;
+        config.clickhouse = Some(ClickHouseConfig {
+            url,
+            database: "default".into(),
+            user: None,
+            password: None,
+            table_prefix: prefix.clone(),
+        });
+    }
+    let tokens = Tokens::random();
+    let ingest_token = tokens
+        .get(brownout::auth::Role::Ingest)
+        .map(|s| s.expose().to_string())
+        .unwrap_or_default();
+    let app = App::build(config, tokens).await?;
+    let run = app.spawn(Listeners::loopback().await?, axum::Router::new());
+    let state = run.state.clone();
+    let endpoint = if transport == "grpc" {
+        format!("http://{}", run.otlp_grpc_addr)
+    } else {
+        format!("http://{}", run.otlp_http_addr)
+    };
+
+    let exe = std::env::current_exe()?;
+    let child = tokio::process::Command::new(exe)
+        .args([
+            "--load",
+            "--transport",
+            &transport,
+            "--endpoint",
+            &endpoint,
+            "--token",
+            &ingest_token,
+            "--seconds",
+            &seconds,
+            "--threads",
+            &threads,
+            "--rate",
+            &rate,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let child_pid = child.id().unwrap_or(0);
+    let out = tokio::spawn(child.wait_with_output());
+
+    println!(
+        "store={store} transport={transport} threads={threads} rate={rate} seconds={seconds} (load pid {child_pid})"
+    );
+    println!(
+        "{:>5} {:>12} {:>10} {:>9} {:>12}",
+        "t_s", "accepted", "spans/s", "rss_MiB", "spool_bytes"
+    );
+    let t0 = Instant::now();
+    let mut last = 0u64;
+    let mut peak_rss = 0u64;
+    let mut rates = Vec::new();
+    let mut rss_series = Vec::new();
+    while !out.is_finished() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let n = state.metrics.ingest.spans_total.get();
+        let rss = rss_kib();
+        peak_rss = peak_rss.max(rss);
+        rates.push(n - last);
+        rss_series.push(rss / 1024);
+        println!(
+            "{:>5.0} {:>12} {:>10} {:>9} {:>12}",
+            t0.elapsed().as_secs_f64(),
+            n,
+            n - last,
+            rss / 1024,
+            state.metrics.ingest.spool_bytes.get()
+        );
+        last = n;
+    }
+    let output = out.await??;
+    let load_secs = t0.elapsed().as_secs_f64();
+    let created: u64 = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("created ")
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0);
+    let accepted = state.metrics.ingest.spans_total.get();
+    // Wait for the writer to drain what it holds.
+    let drain_start = Instant::now();
+    loop {
+        let s = *state.writer_status.borrow();
+        if state.metrics.ingest.inflight_bytes.get() == 0 && s.spool_bytes == 0 {
+            break;
+        }
+        if drain_start.elapsed() > Duration::from_secs(120) {
+            println!("writer did not drain within 120 s");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let drain_secs = drain_start.elapsed().as_secs_f64();
+    let stored = state.store.count_rows().await?.spans;
+    let store_handle = state.store.clone();
+    drop(state);
+    run.stop().await?;
+    // Steady state: drop the first and last second (ramp up / flush).
+    let steady: Vec<u64> = if rates.len() > 3 {
+        rates[1..rates.len() - 1].to_vec()
+    } else {
+        rates.clone()
+    };
+    let mean = steady.iter().sum::<u64>() as f64 / steady.len().max(1) as f64;
+    let min = steady.iter().copied().min().unwrap_or(0);
+    println!();
+    println!(
+        "summary: store={store} transport={transport} created={created} accepted={accepted} stored={stored} \
+         sdk_dropped_or_failed={} lost_after_accept={} load_s={load_secs:.1} drain_s={drain_secs:.1} \
+         mean_spans_per_s={mean:.0} min_spans_per_s={min} end_to_end_spans_per_s={:.0} peak_rss_mib={} rss_mib_series={rss_series:?}",
+        created.saturating_sub(accepted),
+        accepted.saturating_sub(stored),
+        stored as f64 / (load_secs + drain_secs),
+        peak_rss / 1024
+    );
+    if store == "clickhouse" {
+        if let Some(ch) = std::env::var("CLICKHOUSE_URL").ok() {
+            let c = reqwest::Client::new();
+            for t in ["spans", "logs", "failures", "snapshots", "docs"] {
+                let _ = c
+                    .post(&ch)
+                    .body(format!("DROP TABLE IF EXISTS {prefix}{t}"))
+                    .send()
+                    .await;
+            }
+        }
+    }
+    drop(store_handle);
+    Ok(())
+}
