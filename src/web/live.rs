@@ -1130,6 +1130,110 @@ mod tests {
         assert_eq!(tier_of(9), Tier::T3);
     }
 
+    /// A report with one SLO whose single page pair (`1h/5m`, factor 14.4) is in `state`.
+    fn report(at_ms: u64, budget: f64, state: serde_json::Value) -> SloReport {
+        let mut alert = serde_json::json!({
+            "alert": "SLOErrorBudgetBurn", "kind": "page", "severity": "page",
+            "window": "1h/5m", "factor": 14.4, "long_burn_rate": 20.0, "short_burn_rate": 30.0,
+        });
+        alert
+            .as_object_mut()
+            .unwrap()
+            .extend(state.as_object().unwrap().clone());
+        let mut r: SloReport = serde_json::from_value(serde_json::json!({
+            "evaluated_at_ms": at_ms,
+            "slos": [{
+                "name": "chat-availability", "service": "chat", "objective": 0.995,
+                "period": "28d", "period_events": {"good": 90, "total": 100},
+                "budget_remaining_ratio": 0.0, "time_to_exhaustion_secs": null,
+                "burn_rates": [
+                    {"window": "5m", "window_secs": 300, "burn_rate": 30.0, "events": 10},
+                    {"window": "1h", "window_secs": 3600, "burn_rate": 20.0, "events": 100},
+                    {"window": "3d", "window_secs": 259200, "burn_rate": 0.5, "events": 100}
+                ],
+                "alerts": [alert], "evaluated_at_ms": at_ms,
+            }]
+        }))
+        .unwrap();
+        // Set here: JSON has no NaN.
+        r.slos[0].budget_remaining_ratio = budget;
+        r
+    }
+
+    #[test]
+    fn reports_become_a_budget_series_and_alert_transitions() {
+        use serde_json::json;
+        const T: u64 = 1_764_460_800_000;
+        // (report time, budget, alert state) -> budget points so far, alert events (newest first)
+        type Step = (u64, f64, serde_json::Value, usize, Vec<(u64, AlertState)>);
+        let steps: Vec<Step> = vec![
+            (T, 0.9, json!({"state": "inactive"}), 1, vec![]),
+            // The same report again records nothing.
+            (T, 0.9, json!({"state": "inactive"}), 1, vec![]),
+            // Too soon after the last point for the budget series; alert pending: no event.
+            (
+                T + 1_000,
+                0.8,
+                json!({"state": "pending", "since_ms": T + 1_000}),
+                1,
+                vec![],
+            ),
+            (
+                T + 6_000,
+                0.7,
+                json!({"state": "firing", "since_ms": T + 6_000}),
+                2,
+                vec![(T + 6_000, AlertState::Page)],
+            ),
+            // Still firing: no duplicate.
+            (
+                T + 12_000,
+                f64::NAN,
+                json!({"state": "firing", "since_ms": T + 6_000}),
+                3,
+                vec![(T + 6_000, AlertState::Page)],
+            ),
+            (
+                T + 20_000,
+                0.5,
+                json!({"state": "resolved", "since_ms": T + 18_000, "fired_since_ms": T + 6_000}),
+                4,
+                vec![(T + 18_000, AlertState::Ok), (T + 6_000, AlertState::Page)],
+            ),
+        ];
+        let mut c = Caches::default();
+        for (i, (at, budget, state, points, events)) in steps.into_iter().enumerate() {
+            record_report(&mut c, &report(at, budget, state));
+            let series = &c.budgets["chat-availability"];
+            assert_eq!(series.len(), points, "step {i}");
+            assert!(series.iter().all(|p| p.value.is_finite()), "step {i}");
+            let got: Vec<(u64, AlertState)> = c
+                .alert_events
+                .get("chat-availability")
+                .map(|e| e.iter().map(|e| (e.ts_ms, e.state)).collect())
+                .unwrap_or_default();
+            assert_eq!(got, events, "step {i}");
+        }
+    }
+
+    #[test]
+    fn burn_rate_thresholds_come_from_the_pair_the_window_belongs_to() {
+        let r = report(
+            1,
+            0.5,
+            serde_json::json!({"state": "firing", "since_ms": 1}),
+        );
+        let s = slo_summary(&r.slos[0]);
+        let got: Vec<(&str, f64)> = s
+            .burn_rates
+            .iter()
+            .map(|b| (b.window.as_str(), b.threshold))
+            .collect();
+        // 5m and 1h are the page pair (14.4); 3d belongs to no pair here: 1 (on budget).
+        assert_eq!(got, vec![("5m", 14.4), ("1h", 14.4), ("3d", 1.0)]);
+        assert_eq!(s.alert_state, AlertState::Page);
+    }
+
     #[test]
     fn finite_replaces_nan_and_inf() {
         for (x, want) in [
