@@ -22,6 +22,7 @@ pub mod ingest;
 pub mod loadgen;
 pub mod metrics;
 pub mod patterns;
+pub mod plane;
 pub mod report;
 pub mod serve;
 pub mod slo;

@@ -266,7 +266,7 @@ async fn one_call(
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": cfg.max_tokens,
         "temperature": 0.7,
-        "seed": a.jitter_seed,
+        "seed": a.jitter_seed % (1 << 31),
         "stream": true,
     });
     let started = Instant::now();

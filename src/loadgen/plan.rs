@@ -92,8 +92,8 @@ impl FlowKind {
         match self {
             FlowKind::Login => "login",
             FlowKind::BasicQa => "basic_qa",
-            FlowKind::Chat => "chat",
-            FlowKind::TripPlanner => "trip_planner",
+            FlowKind::Chat => "simple_tasks",
+            FlowKind::TripPlanner => "web_search",
             FlowKind::PdfAnalysis => "pdf_analysis",
             FlowKind::ImageGeneration => "image_generation",
             FlowKind::MultilingualEmail => "multilingual_email",
