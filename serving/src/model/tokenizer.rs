@@ -30,6 +30,13 @@ pub enum TokenizerError {
     MissingByte(u8),
 }
 
+/// GPT-2's split pattern without its `\s+(?!\S)` look-ahead (done by hand, see
+/// [`Tokenizer::encode_plain`]).
+static PRETOKENIZE: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
+    Regex::new(r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+")
+        .expect("static regex")
+});
+
 /// Byte-level BPE tokenizer.
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
@@ -158,8 +165,7 @@ impl Tokenizer {
             .map(|(i, t)| (t.clone(), i as u32))
             .collect();
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
-        let pre = Regex::new(r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+")
-            .expect("static regex");
+        let pre = PRETOKENIZE.clone();
         Ok(Tokenizer {
             tokens,
             token_to_id,
