@@ -127,7 +127,7 @@ fn snapshot(n: &Names) -> AgentSnapshot {
 
 /// Starts the plane, ingests `names` over HTTP, drives the controller to T3 and waits until
 /// everything is visible.
-async fn start(n: &Names) -> Plane {
+async fn start(names: Option<&Names>) -> Plane {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::defaults();
@@ -181,152 +181,154 @@ async fn start(n: &Names) -> Plane {
     let http = format!("http://{}", run.http_addr);
     let client = reqwest::Client::new();
 
-    // Failures (NDJSON) and a snapshot, over HTTP with the ingest token.
-    let now = now_ms();
-    let mut events = Vec::new();
-    for (m, msg) in n.messages.iter().enumerate() {
-        for i in 0..4u64 {
-            events.push(FailureEvent {
-                ts_ms: now - 60_000 + m as u64 * 1000 + i,
-                service: n.service.clone(),
-                host: n.host.clone(),
-                request_id: format!("req-{m}-{i}"),
-                trace_id: format!("{:032x}", 0xabc0 + m as u64 * 16 + i),
-                user_id: format!("user-{i}"),
-                feature: n.feature.clone(),
-                criticality: Default::default(),
-                category: if m % 2 == 0 {
-                    brownout_protocol::Category::ToolUnavailable
-                } else {
-                    brownout_protocol::Category::KvCacheExhausted
-                },
-                error_type: "ToolTimeout".into(),
-                message: msg.clone(),
-                latency_ms: 3000.0,
-                attributes: Default::default(),
-            });
+    if let Some(n) = names {
+        // Failures (NDJSON) and a snapshot, over HTTP with the ingest token.
+        let now = now_ms();
+        let mut events = Vec::new();
+        for (m, msg) in n.messages.iter().enumerate() {
+            for i in 0..4u64 {
+                events.push(FailureEvent {
+                    ts_ms: now - 60_000 + m as u64 * 1000 + i,
+                    service: n.service.clone(),
+                    host: n.host.clone(),
+                    request_id: format!("req-{m}-{i}"),
+                    trace_id: format!("{:032x}", 0xabc0 + m as u64 * 16 + i),
+                    user_id: format!("user-{i}"),
+                    feature: n.feature.clone(),
+                    criticality: Default::default(),
+                    category: if m % 2 == 0 {
+                        brownout_protocol::Category::ToolUnavailable
+                    } else {
+                        brownout_protocol::Category::KvCacheExhausted
+                    },
+                    error_type: "ToolTimeout".into(),
+                    message: msg.clone(),
+                    latency_ms: 3000.0,
+                    attributes: Default::default(),
+                });
+            }
         }
-    }
-    let body: String = events
-        .iter()
-        .map(|e| serde_json::to_string(e).unwrap() + "\n")
-        .collect();
-    let r = client
-        .post(format!("{http}/v1/failures"))
-        .bearer_auth(INGEST)
-        .header("content-type", "application/x-ndjson")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    // 20 request spans (2 failed) over OTLP/HTTP JSON.
-    let r = client
-        .post(format!("{http}/v1/traces"))
-        .bearer_auth(INGEST)
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&spans(n, 20, 2)).unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    let snap = snapshot(n);
-    let r = client
-        .post(format!("{http}/v1/agents/snapshot"))
-        .bearer_auth(INGEST)
-        .json(&snap)
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-
-    // The SLO engine counts the failures (as the plane's feeder does) and evaluates.
-    for e in &events {
-        slo.record_failure(e);
-    }
-    slo.evaluate(now_ms());
-
-    // The controller: a firing Alertmanager alert raises T3; an instance acks over the bus.
-    let hook: AlertmanagerWebhook = serde_json::from_value(serde_json::json!({
-        "version": "4", "status": "firing", "receiver": "brownout", "groupKey": "g",
-        "alerts": [{"status": "firing", "labels": {"alertname": "BrownoutServingOverload"}}]
-    }))
-    .unwrap();
-    degrade.alertmanager_webhook(&hook, now_ms()).unwrap();
-    degrade.push_snapshot(snap);
-    let bus = InProcBus::new();
-    let acks = bus.ack_sender();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let ctl = tokio::spawn(brownout::degrade::run_controller(
-        degrade.clone(),
-        Transport::InProc(bus),
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-    let cmd = eventually("a published T3 command", || {
-        degrade.command().filter(|c| c.tier == Tier::T3)
-    })
-    .await;
-    let instance = format!("{}/{}", n.host, n.engine);
-    acks.send((
-        instance.clone(),
-        Ack::Applied {
-            epoch: cmd.epoch,
-            version: cmd.version,
-            applied_at_ms: cmd.issued_at_ms + 42,
-        },
-    ))
-    .await
-    .unwrap();
-    eventually("the ack", || {
-        degrade
-            .status()
-            .acks
+        let body: String = events
             .iter()
-            .any(|a| a.instance == instance)
-            .then_some(())
-    })
-    .await;
-    let _ = stop_tx.send(());
-    ctl.await.unwrap().unwrap();
-
-    // Ingest is asynchronous by up to a batch delay.
-    let q = FailureQuery {
-        since_ms: 0,
-        until_ms: u64::MAX / 2,
-        limit: 100,
-        ..FailureQuery::default()
-    };
-    for _ in 0..200 {
-        if store.failures(&q).await.unwrap().items.len() >= events.len()
-            && !run.state.hosts.list(now_ms()).is_empty()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(store.failures(&q).await.unwrap().items.len() >= events.len());
-
-    let cq = brownout::store::CountQuery {
-        since_ms: 0,
-        until_ms: u64::MAX / 2,
-        bucket_ms: 3_600_000,
-        service: None,
-        latency_threshold_ms: None,
-    };
-    for _ in 0..200 {
-        let n: u64 = store
-            .request_counts(&cq)
+            .map(|e| serde_json::to_string(e).unwrap() + "\n")
+            .collect();
+        let r = client
+            .post(format!("{http}/v1/failures"))
+            .bearer_auth(INGEST)
+            .header("content-type", "application/x-ndjson")
+            .body(body)
+            .send()
             .await
-            .unwrap()
-            .iter()
-            .map(|c| c.total)
-            .sum();
-        if n == 20 {
-            break;
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        // 20 request spans (2 failed) over OTLP/HTTP JSON.
+        let r = client
+            .post(format!("{http}/v1/traces"))
+            .bearer_auth(INGEST)
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&spans(n, 20, 2)).unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        let snap = snapshot(n);
+        let r = client
+            .post(format!("{http}/v1/agents/snapshot"))
+            .bearer_auth(INGEST)
+            .json(&snap)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+
+        // The SLO engine counts the failures (as the plane's feeder does) and evaluates.
+        for e in &events {
+            slo.record_failure(e);
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        slo.evaluate(now_ms());
+
+        // The controller: a firing Alertmanager alert raises T3; an instance acks over the bus.
+        let hook: AlertmanagerWebhook = serde_json::from_value(serde_json::json!({
+            "version": "4", "status": "firing", "receiver": "brownout", "groupKey": "g",
+            "alerts": [{"status": "firing", "labels": {"alertname": "BrownoutServingOverload"}}]
+        }))
+        .unwrap();
+        degrade.alertmanager_webhook(&hook, now_ms()).unwrap();
+        degrade.push_snapshot(snap);
+        let bus = InProcBus::new();
+        let acks = bus.ack_sender();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let ctl = tokio::spawn(brownout::degrade::run_controller(
+            degrade.clone(),
+            Transport::InProc(bus),
+            async move {
+                let _ = stop_rx.await;
+            },
+        ));
+        let cmd = eventually("a published T3 command", || {
+            degrade.command().filter(|c| c.tier == Tier::T3)
+        })
+        .await;
+        let instance = format!("{}/{}", n.host, n.engine);
+        acks.send((
+            instance.clone(),
+            Ack::Applied {
+                epoch: cmd.epoch,
+                version: cmd.version,
+                applied_at_ms: cmd.issued_at_ms + 42,
+            },
+        ))
+        .await
+        .unwrap();
+        eventually("the ack", || {
+            degrade
+                .status()
+                .acks
+                .iter()
+                .any(|a| a.instance == instance)
+                .then_some(())
+        })
+        .await;
+        let _ = stop_tx.send(());
+        ctl.await.unwrap().unwrap();
+
+        // Ingest is asynchronous by up to a batch delay.
+        let q = FailureQuery {
+            since_ms: 0,
+            until_ms: u64::MAX / 2,
+            limit: 100,
+            ..FailureQuery::default()
+        };
+        for _ in 0..200 {
+            if store.failures(&q).await.unwrap().items.len() >= events.len()
+                && !run.state.hosts.list(now_ms()).is_empty()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(store.failures(&q).await.unwrap().items.len() >= events.len());
+
+        let cq = brownout::store::CountQuery {
+            since_ms: 0,
+            until_ms: u64::MAX / 2,
+            bucket_ms: 3_600_000,
+            service: None,
+            latency_threshold_ms: None,
+        };
+        for _ in 0..200 {
+            let n: u64 = store
+                .request_counts(&cq)
+                .await
+                .unwrap()
+                .iter()
+                .map(|c| c.total)
+                .sum();
+            if n == 20 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
     }
     let source = Arc::new(LiveDataSource::new(LiveParts {
         state: run.state.clone(),
@@ -453,7 +455,7 @@ async fn get(app: &axum::Router, path: &str) -> (StatusCode, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_page_shows_what_was_ingested() {
     let n = plain_names();
-    let p = start(&n).await;
+    let p = start(Some(&n)).await;
     let app = web::router(p.source.clone());
     let inst = format!("{}/{}", n.host, n.engine);
 
@@ -611,6 +613,40 @@ async fn every_page_shows_what_was_ingested() {
     p.run.stop().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_plane_renders_every_page_with_empty_states() {
+    let p = start(None).await;
+    let app = web::router(p.source.clone());
+    for page in [
+        "/",
+        "/hosts",
+        "/patterns",
+        "/slos",
+        "/degradation",
+        "/debug/resource",
+    ] {
+        let (status, body) = get(&app, page).await;
+        assert_eq!(status, StatusCode::OK, "{page}: {body}");
+        assert!(body.contains("class=\"origin live\""), "{page}: {body}");
+    }
+    let (_, body) = get(&app, "/debug/resource").await;
+    assert!(body.contains("No engines reporting."), "{body}");
+    let (_, j) = get(&app, "/ui/api/degradation").await;
+    let j: serde_json::Value = serde_json::from_str(&j).unwrap();
+    // Before any decision: T0 over the whole window.
+    assert_eq!(j["clusters"][0]["current"]["tier"], 0, "{j}");
+    assert_eq!(
+        j["clusters"][0]["timeline"].as_array().unwrap().len(),
+        1,
+        "{j}"
+    );
+    // Before the SLO task's first evaluation there is no report: no SLO rows, no error.
+    let (status, j) = get(&app, "/ui/api/slos").await;
+    assert_eq!(status, StatusCode::OK, "{j}");
+    assert_eq!(get(&app, "/services/chat").await.0, StatusCode::NOT_FOUND);
+    p.run.stop().await.unwrap();
+}
+
 // ---- XSS through ingest ---------------------------------------------------------------------
 
 /// Each payload, if it ran, would set `data-pwned` on `<body>` or change the title.
@@ -672,7 +708,7 @@ fn as_text(s: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payloads_sent_through_ingest_render_as_text_in_chromium() {
     let n = hostile_names();
-    let p = start(&n).await;
+    let p = start(Some(&n)).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let ui = tokio::spawn(axum::serve(listener, web::router(p.source.clone())).into_future());
