@@ -48,12 +48,13 @@ fn next_token(s: &str) -> Option<(&str, &str)> {
         if b.is_ascii_whitespace() {
             break;
         }
-        if (b == b'"' || (b == b'\'' && !prev_word)) && i + 1 < bytes.len() {
-            if let Some(close) = bytes[i + 1..].iter().take(400).position(|&c| c == b) {
-                i += close + 2;
-                prev_word = true;
-                continue;
-            }
+        if (b == b'"' || (b == b'\'' && !prev_word))
+            && i + 1 < bytes.len()
+            && let Some(close) = bytes[i + 1..].iter().take(400).position(|&c| c == b)
+        {
+            i += close + 2;
+            prev_word = true;
+            continue;
         }
         prev_word = b.is_ascii_alphanumeric();
         i += 1;

@@ -384,12 +384,12 @@ impl TemplateMiner {
 
     fn add_masked(&mut self, masked: &str) -> TemplateId {
         let h = stable_hash(&[masked.as_bytes()]);
-        if let Some(&id) = self.exact.get(&h) {
-            if let Some(t) = self.templates.get_mut(&id.0) {
-                t.count += 1;
-                t.last_seen = self.tick;
-                return id;
-            }
+        if let Some(&id) = self.exact.get(&h)
+            && let Some(t) = self.templates.get_mut(&id.0)
+        {
+            t.count += 1;
+            t.last_seen = self.tick;
+            return id;
         }
         let tokens: Vec<&str> = if masked.is_empty() {
             Vec::new()

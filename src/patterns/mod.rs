@@ -116,10 +116,10 @@ fn open_input(file: &str) -> anyhow::Result<(Box<dyn BufRead>, u64)> {
 
 /// A line as the miner sees it: a failure event's message, or the raw line.
 fn message_of(line: &str) -> (std::borrow::Cow<'_, str>, Option<FailureEvent>) {
-    if line.starts_with('{') {
-        if let Ok(ev) = FailureEvent::parse_line(line.as_bytes()) {
-            return (std::borrow::Cow::Owned(ev.message.clone()), Some(ev));
-        }
+    if line.starts_with('{')
+        && let Ok(ev) = FailureEvent::parse_line(line.as_bytes())
+    {
+        return (std::borrow::Cow::Owned(ev.message.clone()), Some(ev));
     }
     (std::borrow::Cow::Borrowed(line), None)
 }
@@ -141,7 +141,7 @@ impl Progress {
         }
     }
     fn tick(&mut self, n: u64) {
-        if self.enabled && n % 65_536 == 0 && self.last.elapsed().as_secs_f64() >= 2.0 {
+        if self.enabled && n.is_multiple_of(65_536) && self.last.elapsed().as_secs_f64() >= 2.0 {
             self.last = std::time::Instant::now();
             let rate = n as f64 / self.started.elapsed().as_secs_f64();
             eprintln!("patterns: {n} lines ({rate:.0} lines/s)");

@@ -54,13 +54,16 @@ pub struct SynthEvent {
     pub true_pattern: &'static str,
 }
 
+/// A true template and the function that writes a message of it.
+type MakeMessage = fn(&mut Rng) -> String;
+
 struct Scenario {
     pattern: &'static str,
     weight: f64,
     category: Category,
     error_type: &'static str,
     features: &'static [&'static str],
-    templates: &'static [(&'static str, fn(&mut Rng) -> String)],
+    templates: &'static [(&'static str, MakeMessage)],
 }
 
 const APIS: &[&str] = &["weather", "hotel", "flights", "maps", "currency", "search", "calendar"];
