@@ -435,14 +435,16 @@ impl LiveDataSource {
         {
             return Ok(p.clone());
         }
-        let ranked: Vec<Pattern> = {
-            let e = self
-                .parts
-                .patterns
+        // Clustering takes a while: off the async workers.
+        let engine = self.parts.patterns.clone();
+        let ranked: Vec<Pattern> = tokio::task::spawn_blocking(move || {
+            let e = engine
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             e.patterns(now.saturating_sub(24 * HOUR_MS), now + 1)
-        };
+        })
+        .await
+        .map_err(|e| unavailable("patterns", e))?;
         let mut out = Vec::with_capacity(ranked.len());
         for (i, p) in ranked.into_iter().enumerate() {
             let examples = if i < PATTERNS_WITH_EXAMPLES {
