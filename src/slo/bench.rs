@@ -160,7 +160,7 @@ pub fn run(n_slos: usize, n_events: u64, span_ms: u64) -> BenchReport {
         let ts_ms = start_ms + i * span_ms / n_events.max(1);
         let obs = Observation {
             ts_ms,
-            kind: if r % 5 == 0 {
+            kind: if r.is_multiple_of(5) {
                 EventKind::AgentTask
             } else {
                 EventKind::Request

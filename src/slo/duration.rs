@@ -114,6 +114,20 @@ mod tests {
         assert_eq!(format_secs(90_061), "1d1h1m1s");
     }
 
+    proptest::proptest! {
+        /// Printing then parsing gives the same seconds back, for any duration.
+        #[test]
+        fn format_then_parse_round_trips(secs in 1u64..10_000_000_000) {
+            proptest::prop_assert_eq!(parse_secs(&format_secs(secs)), Ok(secs));
+        }
+
+        /// Arbitrary text never panics the parser.
+        #[test]
+        fn parser_never_panics(text in "\\PC{0,12}") {
+            let _ = parse_secs(&text);
+        }
+    }
+
     #[test]
     fn refuses_malformed_text() {
         for bad in [

@@ -425,10 +425,13 @@ pub fn classify(spec: &SloSpec, obs: &Observation<'_>) -> Option<bool> {
     if obs.service != spec.service {
         return None;
     }
-    if let Some(f) = &spec.selector.feature {
-        if obs.feature != f {
-            return None;
-        }
+    if spec
+        .selector
+        .feature
+        .as_deref()
+        .is_some_and(|f| obs.feature != f)
+    {
+        return None;
     }
     if !spec.selector.criticality.is_empty()
         && !spec.selector.criticality.contains(&obs.criticality)

@@ -122,15 +122,13 @@ fn groups_for(spec: &SloSpec) -> Result<Vec<Group>, RulesError> {
             labels: base.clone(),
         });
     }
-    if guard {
-        if let PromSli::Events { total_query, .. } = prom {
-            for &w in &windows {
-                sli_rules.push(Rule::Record {
-                    record: format!("slo:sli_events:count{}", format_secs(w)),
-                    expr: format!("({}) * {w}", window_query(total_query, w)),
-                    labels: base.clone(),
-                });
-            }
+    if let (true, PromSli::Events { total_query, .. }) = (guard, prom) {
+        for &w in &windows {
+            sli_rules.push(Rule::Record {
+                record: format!("slo:sli_events:count{}", format_secs(w)),
+                expr: format!("({}) * {w}", window_query(total_query, w)),
+                labels: base.clone(),
+            });
         }
     }
 
@@ -227,7 +225,6 @@ fn groups_for(spec: &SloSpec) -> Result<Vec<Group>, RulesError> {
 
     // Alerts share the SLI group: rules of one group run in order, so an alert reads the ratios
     // recorded in the same evaluation rather than one interval late.
-    let mut sli_rules = sli_rules;
     sli_rules.extend(alert_rules);
     Ok(vec![
         Group {

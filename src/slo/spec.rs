@@ -493,7 +493,7 @@ pub(crate) fn rolling_period(file: &str, field: &str, text: &str) -> Result<Peri
 pub(crate) fn timeslice(file: &str, field: &str, text: &str) -> Result<u64, SpecError> {
     let secs =
         duration::parse_secs(text).map_err(|e| SpecError::invalid(file, field, e.to_string()))?;
-    if secs < 10 || secs > 3_600 || 3_600 % secs != 0 || secs % 10 != 0 {
+    if !(10..=3_600).contains(&secs) || 3_600 % secs != 0 || secs % 10 != 0 {
         return Err(SpecError::invalid(
             file,
             field,
