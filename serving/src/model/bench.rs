@@ -61,6 +61,19 @@ pub fn resident_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// CPU time (user + system) this process has used, in seconds (Linux; `None` elsewhere).
+/// Reported next to wall-clock figures: on a shared machine it says what the work cost even
+/// when other processes took the cores.
+pub fn cpu_seconds() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the ")" that ends the command name: utime and stime are the 12th and 13th.
+    let rest = s.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
 /// Measures decode throughput at each batch size (each sequence a distinct 16-token prompt,
 /// `decode_steps` steps after prefill) and the TTFT of one `ttft_prompt_len`-token prompt.
 ///
@@ -107,6 +120,7 @@ pub fn bench_model(
                 .collect();
             let mut logits = model.forward(route, &chunks, &mut kv)?;
             let t0 = Instant::now();
+            let c0 = cpu_seconds();
             for step in 0..decode_steps {
                 let next: Vec<u32> = logits.iter().map(|l| argmax(l)).collect();
                 let chunks: Vec<SeqChunk<'_>> = (0..b)
@@ -125,6 +139,14 @@ pub fn bench_model(
                 value: (b * decode_steps) as f64 / secs,
                 unit: "tokens/s",
             });
+            if let (Some(c0), Some(c1)) = (c0, cpu_seconds()) {
+                rows.push(BenchRow {
+                    route: r,
+                    what: format!("decode batch {b}, per CPU-second"),
+                    value: (b * decode_steps) as f64 / (c1 - c0).max(0.01),
+                    unit: "tokens/CPU-s",
+                });
+            }
         }
         if ttft_prompt_len > 0 {
             let prompt: Vec<u32> = (0..ttft_prompt_len)
