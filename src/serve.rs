@@ -403,5 +403,45 @@ pub async fn run_with(
 /// See [`run_with`].
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::load(args.config.as_deref())?;
-    run_with(config, Router::new(), shutdown_signal()).await
+    config.require_tokens()?;
+    let command_key = config.command_key.clone().ok_or_else(|| {
+        anyhow::anyhow!(
+            "refusing to start without the command HMAC key: set BROWNOUT_COMMAND_KEY (or BROWNOUT_COMMAND_KEY_FILE, or [auth] command_key)"
+        )
+    })?;
+    let slos = match &config.slo_file {
+        Some(p) => crate::slo::spec::load_file(p)?,
+        None => {
+            let mut v = Vec::new();
+            for (file, text) in crate::plane::DEFAULT_SLOS {
+                v.extend(crate::slo::spec::parse_str(text, file)?);
+            }
+            v
+        }
+    };
+    let mut policy = match &config.policy_file {
+        Some(p) => crate::degrade::Policy::load(p)?,
+        None => crate::degrade::Policy::from_yaml(crate::plane::DEFAULT_POLICY)?,
+    };
+    let transport = match &config.redis_url {
+        Some(url) => crate::degrade::Transport::Redis { url: url.clone() },
+        None => {
+            tracing::warn!(
+                "REDIS_URL is not set: degradation decisions are recorded (dry run) but cannot reach serving tiers"
+            );
+            policy.dry_run = true;
+            crate::degrade::Transport::InProc(crate::degrade::InProcBus::new())
+        }
+    };
+    let cluster = config.cluster.clone();
+    let tokens = Tokens::from_config(&config);
+    let listeners = Listeners::bind(&config).await?;
+    let app = App::build(config, tokens).await?;
+    let mut opts =
+        crate::plane::PlaneOptions::defaults(&cluster, command_key.expose().as_bytes(), transport)?;
+    opts.slos = slos;
+    opts.policy = policy;
+    let plane = crate::plane::Plane::start(app, listeners, opts).await?;
+    shutdown_signal().await;
+    plane.stop().await
 }
