@@ -91,6 +91,9 @@ async fn api_returns_ranked_patterns_and_refuses_bad_input() {
     assert!(v["patterns"].as_array().unwrap().len() >= 4);
     let (s, v) = get(app.clone(), "/api/v1/patterns").await;
     assert_eq!(s, StatusCode::OK, "defaults to the last 24 h of data: {v}");
+    let (s, v) = get(app.clone(), "/api/v1/patterns?since=0&until=18446744073709551615").await;
+    assert_eq!(s, StatusCode::OK, "the widest window works: {v}");
+    assert!(v["patterns"][0]["counts"].as_array().unwrap().len() <= 48);
     for (uri, needle) in [
         ("/api/v1/patterns?since=yesterday", "since"),
         ("/api/v1/patterns?until=-5", "until"),

@@ -352,7 +352,10 @@ impl PatternEngine {
                 let mut s = since_ms;
                 while s < until_ms {
                     series.insert(s, 0);
-                    s += step;
+                    match s.checked_add(step) {
+                        Some(next) => s = next,
+                        None => break,
+                    }
                 }
                 for a in &ms {
                     for (start, b) in a.st.buckets.range(since_ms..until_ms) {
@@ -513,5 +516,24 @@ mod tests {
         e.observe(&ev(100 * H, "unrelated later thing happened", Category::Other, "u", "t2"));
         assert!(e.patterns(0, 10 * H).is_empty());
         assert_eq!(e.patterns(99 * H, 101 * H).len(), 1);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_events_and_windows_never_panic_and_counts_add_up(
+            ts in proptest::collection::vec(0u64..u64::MAX, 1..30),
+            since in proptest::num::u64::ANY,
+            until in proptest::num::u64::ANY,
+        ) {
+            let mut e = PatternEngine::default();
+            for (i, t) in ts.iter().enumerate() {
+                e.observe(&ev(*t, &format!("failure kind {} happened {}", ["a", "b", "c"][i % 3], i), Category::Other, "u", "t"));
+            }
+            let ps = e.patterns(since, until);
+            for p in &ps {
+                proptest::prop_assert_eq!(p.counts.iter().map(|c| c.count).sum::<u64>(), p.count);
+                proptest::prop_assert!(p.budget_impact <= 1.0);
+            }
+        }
     }
 }
