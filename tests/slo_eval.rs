@@ -544,3 +544,41 @@ fn eval_refuses_bad_event_lines_with_their_number() {
         "{err:#}"
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Model check: every window's event count and burn rate equal a brute-force count over
+    /// the same bucket-aligned window (10 s buckets up to 1 h, 1 min up to 3 d, 1 h beyond).
+    #[test]
+    fn window_sums_match_a_brute_force_model(
+        events in proptest::collection::vec((0u64..4 * 86_400_000, proptest::bool::weighted(0.9)), 1..300),
+        now_offset in 0u64..600_000,
+    ) {
+        let mut events = events;
+        events.sort();
+        let mut ev = Evaluator::new(availability("m", "99.9", "28d", 0, ""));
+        for &(off, ok) in &events {
+            ev.record(&request(T0 + off, ok));
+        }
+        let now = T0 + 4 * 86_400_000 + now_offset;
+        let s = ev.evaluate(now).remove(0);
+        for w in &s.burn_rates {
+            let ms = w.window_secs * 1_000;
+            let bucket = if ms <= HOUR { 10 * SEC } else if ms <= 3 * 86_400_000 { MIN } else { HOUR };
+            let last = now / bucket;
+            let first = last + 1 - ms / bucket;
+            let inside: Vec<bool> = events
+                .iter()
+                .filter(|(off, _)| (first..=last).contains(&((T0 + off) / bucket)))
+                .map(|&(_, ok)| ok)
+                .collect();
+            let bad = inside.iter().filter(|ok| !**ok).count() as f64;
+            let want = if inside.is_empty() { 0.0 } else { ((bad / inside.len() as f64 / 0.001) * 1e6).round() / 1e6 };
+            proptest::prop_assert_eq!(w.events, inside.len() as u64, "{} window", w.window);
+            proptest::prop_assert!((w.burn_rate - want).abs() < 1e-6, "{} window: {} vs {}", w.window, w.burn_rate, want);
+        }
+        // The 28-day period holds everything recorded (4 days of events).
+        proptest::prop_assert_eq!(s.period_events.total, events.len() as u64);
+    }
+}
