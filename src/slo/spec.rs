@@ -227,7 +227,7 @@ pub struct SpecSource {
 /// Why a spec file was refused. Every variant names the file; `Invalid` also the field.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
-    #[error("{file}: cannot read: {source}")]
+    #[error("{file}: cannot read")]
     Io {
         file: String,
         #[source]
