@@ -104,11 +104,11 @@ pub fn render(report: Option<&CycleReport>, ctx: &RenderContext<'_>) -> String {
 
     let gpus = report.map_or(&[][..], |r| &r.gpus[..]);
     o.family(
-        "brownout_gpu_count",
+        "brownout_gpu_devices",
         "gauge",
         "GPUs the probe sees on this host.",
     );
-    o.sample("brownout_gpu_count", sim, gpus.len() as f64);
+    o.sample("brownout_gpu_devices", sim, gpus.len() as f64);
 
     // Per-GPU labels, DCGM exporter's names; owned strings built once per GPU.
     let idx: Vec<String> = gpus.iter().map(|g| g.stats.index.to_string()).collect();
@@ -336,6 +336,36 @@ fn render_engines(o: &mut Out, report: Option<&CycleReport>) {
         );
     }
     o.family(
+        "brownout_gpu_agent_engine_scrape_errors_total",
+        "counter",
+        "Failed engine scrapes by kind (connect, http_status, parse).",
+    );
+    for e in &r.engines {
+        for kind in ScrapeErrorKind::ALL {
+            o.sample(
+                "brownout_gpu_agent_engine_scrape_errors_total",
+                &[("engine", e.stats.id.as_str()), ("kind", kind.as_str())],
+                e.scrape_errors[kind as usize] as f64,
+            );
+        }
+    }
+    o.family(
+        "brownout_gpu_agent_engine_scrape_duration_seconds",
+        "gauge",
+        "How long the last scrape of the engine took.",
+    );
+    for (i, e) in r.engines.iter().enumerate() {
+        o.sample(
+            "brownout_gpu_agent_engine_scrape_duration_seconds",
+            &ids[i],
+            e.scrape_duration.as_secs_f64(),
+        );
+    }
+    // A down engine has no current figures to show.
+    if !r.engines.iter().any(|e| e.stats.up) {
+        return;
+    }
+    o.family(
         "brownout_engine_info",
         "gauge",
         "The model an engine serves and whether it is the bundled tier (always 1).",
@@ -361,7 +391,7 @@ fn render_engines(o: &mut Out, report: Option<&CycleReport>) {
             |e| e.stats.kv.usage_ratio,
         ),
         (
-            "brownout_kv_blocks_total",
+            "brownout_kv_blocks_usable",
             "gauge",
             "Usable KV-cache blocks.",
             |e| e.stats.kv.num_blocks_total as f64,
@@ -434,42 +464,29 @@ fn render_engines(o: &mut Out, report: Option<&CycleReport>) {
         }
     }
     if r.engines.iter().any(|e| e.ttft_known) {
-        o.family("brownout_engine_ttft_seconds", "gauge", "Time to first token quantiles over the recent scrape window, from vllm:time_to_first_token_seconds buckets.");
-        for e in r.engines.iter().filter(|e| e.stats.up && e.ttft_known) {
-            for (q, v) in [("0.5", e.stats.ttft_p50_s), ("0.99", e.stats.ttft_p99_s)] {
-                o.sample(
-                    "brownout_engine_ttft_seconds",
-                    &[("engine", e.stats.id.as_str()), ("quantile", q)],
-                    v,
-                );
+        // Two gauges rather than a `quantile` label: promtool reserves that label for summaries.
+        for (name, help, get) in [
+            (
+                "brownout_engine_ttft_p50_seconds",
+                "Median time to first token over the recent scrape window (vllm:time_to_first_token_seconds buckets).",
+                0,
+            ),
+            (
+                "brownout_engine_ttft_p99_seconds",
+                "99th percentile time to first token over the recent scrape window (vllm:time_to_first_token_seconds buckets).",
+                1,
+            ),
+        ] {
+            o.family(name, "gauge", help);
+            for e in r.engines.iter().filter(|e| e.stats.up && e.ttft_known) {
+                let v = if get == 0 {
+                    e.stats.ttft_p50_s
+                } else {
+                    e.stats.ttft_p99_s
+                };
+                o.sample(name, &[("engine", e.stats.id.as_str())], v);
             }
         }
-    }
-    o.family(
-        "brownout_gpu_agent_engine_scrape_errors_total",
-        "counter",
-        "Failed engine scrapes by kind (connect, http_status, parse).",
-    );
-    for e in &r.engines {
-        for kind in ScrapeErrorKind::ALL {
-            o.sample(
-                "brownout_gpu_agent_engine_scrape_errors_total",
-                &[("engine", e.stats.id.as_str()), ("kind", kind.as_str())],
-                e.scrape_errors[kind as usize] as f64,
-            );
-        }
-    }
-    o.family(
-        "brownout_gpu_agent_engine_scrape_duration_seconds",
-        "gauge",
-        "How long the last scrape of the engine took.",
-    );
-    for (i, e) in r.engines.iter().enumerate() {
-        o.sample(
-            "brownout_gpu_agent_engine_scrape_duration_seconds",
-            &ids[i],
-            e.scrape_duration.as_secs_f64(),
-        );
     }
 }
 

@@ -35,7 +35,7 @@ pub mod push;
 
 use std::future::Future;
 
-pub use agent::{Agent, AgentError, AgentHandle, CycleReport};
+pub use agent::{Agent, AgentError, AgentHandle, CycleReport, ensure_crypto_provider};
 pub use config::AgentConfig;
 pub use engine::EngineTarget;
 
