@@ -59,6 +59,7 @@ fn main() -> anyhow::Result<()> {
 
 /// The load generator (child process).
 fn load(args: &[String]) -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let transport = arg(args, "--transport", "grpc");
     let endpoint = arg(args, "--endpoint", "");
     let token = arg(args, "--token", "");
