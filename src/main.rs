@@ -25,6 +25,8 @@ enum Cmd {
     Report(brownout::report::ReportArgs),
     /// Drive an OpenAI-compatible endpoint with realistic agent traffic.
     Loadgen(brownout::loadgen::LoadgenArgs),
+    /// Benchmarks (overload: the control loop on vs off).
+    Bench(brownout::demo::BenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -36,7 +38,10 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -51,6 +56,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Slo(a) => brownout::slo::run(a).await,
             Cmd::Report(a) => brownout::report::run(a).await,
             Cmd::Loadgen(a) => brownout::loadgen::run(a).await,
+            Cmd::Bench(a) => brownout::demo::bench(a).await,
         }
     });
     match result {

@@ -10,6 +10,7 @@
 //! Everything talks over real loopback HTTP/gRPC exactly as separate processes would; only the
 //! command bus is in-process unless `REDIS_URL` is set. The GPUs are simulated and say so.
 
+pub mod overload;
 pub mod world;
 
 use std::time::Duration;
@@ -40,6 +41,30 @@ pub struct DemoArgs {
     /// Start everything but generate no load.
     #[arg(long)]
     pub no_load: bool,
+}
+
+/// `brownout bench …`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub what: BenchWhat,
+}
+
+/// The benchmarks.
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchWhat {
+    /// The same 3× overload burst with the control loop on and off.
+    Overload(overload::OverloadArgs),
+}
+
+/// Runs `brownout bench`.
+///
+/// # Errors
+/// When the benchmark cannot start its deployment.
+pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    match args.what {
+        BenchWhat::Overload(a) => overload::run(a).await,
+    }
 }
 
 /// The model the demo runs when none is named: SmolLM2 when cached, else the tiny model.
