@@ -148,11 +148,17 @@ pub fn receive(handle: &ControlHandle, key: &[u8], signed: &SignedCommand, now_m
             key_new,
         );
     }
+    let tier_before = handle.tier();
     match handle.apply(cmd, now_ms) {
         Ok(true) => {
             handle.metrics().applied_total.inc();
             let a = handle.current();
-            tracing::info!(tier = %a.command.tier, epoch = key_new.0, version = key_new.1, "degradation command applied");
+            // A lease refresh re-sends the tier in force every few seconds: log changes only.
+            if a.command.tier == tier_before {
+                tracing::debug!(tier = %a.command.tier, epoch = key_new.0, version = key_new.1, "degradation command refreshed");
+            } else {
+                tracing::info!(tier = %a.command.tier, from = %tier_before, epoch = key_new.0, version = key_new.1, "degradation command applied");
+            }
             Receipt::Applied {
                 epoch: key_new.0,
                 version: key_new.1,
