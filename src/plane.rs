@@ -264,7 +264,11 @@ async fn feed_slo(
         tokio::select! {
             () = &mut shutdown => break,
             f = failures.recv() => match f {
-                Ok(row) => { slo.record_failure(&row.event); }
+                // A failure with a trace id is also a span (the serving tier's, or the error span
+                // it came from): count it once, through the span. Failures without one (plain log
+                // lines) are the only record of that bad event.
+                Ok(row) if row.event.trace_id.is_empty() => { slo.record_failure(&row.event); }
+                Ok(_) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => tracing::warn!(missed = n, "SLO feeder fell behind on failures"),
                 Err(_) => break,
             },

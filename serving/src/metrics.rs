@@ -8,10 +8,10 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-/// vLLM's TTFT buckets (seconds).
+/// vLLM's TTFT buckets (seconds), plus 2.0 so the 2 s TTFT SLO has an exact bucket edge.
 const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0,
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0,
 ];
 /// vLLM's inter-token latency buckets (seconds).
 const ITL_BUCKETS: &[f64] = &[
