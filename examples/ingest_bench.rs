@@ -122,7 +122,7 @@ fn load(args: &[String]) -> anyhow::Result<()> {
                     .with_attributes([
                         KeyValue::new(
                             "feature",
-                            if i % 3 == 0 {
+                            if i.is_multiple_of(3) {
                                 "pdf_analysis"
                             } else {
                                 "basic_qa"
@@ -141,7 +141,7 @@ fn load(args: &[String]) -> anyhow::Result<()> {
                     s.set_attribute(KeyValue::new("step", c as i64));
                     s.end();
                 }
-                if i % 100 == 0 {
+                if i.is_multiple_of(100) {
                     root.set_status(Status::error(
                         "tool call to weather API timed out after 8000 ms",
                     ));
@@ -302,16 +302,16 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
         stored as f64 / (load_secs + drain_secs),
         peak_rss / 1024
     );
-    if store == "clickhouse" {
-        if let Some(ch) = std::env::var("CLICKHOUSE_URL").ok() {
-            let c = reqwest::Client::new();
-            for t in ["spans", "logs", "failures", "snapshots", "docs"] {
-                let _ = c
-                    .post(&ch)
-                    .body(format!("DROP TABLE IF EXISTS {prefix}{t}"))
-                    .send()
-                    .await;
-            }
+    if store == "clickhouse"
+        && let Ok(ch) = std::env::var("CLICKHOUSE_URL")
+    {
+        let c = reqwest::Client::new();
+        for t in ["spans", "logs", "failures", "snapshots", "docs"] {
+            let _ = c
+                .post(&ch)
+                .body(format!("DROP TABLE IF EXISTS {prefix}{t}"))
+                .send()
+                .await;
         }
     }
     drop(store_handle);

@@ -608,13 +608,13 @@ impl RawConfig {
             .var("REDIS_URL")
             .or(self.control.redis_url)
             .filter(|s| !s.is_empty());
-        if let Some(u) = &redis_url {
-            if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
-                return Err(field_err(
-                    "control.redis_url",
-                    format!("{u:?} must start with redis:// or rediss://"),
-                ));
-            }
+        if let Some(u) = &redis_url
+            && !(u.starts_with("redis://") || u.starts_with("rediss://"))
+        {
+            return Err(field_err(
+                "control.redis_url",
+                format!("{u:?} must start with redis:// or rediss://"),
+            ));
         }
 
         Ok(Config {

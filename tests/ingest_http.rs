@@ -263,7 +263,9 @@ async fn bad_input_is_a_clear_4xx() {
     big_json.extend(b"]}");
     let bomb = gzip(&vec![b'{'; 1 << 20]);
     let url = format!("{}/v1/traces", s.otlp);
-    let cases: Vec<(&str, &str, Option<&str>, Vec<u8>, u16, &str)> = vec![
+    // (name, content type, content encoding, body, status, text the message must hold)
+    type Case<'a> = (&'a str, &'a str, Option<&'a str>, Vec<u8>, u16, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "malformed protobuf",
             "application/x-protobuf",

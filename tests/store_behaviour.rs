@@ -68,6 +68,7 @@ async fn clickhouse() -> Backend {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn span(
     trace: u8,
     id: u8,

@@ -192,14 +192,14 @@ fn failure_query(p: FailureParams, now_ms: u64) -> Result<FailureQuery, ApiError
             }
         },
     };
-    if let Some(c) = p.category.as_deref() {
-        if Category::parse(c).is_none() {
-            let all: Vec<&str> = Category::ALL.iter().map(|c| c.as_str()).collect();
-            return Err(ApiError::bad_request(
-                "bad_parameter",
-                format!("category={c:?} is not one of {}", all.join(", ")),
-            ));
-        }
+    if let Some(c) = p.category.as_deref()
+        && Category::parse(c).is_none()
+    {
+        let all: Vec<&str> = Category::ALL.iter().map(|c| c.as_str()).collect();
+        return Err(ApiError::bad_request(
+            "bad_parameter",
+            format!("category={c:?} is not one of {}", all.join(", ")),
+        ));
     }
     let criticality = match p.criticality.as_deref() {
         None => None,

@@ -109,10 +109,9 @@ pub async fn read_body(headers: &HeaderMap, body: Body, max: usize) -> Result<By
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
+        && len > max as u64
     {
-        if len > max as u64 {
-            return Err(BodyError::TooLarge(max));
-        }
+        return Err(BodyError::TooLarge(max));
     }
     let encoding = headers
         .get(header::CONTENT_ENCODING)
