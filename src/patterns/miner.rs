@@ -257,6 +257,9 @@ fn is_wild(t: &str) -> bool {
     t == WILDCARD
 }
 
+/// Templates compared per search (a leaf, or one token count across leaves), newest first.
+const MAX_SCAN: usize = 1024;
+
 /// Words after which a plain word is usually a value (`for user root`, `the hotel API`).
 const KEY_WORDS: &[&str] = &[
     "user",
@@ -452,7 +455,8 @@ impl TemplateMiner {
     fn best_in_leaf(&self, leaf: LeafKey, tokens: &[&str], num_const: usize) -> Option<TemplateId> {
         let ids = self.leaves.get(&leaf)?;
         let mut best: Option<(f32, u64, TemplateId)> = None;
-        for &id in ids {
+        // Newest first, bounded: unbounded novel input must not make every miss O(templates).
+        for &id in ids.iter().rev().take(MAX_SCAN) {
             let Some(t) = self.templates.get(&id.0) else { continue };
             if t.tokens.len() != tokens.len() {
                 continue;
@@ -489,7 +493,8 @@ impl TemplateMiner {
     fn best_across_leaves(&self, tokens: &[&str], num_const: usize) -> Option<TemplateId> {
         let ids = self.by_len.get(&(tokens.len() as u64))?;
         let mut best: Option<(f32, u64, TemplateId)> = None;
-        for &id in ids {
+        // Newest first, bounded: unbounded novel input must not make every miss O(templates).
+        for &id in ids.iter().rev().take(MAX_SCAN) {
             let Some(t) = self.templates.get(&id.0) else { continue };
             let (equal, sim) = Self::similarity(t, tokens, num_const);
             // Exactly one differing constant, and not a verb swap ("Opening" vs "Closing").
