@@ -24,9 +24,11 @@ pub const VLLM_V1_METRICS: &str = include_str!("../tests/fixtures/vllm_v1_metric
 /// vLLM 0.6 (V0 engine) `/metrics`, with the deprecated `vllm:gpu_cache_usage_perc`.
 pub const VLLM_0_6_METRICS: &str = include_str!("../tests/fixtures/vllm_0_6_metrics.txt");
 /// The bundled serving tier's `/metrics` (vLLM names plus `brownout_kv_*`, `brownout_serving_*`).
-pub const BROWNOUT_SERVE_METRICS: &str = include_str!("../tests/fixtures/brownout_serve_metrics.txt");
+pub const BROWNOUT_SERVE_METRICS: &str =
+    include_str!("../tests/fixtures/brownout_serve_metrics.txt");
 /// The bundled serving tier's `/debug/kv`.
-pub const BROWNOUT_SERVE_DEBUG_KV: &str = include_str!("../tests/fixtures/brownout_serve_debug_kv.json");
+pub const BROWNOUT_SERVE_DEBUG_KV: &str =
+    include_str!("../tests/fixtures/brownout_serve_debug_kv.json");
 
 /// What one fixture engine serves; `metrics` can be swapped while it runs.
 #[derive(Debug, Clone)]
@@ -42,7 +44,10 @@ impl EngineFixture {
         format!("http://{}", self.addr)
     }
     pub fn set_metrics(&self, body: &str) {
-        *self.metrics.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = body.to_string();
+        *self
+            .metrics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = body.to_string();
     }
 }
 
@@ -53,13 +58,27 @@ impl EngineFixture {
 pub async fn spawn_engine(metrics: &str, debug_kv: Option<&str>) -> std::io::Result<EngineFixture> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let fx = EngineFixture { metrics: Arc::new(Mutex::new(metrics.to_string())), debug_kv: debug_kv.map(str::to_string), addr };
+    let fx = EngineFixture {
+        metrics: Arc::new(Mutex::new(metrics.to_string())),
+        debug_kv: debug_kv.map(str::to_string),
+        addr,
+    };
     let app = Router::new()
         .route(
             "/metrics",
             get(|State(fx): State<EngineFixture>| async move {
-                let body = fx.metrics.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
+                let body = fx
+                    .metrics
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    body,
+                )
             }),
         )
         .route(
@@ -88,45 +107,77 @@ pub struct SnapshotSink {
 
 impl SnapshotSink {
     pub fn new(token: Option<&str>) -> Self {
-        Self { token: token.map(str::to_string), ..Default::default() }
+        Self {
+            token: token.map(str::to_string),
+            ..Default::default()
+        }
     }
 
     pub fn received(&self) -> Vec<AgentSnapshot> {
-        self.received.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.received
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     pub fn router(&self) -> Router {
-        Router::new().route("/v1/agents/snapshot", post(accept)).route("/count", get(count)).with_state(self.clone())
+        Router::new()
+            .route("/v1/agents/snapshot", post(accept))
+            .route("/count", get(count))
+            .with_state(self.clone())
     }
 
     /// Serves on `listener` until `shutdown` completes.
-    pub async fn serve(self, listener: TcpListener, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await
     }
 }
 
 async fn accept(State(sink): State<SnapshotSink>, headers: HeaderMap, body: Bytes) -> StatusCode {
     if let Some(t) = &sink.token {
         let want = format!("Bearer {t}");
-        if headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) != Some(want.as_str()) {
-            *sink.refused.lock().unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+        if headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            != Some(want.as_str())
+        {
+            *sink
+                .refused
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
             return StatusCode::UNAUTHORIZED;
         }
     }
     match serde_json::from_slice::<AgentSnapshot>(&body) {
         Ok(s) => {
-            sink.received.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(s);
+            sink.received
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(s);
             StatusCode::ACCEPTED
         }
         Err(_) => {
-            *sink.refused.lock().unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+            *sink
+                .refused
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
             StatusCode::BAD_REQUEST
         }
     }
 }
 
 async fn count(State(sink): State<SnapshotSink>) -> String {
-    sink.received.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len().to_string()
+    sink.received
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .len()
+        .to_string()
 }
 
 /// The URLs the fixture child process prints on its first line.
@@ -145,17 +196,31 @@ pub const BENCH_TOKEN: &str = "bench-token";
 ///
 /// # Errors
 /// Bind or IO errors.
-pub async fn fixtures_main(num_engines: usize, scrape_url: Option<String>, scrape_interval: Duration) -> anyhow::Result<()> {
+pub async fn fixtures_main(
+    num_engines: usize,
+    scrape_url: Option<String>,
+    scrape_interval: Duration,
+) -> anyhow::Result<()> {
     let mut engines = Vec::new();
     for i in 0..num_engines {
-        let fx = if i % 2 == 0 { spawn_engine(VLLM_V1_METRICS, None).await? } else { spawn_engine(BROWNOUT_SERVE_METRICS, Some(BROWNOUT_SERVE_DEBUG_KV)).await? };
+        let fx = if i % 2 == 0 {
+            spawn_engine(VLLM_V1_METRICS, None).await?
+        } else {
+            spawn_engine(BROWNOUT_SERVE_METRICS, Some(BROWNOUT_SERVE_DEBUG_KV)).await?
+        };
         engines.push(fx.url());
     }
     let sink = SnapshotSink::new(Some(BENCH_TOKEN));
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let control_plane = format!("http://{}", listener.local_addr()?);
     tokio::spawn(sink.serve(listener, std::future::pending()));
-    println!("{}", serde_json::to_string(&FixtureUrls { engines, control_plane })?);
+    println!(
+        "{}",
+        serde_json::to_string(&FixtureUrls {
+            engines,
+            control_plane
+        })?
+    );
 
     if let Some(url) = scrape_url {
         crate::agent::ensure_crypto_provider();
@@ -188,7 +253,9 @@ pub fn process_cpu_time() -> Duration {
     if rc != 0 {
         return Duration::ZERO;
     }
-    let tv = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
@@ -217,7 +284,13 @@ pub struct BenchResult {
 ///
 /// # Errors
 /// When the fixture child cannot start or the agent fails.
-pub async fn run_bench(gpus: u32, num_engines: usize, interval: Duration, cycles: u64, warmup: u64) -> anyhow::Result<BenchResult> {
+pub async fn run_bench(
+    gpus: u32,
+    num_engines: usize,
+    interval: Duration,
+    cycles: u64,
+    warmup: u64,
+) -> anyhow::Result<BenchResult> {
     use anyhow::Context as _;
     use tokio::io::AsyncBufReadExt as _;
 
@@ -225,16 +298,30 @@ pub async fn run_bench(gpus: u32, num_engines: usize, interval: Duration, cycles
     let scrape_url = format!("http://{}/metrics", listener.local_addr()?);
     let exe = std::env::current_exe().context("cannot find the gpu-agent executable")?;
     let mut child = tokio::process::Command::new(exe)
-        .args(["bench-fixtures", "--engines", &num_engines.to_string(), "--scrape-url", &scrape_url, "--scrape-interval-ms", &interval.as_millis().to_string()])
+        .args([
+            "bench-fixtures",
+            "--engines",
+            &num_engines.to_string(),
+            "--scrape-url",
+            &scrape_url,
+            "--scrape-interval-ms",
+            &interval.as_millis().to_string(),
+        ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .context("cannot start the fixture process")?;
-    let stdout = child.stdout.take().context("no stdout from the fixture process")?;
+    let stdout = child
+        .stdout
+        .take()
+        .context("no stdout from the fixture process")?;
     let mut line = String::new();
-    tokio::io::BufReader::new(stdout).read_line(&mut line).await?;
-    let urls: FixtureUrls = serde_json::from_str(line.trim()).with_context(|| format!("fixture process said {line:?}"))?;
+    tokio::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .await?;
+    let urls: FixtureUrls = serde_json::from_str(line.trim())
+        .with_context(|| format!("fixture process said {line:?}"))?;
 
     let mut cfg = crate::AgentConfig::new("bench-host").with_simulated_gpus(gpus);
     cfg.listen = None;
@@ -252,9 +339,14 @@ pub async fn run_bench(gpus: u32, num_engines: usize, interval: Duration, cycles
     }));
 
     let mut rx = handle.subscribe();
-    let wait_for = |rx: &mut tokio::sync::watch::Receiver<Option<Arc<crate::CycleReport>>>, n: u64| {
+    let wait_for = |rx: &mut tokio::sync::watch::Receiver<Option<Arc<crate::CycleReport>>>,
+                    n: u64| {
         let mut rx = rx.clone();
-        async move { rx.wait_for(|r| r.as_ref().is_some_and(|r| r.cycles_total >= n)).await.map(|_| ()) }
+        async move {
+            rx.wait_for(|r| r.as_ref().is_some_and(|r| r.cycles_total >= n))
+                .await
+                .map(|_| ())
+        }
     };
     wait_for(&mut rx, warmup.max(1)).await?;
     let (t0, cpu0) = (std::time::Instant::now(), process_cpu_time());
@@ -266,7 +358,10 @@ pub async fn run_bench(gpus: u32, num_engines: usize, interval: Duration, cycles
     let _ = stop_tx.send(());
     task.await??;
     drop(child.stdin.take());
-    if tokio::time::timeout(Duration::from_secs(2), child.wait()).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(2), child.wait())
+        .await
+        .is_err()
+    {
         let _ = child.kill().await;
     }
 
@@ -283,6 +378,10 @@ pub async fn run_bench(gpus: u32, num_engines: usize, interval: Duration, cycles
         projected_percent_at_1s: cpu_per_cycle_ms / 10.0,
         snapshots_pushed: counts.pushed,
         snapshots_dropped: counts.dropped,
-        engine_scrape_errors: report.engines.iter().map(|e| e.scrape_errors.iter().sum::<u64>()).sum(),
+        engine_scrape_errors: report
+            .engines
+            .iter()
+            .map(|e| e.scrape_errors.iter().sum::<u64>())
+            .sum(),
     })
 }

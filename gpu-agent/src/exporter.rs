@@ -458,8 +458,25 @@ fn render_engines(o: &mut Out, report: Option<&CycleReport>) {
         ),
     ];
     for (name, kind, help, get) in families {
+        // Fragmentation ratios exist only where the engine computes them (the bundled tier).
+        let needs_frag = name.ends_with("fragmentation_ratio")
+            || name.ends_with("reserved_unused_ratio")
+            || name.ends_with("token_occupancy_ratio");
+        if needs_frag
+            && !r
+                .engines
+                .iter()
+                .any(|e| e.stats.up && e.fragmentation_known)
+        {
+            continue;
+        }
         o.family(name, kind, help);
-        for (i, e) in r.engines.iter().enumerate().filter(|(_, e)| e.stats.up) {
+        for (i, e) in r
+            .engines
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.stats.up && (!needs_frag || e.fragmentation_known))
+        {
             o.sample(name, &ids[i], get(e));
         }
     }

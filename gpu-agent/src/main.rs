@@ -79,11 +79,25 @@ fn config_from(args: RunArgs) -> anyhow::Result<AgentConfig> {
     let mut cfg = AgentConfig::new(args.host.unwrap_or_else(default_host));
     cfg.listen = Some(SocketAddr::new(args.listen, args.port));
     cfg.interval = Duration::from_millis(args.interval_ms);
-    cfg.scrape_timeout = cfg.scrape_timeout.min(cfg.interval.mul_f64(0.8)).max(Duration::from_millis(5));
+    cfg.scrape_timeout = cfg
+        .scrape_timeout
+        .min(cfg.interval.mul_f64(0.8))
+        .max(Duration::from_millis(5));
     cfg.queue_capacity = args.queue_capacity;
-    cfg.engines = args.engines.iter().enumerate().map(|(i, s)| parse_engine(s, i)).collect::<Result<_, _>>()?;
-    cfg.control_plane = args.control_plane.as_deref().map(parse_control_plane).transpose()?;
-    cfg.ingest_token = std::env::var("BROWNOUT_INGEST_TOKEN").ok().filter(|t| !t.is_empty());
+    cfg.engines = args
+        .engines
+        .iter()
+        .enumerate()
+        .map(|(i, s)| parse_engine(s, i))
+        .collect::<Result<_, _>>()?;
+    cfg.control_plane = args
+        .control_plane
+        .as_deref()
+        .map(parse_control_plane)
+        .transpose()?;
+    cfg.ingest_token = std::env::var("BROWNOUT_INGEST_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
     if let Some(n) = args.simulate_gpus {
         cfg = cfg.with_simulated_gpus(n);
     }
@@ -95,13 +109,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}
@@ -115,9 +130,15 @@ async fn shutdown_signal() {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let quiet = matches!(cli.command, Some(Command::BenchFixtures { .. }) | Some(Command::Bench { .. }));
+    let quiet = matches!(
+        cli.command,
+        Some(Command::BenchFixtures { .. }) | Some(Command::Bench { .. })
+    );
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| if quiet { "error".into() } else { "info".into() }))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| if quiet { "error".into() } else { "info".into() }),
+        )
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
@@ -125,11 +146,35 @@ async fn main() -> anyhow::Result<()> {
             let cfg = config_from(cli.run).context("bad command line")?;
             brownout_gpu_agent::run(cfg, None, shutdown_signal()).await
         }
-        Some(Command::Bench { gpus, engines, cycles, interval_ms, warmup }) => {
-            let r = bench::run_bench(gpus, engines, Duration::from_millis(interval_ms), cycles, warmup).await?;
+        Some(Command::Bench {
+            gpus,
+            engines,
+            cycles,
+            interval_ms,
+            warmup,
+        }) => {
+            let r = bench::run_bench(
+                gpus,
+                engines,
+                Duration::from_millis(interval_ms),
+                cycles,
+                warmup,
+            )
+            .await?;
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(())
         }
-        Some(Command::BenchFixtures { engines, scrape_url, scrape_interval_ms }) => bench::fixtures_main(engines, scrape_url, Duration::from_millis(scrape_interval_ms)).await,
+        Some(Command::BenchFixtures {
+            engines,
+            scrape_url,
+            scrape_interval_ms,
+        }) => {
+            bench::fixtures_main(
+                engines,
+                scrape_url,
+                Duration::from_millis(scrape_interval_ms),
+            )
+            .await
+        }
     }
 }

@@ -57,6 +57,9 @@ pub struct EngineReport {
     pub bundled: bool,
     /// Whether the TTFT quantiles in `stats` are real (there were first tokens in the window).
     pub ttft_known: bool,
+    /// Whether the engine reported fragmentation ratios (plain vLLM does not; the snapshot then
+    /// holds zeros and the exporter shows no ratio series for it).
+    pub fragmentation_known: bool,
     /// `/debug/kv` extras, when the engine has it.
     pub bytes_per_block: Option<u64>,
     pub model_weights_bytes: Option<u64>,
@@ -244,6 +247,16 @@ impl EngineScraper {
             .num_blocks_used
             .or(d.num_blocks_used)
             .unwrap_or_else(|| (usage * total as f64).round() as u64);
+        report.fragmentation_known = [
+            m.internal_fragmentation_ratio,
+            m.reserved_unused_ratio,
+            m.token_occupancy_ratio,
+            d.internal_fragmentation_ratio,
+            d.reserved_unused_ratio,
+            d.token_occupancy_ratio,
+        ]
+        .iter()
+        .any(Option::is_some);
         let internal = m
             .internal_fragmentation_ratio
             .or(d.internal_fragmentation_ratio)
@@ -255,7 +268,7 @@ impl EngineScraper {
         let occupancy = m
             .token_occupancy_ratio
             .or(d.token_occupancy_ratio)
-            .unwrap_or(if used > 0 {
+            .unwrap_or(if used > 0 && report.fragmentation_known {
                 (1.0 - internal - reserved).max(0.0)
             } else {
                 0.0
