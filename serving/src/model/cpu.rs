@@ -198,7 +198,7 @@ impl Matrix {
 /// Which kernels [`matmul`] uses (the simple ones are kept to measure against).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
-    /// f32: 4 rows × 3 tokens register tiles; quantised: int8 dot products (activations
+    /// f32: 8 rows × 1 token register tiles; quantised: int8 dot products (activations
     /// quantised to 8 bits per block of 32, as llama.cpp does).
     Tiled,
     /// f32: one row × 4 tokens; quantised: dequantise each row to f32 first.
@@ -224,8 +224,8 @@ pub fn matmul_with(kernel: Kernel, x: &[f32], n: usize, w: &Matrix, y: &mut [f32
         return;
     }
     let threads = rayon::current_num_threads().max(1);
-    // Enough tasks to balance, rows per task a multiple of 4, at least 16.
-    let per = (w.rows.div_ceil(threads * 4)).max(16).div_ceil(4) * 4;
+    // Enough tasks to balance, rows per task a multiple of 8, at least 16.
+    let per = (w.rows.div_ceil(threads * 4)).max(16).div_ceil(8) * 8;
     let qx = match (&w.data, kernel) {
         (MatData::Quant(..) | MatData::Prepared(_), Kernel::Tiled) => {
             Some(Q8Act::quantize(x, n, w.cols))
@@ -358,8 +358,9 @@ fn rows_task_impl<const FMA: bool>(
 /// Tokens per cache block of `x` in the tiled kernel (a multiple of 3).
 const TOKEN_BLOCK: usize = 48;
 
-/// `out[r][t] = w[r] · x[t]` for the rows of `w`, in 4-row × 3-token register tiles; tails use
-/// smaller tiles with the same per-(row, token) summation order.
+/// `out[r][t] = w[r] · x[t]` for the rows of `w`, in 8-row × 1-token register tiles (the
+/// fastest shape measured by `examples/bench_tiles.rs`, see docs/BENCHMARKS.md); the row tail
+/// uses 1 × 1 tiles, which sum each (row, token) in the same order.
 #[inline(always)]
 fn tiled_f32<const FMA: bool>(w: &[f32], cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
     let rows = w.len() / cols;
@@ -367,34 +368,17 @@ fn tiled_f32<const FMA: bool>(w: &[f32], cols: usize, x: &[f32], n: usize, out: 
     while tb < n {
         let te = (tb + TOKEN_BLOCK).min(n);
         let mut r = 0;
-        while r < rows {
-            let rt = (rows - r).min(4);
-            let mut t = tb;
-            while t < te {
-                let tt = (te - t).min(3);
-                match (rt, tt) {
-                    (4, 3) => micro::<4, 3, FMA>(w, cols, r, x, t, out, n),
-                    (4, 2) => micro::<4, 2, FMA>(w, cols, r, x, t, out, n),
-                    (4, _) => micro::<4, 1, FMA>(w, cols, r, x, t, out, n),
-                    (_, 3) => {
-                        for rr in r..r + rt {
-                            micro::<1, 3, FMA>(w, cols, rr, x, t, out, n);
-                        }
-                    }
-                    (_, 2) => {
-                        for rr in r..r + rt {
-                            micro::<1, 2, FMA>(w, cols, rr, x, t, out, n);
-                        }
-                    }
-                    _ => {
-                        for rr in r..r + rt {
-                            micro::<1, 1, FMA>(w, cols, rr, x, t, out, n);
-                        }
-                    }
-                }
-                t += tt;
+        while r + 8 <= rows {
+            for t in tb..te {
+                micro::<8, 1, FMA>(w, cols, r, x, t, out, n);
             }
-            r += rt;
+            r += 8;
+        }
+        while r < rows {
+            for t in tb..te {
+                micro::<1, 1, FMA>(w, cols, r, x, t, out, n);
+            }
+            r += 1;
         }
         tb = te;
     }
@@ -683,4 +667,78 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         s += a[i] * b[i];
     }
     s
+}
+
+/// Benchmark hook: the f32 tiled matmul with another register-tile shape (`rows`, `tokens`) ∈
+/// {(4,3), (3,4), (4,2), (2,4), (8,1)}, single-threaded, into `yt[row][token]`. Used to pick
+/// the shape [`matmul`] uses.
+///
+/// # Panics
+/// On another shape or mismatched sizes.
+pub fn matmul_f32_shape(shape: (usize, usize), x: &[f32], n: usize, w: &Matrix, yt: &mut [f32]) {
+    let MatData::F32(d) = &w.data else {
+        panic!("matmul_f32_shape: f32 matrices only")
+    };
+    assert_eq!(yt.len(), n * w.rows, "matmul_f32_shape: yt shape");
+    assert!(has_avx2_fma(), "matmul_f32_shape: needs AVX2+FMA");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX2+FMA checked above.
+    unsafe {
+        shape_avx2(shape, d, w.cols, x, n, yt);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn shape_avx2(
+    shape: (usize, usize),
+    d: &[f32],
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    yt: &mut [f32],
+) {
+    match shape {
+        (4, 3) => tiled_shape::<4, 3>(d, cols, x, n, yt),
+        (3, 4) => tiled_shape::<3, 4>(d, cols, x, n, yt),
+        (4, 2) => tiled_shape::<4, 2>(d, cols, x, n, yt),
+        (2, 4) => tiled_shape::<2, 4>(d, cols, x, n, yt),
+        (8, 1) => tiled_shape::<8, 1>(d, cols, x, n, yt),
+        _ => panic!("matmul_f32_shape: unsupported shape {shape:?}"),
+    }
+}
+
+#[inline(always)]
+fn tiled_shape<const R: usize, const T: usize>(
+    w: &[f32],
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    let rows = w.len() / cols;
+    let mut tb = 0;
+    while tb < n {
+        let te = (tb + TOKEN_BLOCK).min(n);
+        let mut r = 0;
+        while r + R <= rows {
+            let mut t = tb;
+            while t + T <= te {
+                micro::<R, T, true>(w, cols, r, x, t, out, n);
+                t += T;
+            }
+            while t < te {
+                micro::<R, 1, true>(w, cols, r, x, t, out, n);
+                t += 1;
+            }
+            r += R;
+        }
+        while r < rows {
+            for t in tb..te {
+                micro::<1, 1, true>(w, cols, r, x, t, out, n);
+            }
+            r += 1;
+        }
+        tb = te;
+    }
 }
