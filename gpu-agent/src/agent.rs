@@ -394,11 +394,10 @@ impl Agent {
         if let Some(p) = pusher {
             let _ = p.await;
         }
-        if let Some(s) = server {
-            match s.await {
-                Ok(Err(e)) => return Err(AgentError::Serve(e)),
-                Ok(Ok(())) | Err(_) => {}
-            }
+        if let Some(s) = server
+            && let Ok(Err(e)) = s.await
+        {
+            return Err(AgentError::Serve(e));
         }
         Ok(())
     }

@@ -95,7 +95,8 @@ mod tests {
     #[test]
     fn quantiles_match_promql_histogram_quantile() {
         // (buckets, q, expected) — values worked out by hand with PromQL's rules.
-        let cases: &[(&[(f64, f64)], f64, Option<f64>)] = &[
+        type Case<'a> = (&'a [(f64, f64)], f64, Option<f64>);
+        let cases: &[Case<'_>] = &[
             (
                 &[(0.1, 0.0), (0.5, 10.0), (1.0, 20.0), (f64::INFINITY, 20.0)],
                 0.5,

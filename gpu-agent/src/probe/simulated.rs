@@ -114,11 +114,9 @@ impl SimulatedProbe {
                 // The engine's share of what the pool may fill, after the fixed parts.
                 let pool = (budget / n).saturating_sub(fixed + s.memory_reserved_bytes / n);
                 let kv = &e.stats.kv;
-                let kv_bytes = if kv.num_blocks_total > 0 {
-                    let per_block = pool / kv.num_blocks_total;
-                    kv.num_blocks_used.min(kv.num_blocks_total) * per_block
-                } else {
-                    (kv.usage_ratio.clamp(0.0, 1.0) * pool as f64) as u64
+                let kv_bytes = match pool.checked_div(kv.num_blocks_total) {
+                    Some(per_block) => kv.num_blocks_used.min(kv.num_blocks_total) * per_block,
+                    None => (kv.usage_ratio.clamp(0.0, 1.0) * pool as f64) as u64,
                 };
                 used += if e.stats.up { fixed + kv_bytes } else { fixed };
                 let running = e.stats.num_requests_running as f64;
