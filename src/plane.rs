@@ -118,10 +118,9 @@ impl Plane {
         listeners: Listeners,
         opts: PlaneOptions,
     ) -> anyhow::Result<Plane> {
-        let patterns: SharedEngine =
-            Arc::new(Mutex::new(PatternEngine::new(EngineConfig::default())));
-        app.set_tagger(Arc::new(PatternTagger(patterns.clone())));
         let state = app.state();
+        let patterns: SharedEngine = Arc::new(Mutex::new(load_pattern_engine(&state).await));
+        app.set_tagger(Arc::new(PatternTagger(patterns.clone())));
         let registry = state.metrics.registry();
 
         let slo = SloHandle::new(Evaluator::new(opts.slos));
@@ -201,6 +200,10 @@ impl Plane {
             slo.clone(),
             stopped(),
         )));
+        tasks.push(tokio::spawn(save_miner_state_periodically(
+            state.clone(),
+            patterns.clone(),
+        )));
         tasks.push(tokio::spawn(feed_controller(
             state.clone(),
             slo.clone(),
@@ -237,10 +240,67 @@ impl Plane {
     /// What the servers returned.
     pub async fn stop(self) -> anyhow::Result<()> {
         let _ = self.stop.send(true);
+        save_miner_state(&self.running.state, &self.patterns).await;
         for t in self.tasks {
             t.abort();
         }
         self.running.stop().await
+    }
+}
+
+/// Where the template miner's state lives in the store, so template ids survive restarts.
+const MINER_DOC: (&str, &str) = ("patterns", "miner_state");
+
+async fn load_pattern_engine(state: &AppState) -> PatternEngine {
+    let fresh = || PatternEngine::new(EngineConfig::default());
+    match state.store.get_doc(MINER_DOC.0, MINER_DOC.1).await {
+        Ok(Some(doc)) => match serde_json::from_value::<crate::patterns::MinerState>(doc.value)
+            .map_err(|e| e.to_string())
+            .and_then(|st| {
+                PatternEngine::with_miner_state(EngineConfig::default(), st)
+                    .map_err(|e| e.to_string())
+            }) {
+            Ok(e) => {
+                tracing::info!(
+                    templates = e.miner().templates().len(),
+                    "template miner state restored"
+                );
+                e
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "stored template miner state is unusable; starting fresh");
+                fresh()
+            }
+        },
+        Ok(None) => fresh(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the template miner state; starting fresh");
+            fresh()
+        }
+    }
+}
+
+async fn save_miner_state(state: &AppState, patterns: &SharedEngine) {
+    let st = patterns
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .miner_state();
+    match serde_json::to_value(&st) {
+        Ok(v) => {
+            if let Err(e) = state.store.put_doc(MINER_DOC.0, MINER_DOC.1, &v).await {
+                tracing::warn!(error = %e, "cannot save the template miner state");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot serialise the template miner state"),
+    }
+}
+
+async fn save_miner_state_periodically(state: AppState, patterns: SharedEngine) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        save_miner_state(&state, &patterns).await;
     }
 }
 
