@@ -247,12 +247,15 @@ fn outside_literals(e: &str, mut f: impl FnMut(&str, usize) -> Option<(usize, St
             ']' => bracket = bracket.saturating_sub(1),
             _ => {}
         }
-        if brace == 0 && bracket == 0 && c != '{' && c != '[' {
-            if let Some((n, s)) = f(e, i) {
-                out.push_str(&s);
-                i += n;
-                continue;
-            }
+        if brace == 0
+            && bracket == 0
+            && c != '{'
+            && c != '['
+            && let Some((n, s)) = f(e, i)
+        {
+            out.push_str(&s);
+            i += n;
+            continue;
         }
         let ch = e[i..].chars().next().unwrap();
         out.push(ch);
@@ -587,19 +590,25 @@ async fn prometheus_scrapes_the_demo_and_every_dashboard_and_rule_expression_has
         for _ in 0..3 {
             assert_eq!(chat(&c, e, "simple_tasks", "default", 8).await, 200);
         }
-        let burst: Vec<_> = (0..12)
-            .map(|_| {
-                let (c, e) = (c.clone(), e.clone());
-                tokio::spawn(async move { chat(&c, &e, "simple_tasks", "default", 48).await })
-            })
-            .collect();
-        let mut codes = Vec::new();
-        for b in burst {
-            codes.push(b.await.unwrap());
+        // A burst; repeated (at most 5 times) until one request times out in the queue.
+        let mut all = Vec::new();
+        for _ in 0..5 {
+            let burst: Vec<_> = (0..12)
+                .map(|_| {
+                    let (c, e) = (c.clone(), e.clone());
+                    tokio::spawn(async move { chat(&c, &e, "simple_tasks", "default", 64).await })
+                })
+                .collect();
+            for b in burst {
+                all.push(b.await.unwrap());
+            }
+            if all.iter().any(|&s| s != 200) {
+                break;
+            }
         }
         assert!(
-            codes.iter().any(|&s| s != 200),
-            "a burst of 12 with 2 running and a 50 ms queue deadline times some out: {codes:?}"
+            all.contains(&503),
+            "bursts of 12 with 2 running and a 50 ms queue deadline time some out (503): {all:?}"
         );
     }
 
