@@ -5,11 +5,12 @@
 //!   extendable) and [`build`] → [`Report`] (pure).
 //! - [`svg`]: budget burn-down and pattern-trend charts as inline SVG (pure).
 //! - [`render`]: HTML (self-contained, prints), Markdown, JSON (tera templates in templates/).
-//! - this file: `brownout report` and [`synth_week`] (WeekData from `patterns synth` data until
-//!   the store is wired).
+//! - [`store`]: [`WeekData`] from the server's store, `/reports/{week}`, the weekly task.
+//! - this file: `brownout report` and [`synth_week`] (WeekData from `patterns synth` data).
 
 pub mod model;
 pub mod render;
+pub mod store;
 pub mod svg;
 
 use std::path::PathBuf;
@@ -35,13 +36,24 @@ pub struct ReportArgs {
     /// Output file (default stdout).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Read the week's data from this WeekData JSON file (otherwise: synthetic data).
+    /// Read the week's data from this WeekData JSON file.
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Read the week from the store `brownout serve` uses (SQLite under BROWNOUT_DATA_DIR, or
+    /// ClickHouse when CLICKHOUSE_URL is set).
+    #[arg(long, conflicts_with = "data")]
+    store: bool,
+    /// Server config file naming the store (implies --store).
+    #[arg(long, conflicts_with_all = ["data", "synth"])]
+    config: Option<PathBuf>,
+    /// Derive the week from synthetic `patterns synth` data (the default while neither --data
+    /// nor --store/--config is given).
+    #[arg(long, conflicts_with_all = ["data", "store"])]
+    synth: bool,
     /// Extra playbook (TOML); its items are tried before the bundled ones.
     #[arg(long)]
     playbook: Option<PathBuf>,
-    /// Seed of the synthetic data when no --data is given.
+    /// Seed of the synthetic data (with --synth).
     #[arg(long, default_value_t = 0)]
     seed: u64,
 }
@@ -153,7 +165,22 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             serde_json::from_str::<WeekData>(&text).with_context(|| format!("{}: not a WeekData document", p.display()))?
         }
-        None => synth_week(&args.week, &args.cluster, args.seed, 8000)?,
+        None if !(args.store || args.config.is_some()) => synth_week(&args.week, &args.cluster, args.seed, 8000)?,
+        None => {
+            let config = crate::config::Config::load(args.config.as_deref()).context("loading the config")?;
+            let st = crate::store::open(&config).await.context("opening the store")?;
+            let slos = match &config.slo_file {
+                Some(p) => crate::slo::spec::load_file(p)?,
+                None => {
+                    let mut v = Vec::new();
+                    for (file, text) in crate::plane::DEFAULT_SLOS {
+                        v.extend(crate::slo::spec::parse_str(text, file)?);
+                    }
+                    v
+                }
+            };
+            store::week_data(st.as_ref(), &slos, &args.week, &args.cluster).await?
+        }
     };
     let mut playbook = Playbook::bundled();
     if let Some(p) = &args.playbook {
