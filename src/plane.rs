@@ -123,6 +123,7 @@ impl Plane {
         app.set_tagger(Arc::new(PatternTagger(patterns.clone())));
         let registry = state.metrics.registry();
 
+        let report_slos = Arc::new(opts.slos.clone());
         let slo = SloHandle::new(Evaluator::new(opts.slos));
         let slo_metrics = SloMetrics::register(registry).context("registering SLO metrics")?;
         let mut dcfg = DegradeConfig::new(&opts.cluster, &opts.command_key, opts.policy);
@@ -156,6 +157,11 @@ impl Plane {
         };
         let read_api = crate::patterns::api::router(patterns.clone())
             .merge(crate::slo::http::router(slo.clone()))
+            .merge(crate::report::store::router(
+                state.store.clone(),
+                report_slos.clone(),
+                opts.cluster.clone(),
+            ))
             .route_layer(guard(Role::Read));
         let degrade_api = degrade::router(degrade.clone()).route_layer(
             axum::middleware::from_fn_with_state(tokens.clone(), require_degrade_role),
@@ -203,6 +209,12 @@ impl Plane {
         tasks.push(tokio::spawn(save_miner_state_periodically(
             state.clone(),
             patterns.clone(),
+        )));
+        tasks.push(tokio::spawn(crate::report::store::run_weekly(
+            state.store.clone(),
+            report_slos,
+            opts.cluster.clone(),
+            stopped(),
         )));
         tasks.push(tokio::spawn(feed_controller(
             state.clone(),

@@ -385,3 +385,59 @@ async fn weekly_task_stores_last_weeks_report_once() {
             .unwrap()
     );
 }
+
+/// The composed plane serves `/reports` behind the read token and stores last week's report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plane_serves_reports_behind_the_read_token_and_stores_last_week() {
+    use brownout::auth::{Role, Tokens};
+    use brownout::degrade::{InProcBus, Transport};
+    use brownout::plane::{Plane, PlaneOptions};
+    use brownout::serve::{App, Listeners};
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = brownout::config::Config::defaults();
+    config.data_dir = dir.path().to_path_buf();
+    let tokens = Tokens::random();
+    let read = tokens.get(Role::Read).unwrap().expose().to_string();
+    let app = App::build(config, tokens).await.unwrap();
+    let mut opts = PlaneOptions::defaults(
+        "rep",
+        b"key-key-key-key-key",
+        Transport::InProc(InProcBus::new()),
+    )
+    .unwrap();
+    opts.ui = None;
+    let plane = Plane::start(app, Listeners::loopback().await.unwrap(), opts)
+        .await
+        .unwrap();
+    let base = format!("http://{}", plane.running.http_addr);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let res = client
+        .get(format!("{base}/reports/last"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), reqwest::StatusCode::UNAUTHORIZED);
+    let res = client
+        .get(format!("{base}/reports/last?format=json"))
+        .bearer_auth(&read)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), reqwest::StatusCode::OK);
+    let v: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(v["week"], rstore::last_week());
+    assert_eq!(v["cluster"], "rep");
+    let key = rstore::report_key("rep", &rstore::last_week());
+    let store = plane.state().store.clone();
+    let mut stored = None;
+    for _ in 0..100 {
+        stored = store.get_doc("report", &key).await.unwrap();
+        if stored.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(stored.is_some(), "the weekly task did not store {key}");
+    plane.stop().await.unwrap();
+}
