@@ -373,6 +373,18 @@ async fn feed_controller(
     degrade: DegradeHandle,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    // 1 while a host's agent reports (fresh or stale), 0 once it is down.
+    let host_up = prometheus::IntGaugeVec::new(
+        prometheus::Opts::new(
+            "brownout_host_up",
+            "Whether the host's gpu-agent is reporting (0 once it is down).",
+        ),
+        &["host"],
+    )
+    .expect("valid metric");
+    if let Err(e) = state.metrics.registry().register(Box::new(host_up.clone())) {
+        tracing::warn!(error = %e, "brownout_host_up not registered");
+    }
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
@@ -383,7 +395,11 @@ async fn feed_controller(
         }
         let now = now_ms();
         for h in state.hosts.list(now) {
-            if h.state != crate::ingest::hosts::HostState::Down {
+            let up = h.state != crate::ingest::hosts::HostState::Down;
+            host_up
+                .with_label_values(&[h.host.as_str()])
+                .set(i64::from(up));
+            if up {
                 degrade.push_snapshot(h.snapshot);
             }
         }

@@ -63,24 +63,6 @@ const KNOWN_GAPS: &[(&str, &str)] = &[
         "slo=\"pdf-analysis-minutes\"",
         "built on the feature-narrowed series above",
     ),
-    (
-        "brownout_degradation_ack_lag_seconds{cluster=",
-        "the control plane exports brownout_degradation_ack_lag_seconds with an `instance` label \
-         only (src/degrade/api.rs), no `cluster`; degradation.json 'Ack lag per instance' \
-         filters on cluster=~\"$cluster\"",
-    ),
-    (
-        "brownout_host_up",
-        "no exporter has it: the control plane's /metrics (src/metrics.rs, src/degrade/api.rs) \
-         exports no per-host up gauge; brownout-overview.json 'GPU hosts up' and hosts.yml \
-         GPUHostDown expect it",
-    ),
-    (
-        "brownout_serving_command",
-        "the serving tier's command counters (serving/src/control/mod.rs) are registered on the \
-         engine's /metrics by the brownout-serve binary (serving/src/main.rs) but not by the \
-         in-process demo World's engines (src/demo/world.rs); degradation.json uses them",
-    ),
 ];
 
 enum Exception {

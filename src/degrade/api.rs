@@ -140,7 +140,7 @@ impl DegradeMetrics {
                     "brownout_degradation_ack_lag_seconds",
                     "Decision to applied lag of the latest ack per serving instance.",
                 ),
-                &["instance"],
+                &["cluster", "instance"],
             )
             .expect("valid metric"),
         }
@@ -545,7 +545,7 @@ impl DegradeHandle {
                 self.inner
                     .metrics
                     .ack_lag_seconds
-                    .with_label_values(&[v.instance.as_str()])
+                    .with_label_values(&[self.inner.cfg.cluster.as_str(), v.instance.as_str()])
                     .set(lag as f64 / 1000.0);
             }
         }

@@ -214,6 +214,11 @@ impl World {
             let state = serving_api::build_state(&eopts, control.clone(), telemetry.clone())
                 .await
                 .with_context(|| format!("starting {id} with model {}", opts.model))?;
+            // The command counters (applied, refused, lease step-downs) on the engine's /metrics.
+            control
+                .metrics()
+                .register(&state.metrics().registry)
+                .context("registering command metrics")?;
             let listener = TcpListener::bind("127.0.0.1:0").await?;
             let url = format!("http://{}", listener.local_addr()?);
             let (stop, rx) = tokio::sync::oneshot::channel::<()>();

@@ -38,7 +38,24 @@ pub struct ControlMetrics {
 }
 
 impl ControlMetrics {
+    /// Every refusal reason, exported at 0 from the start so dashboards and rate() see the series.
+    pub const REFUSAL_REASONS: [&'static str; 5] = [
+        "bad_signature",
+        "malformed_signature",
+        "invalid_json",
+        "wrong_cluster",
+        "older_version",
+    ];
+
     fn new() -> ControlMetrics {
+        let m = ControlMetrics::unset();
+        for r in ControlMetrics::REFUSAL_REASONS {
+            m.refused_total.with_label_values(&[r]);
+        }
+        m
+    }
+
+    fn unset() -> ControlMetrics {
         ControlMetrics {
             refused_total: IntCounterVec::new(
                 Opts::new(
