@@ -441,3 +441,46 @@ async fn plane_serves_reports_behind_the_read_token_and_stores_last_week() {
     assert!(stored.is_some(), "the weekly task did not store {key}");
     plane.stop().await.unwrap();
 }
+
+/// `brownout report --store` reads the SQLite store under BROWNOUT_DATA_DIR (with the embedded
+/// SLOs, so no SLO of this test's service appears).
+#[tokio::test]
+async fn cli_reads_the_store_under_the_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = SqliteStore::open(&dir.path().join("brownout.sqlite")).unwrap();
+        s.migrate().await.unwrap();
+        fill(&s).await;
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_brownout"))
+        .args([
+            "report",
+            "--week",
+            WEEK,
+            "--cluster",
+            "c",
+            "--format",
+            "json",
+            "--store",
+        ])
+        .env("BROWNOUT_DATA_DIR", dir.path())
+        .env_remove("CLICKHOUSE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["top"][0]["label"]
+            .as_str()
+            .unwrap()
+            .contains("KV cache overflow"),
+        "{v}"
+    );
+    assert_eq!(v["top"][0]["count"], 30);
+    assert_eq!(v["episodes"][0]["max_tier"], 3);
+    assert_eq!(v["empty"], false);
+}
