@@ -27,7 +27,7 @@ fn json_roadmap_from_a_week_file() {
 fn synthetic_week_renders_markdown_with_every_section() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("w48.md");
-    let out = report(&["--week", "2026-W48", "--format", "md", "--out", file.to_str().unwrap()]);
+    let out = report(&["--week", "2026-W48", "--synth", "--format", "md", "--out", file.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let md = std::fs::read_to_string(&file).unwrap();
     for h in [

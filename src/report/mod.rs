@@ -40,14 +40,13 @@ pub struct ReportArgs {
     #[arg(long)]
     data: Option<PathBuf>,
     /// Read the week from the store `brownout serve` uses (SQLite under BROWNOUT_DATA_DIR, or
-    /// ClickHouse when CLICKHOUSE_URL is set).
+    /// ClickHouse when CLICKHOUSE_URL is set). The default when neither --data nor --synth is given.
     #[arg(long, conflicts_with = "data")]
     store: bool,
     /// Server config file naming the store (implies --store).
     #[arg(long, conflicts_with_all = ["data", "synth"])]
     config: Option<PathBuf>,
-    /// Derive the week from synthetic `patterns synth` data (the default while neither --data
-    /// nor --store/--config is given).
+    /// Derive the week from synthetic `patterns synth` data (for trying the report out).
     #[arg(long, conflicts_with_all = ["data", "store"])]
     synth: bool,
     /// Extra playbook (TOML); its items are tried before the bundled ones.
@@ -160,12 +159,13 @@ pub fn synth_week(week: &str, cluster: &str, seed: u64, lines: usize) -> anyhow:
 /// # Errors
 /// A bad week, an unreadable or invalid data or playbook file, an unwritable output.
 pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
+    week_start_ms(&args.week)?;
     let data = match &args.data {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             serde_json::from_str::<WeekData>(&text).with_context(|| format!("{}: not a WeekData document", p.display()))?
         }
-        None if !(args.store || args.config.is_some()) => synth_week(&args.week, &args.cluster, args.seed, 8000)?,
+        None if args.synth => synth_week(&args.week, &args.cluster, args.seed, 8000)?,
         None => {
             let config = crate::config::Config::load(args.config.as_deref()).context("loading the config")?;
             let st = crate::store::open(&config).await.context("opening the store")?;
