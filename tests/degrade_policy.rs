@@ -644,7 +644,7 @@ fn degradation_and_serving_metrics_pass_promtool() {
     h.metrics().publish_seconds.observe(0.0004);
     h.metrics()
         .ack_lag_seconds
-        .with_label_values(&["serving-0"])
+        .with_label_values(&["prod", "serving-0"])
         .set(0.002);
     let serving = brownout_serving::control::ControlHandle::new("prod");
     serving.metrics().register(&registry).unwrap();
@@ -660,7 +660,7 @@ fn degradation_and_serving_metrics_pass_promtool() {
         "brownout_degradation_tier{cluster=\"prod\"} 0",
         "brownout_degradation_decisions_total{trigger=\"gpu_util\"} 1",
         "brownout_degradation_publish_seconds_count 1",
-        "brownout_degradation_ack_lag_seconds{instance=\"serving-0\"} 0.002",
+        "brownout_degradation_ack_lag_seconds{cluster=\"prod\",instance=\"serving-0\"} 0.002",
         "brownout_serving_commands_refused_total{reason=\"bad_signature\"} 1",
         "brownout_serving_commands_applied_total 0",
     ] {
