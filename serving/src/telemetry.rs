@@ -120,19 +120,18 @@ impl Telemetry {
             ));
             tx
         });
-        let spans =
-            cfg.otlp_endpoint
-                .as_deref()
-                .and_then(|ep| match span_exporter(ep, &cfg.service) {
-                    Ok(p) => {
-                        let tracer = p.tracer("brownout-serving");
-                        Some((p, tracer))
-                    }
-                    Err(e) => {
-                        tracing::warn!(endpoint = ep, error = %e, "OTLP span export disabled");
-                        None
-                    }
-                });
+        let spans = cfg.otlp_endpoint.as_deref().and_then(|ep| {
+            match span_exporter(ep, &cfg.service, cfg.ingest_token.as_deref()) {
+                Ok(p) => {
+                    let tracer = p.tracer("brownout-serving");
+                    Some((p, tracer))
+                }
+                Err(e) => {
+                    tracing::warn!(endpoint = ep, error = %e, "OTLP span export disabled");
+                    None
+                }
+            }
+        });
         Telemetry {
             cfg: Arc::new(cfg),
             failures,
@@ -282,10 +281,24 @@ impl Telemetry {
     }
 }
 
-fn span_exporter(endpoint: &str, service: &str) -> Result<SdkTracerProvider, String> {
-    use opentelemetry_otlp::WithExportConfig;
+/// The OTLP/gRPC span exporter. brownout's own receiver wants the ingest token as a bearer
+/// header; other collectors ignore it.
+fn span_exporter(
+    endpoint: &str,
+    service: &str,
+    token: Option<&str>,
+) -> Result<SdkTracerProvider, String> {
+    use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    if let Some(t) = token {
+        let v = format!("Bearer {t}")
+            .parse()
+            .map_err(|_| "the ingest token is not a valid header value".to_string())?;
+        metadata.insert("authorization", v);
+    }
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
+        .with_metadata(metadata)
         .with_endpoint(endpoint)
         .with_timeout(Duration::from_secs(5))
         .build()

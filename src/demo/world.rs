@@ -196,7 +196,8 @@ impl World {
                 (None, None) => unreachable!("a bus exists when there is no Redis URL"),
             };
             let telemetry = Telemetry::start(TelemetryConfig {
-                service: "brownout-serve".into(),
+                // The app these engines serve: the example SLOs (examples/slo/chat.yaml) watch it.
+                service: "chat".into(),
                 host: format!("gpu-node-{}", i + 1),
                 control_plane: Some(cp_url.clone()),
                 ingest_token: Some(ingest.clone()),
