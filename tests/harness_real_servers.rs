@@ -33,19 +33,32 @@ async fn signed_command_round_trips_through_real_redis() {
 
     let _: () = redis::cmd("HSET")
         .arg(keys.state())
-        .arg("epoch").arg(1)
-        .arg("version").arg(1)
-        .arg("command").arg(&signed.json)
-        .arg("sig").arg(&signed.sig)
+        .arg("epoch")
+        .arg(1)
+        .arg("version")
+        .arg(1)
+        .arg("command")
+        .arg(&signed.json)
+        .arg("sig")
+        .arg(&signed.sig)
         .query_async(&mut con)
         .await
         .unwrap();
-    let (json, sig): (String, String) =
-        redis::cmd("HMGET").arg(keys.state()).arg("command").arg("sig").query_async(&mut con).await.unwrap();
+    let (json, sig): (String, String) = redis::cmd("HMGET")
+        .arg(keys.state())
+        .arg("command")
+        .arg("sig")
+        .query_async(&mut con)
+        .await
+        .unwrap();
     let back = SignedCommand { json, sig };
     assert_eq!(back.verify_for(key, &cluster).unwrap(), cmd);
     assert!(back.verify(b"wrong key").is_err());
-    let _: () = redis::cmd("DEL").arg(keys.state()).query_async(&mut con).await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(keys.state())
+        .query_async(&mut con)
+        .await
+        .unwrap();
 }
 
 #[derive(Debug, clickhouse::Row, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -59,7 +72,9 @@ struct Row {
 
 #[tokio::test]
 async fn rows_round_trip_through_real_clickhouse() {
-    let client = clickhouse::Client::default().with_url(clickhouse_url()).with_validation(false);
+    let client = clickhouse::Client::default()
+        .with_url(clickhouse_url())
+        .with_validation(false);
     let table = unique("harness_");
     client
         .query(&format!(
@@ -94,5 +109,9 @@ async fn rows_round_trip_through_real_clickhouse() {
     let want: Vec<&Row> = rows.iter().filter(|r| r.service == "svc-1").collect();
     assert_eq!(got.len(), want.len());
     assert!(got.iter().zip(want).all(|(a, b)| a == b));
-    client.query(&format!("DROP TABLE {table}")).execute().await.unwrap();
+    client
+        .query(&format!("DROP TABLE {table}"))
+        .execute()
+        .await
+        .unwrap();
 }

@@ -11,8 +11,14 @@ fn corpora() -> Vec<brownout::patterns::bench::Corpus> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/logs");
     let c = load_corpora(&dir).expect("corpora load");
     let names: Vec<&str> = c.iter().map(|c| c.name.as_str()).collect();
-    for want in ["agent", "android", "hdfs", "openssh", "spark", "syslog", "windows"] {
-        assert!(names.contains(&want), "corpus {want} missing from {}", dir.display());
+    for want in [
+        "agent", "android", "hdfs", "openssh", "spark", "syslog", "windows",
+    ] {
+        assert!(
+            names.contains(&want),
+            "corpus {want} missing from {}",
+            dir.display()
+        );
     }
     c
 }
@@ -46,7 +52,10 @@ fn held_out_styles_are_grouped_accurately_too() {
 fn agent_failures_cluster_into_their_true_patterns() {
     let corpora = corpora();
     let agent = corpora.iter().find(|c| c.name == "agent").unwrap();
-    let truth = agent.truth_patterns.as_ref().expect("agent.truth has a pattern column");
+    let truth = agent
+        .truth_patterns
+        .as_ref()
+        .expect("agent.truth has a pattern column");
     let acc = grouping_accuracy(&cluster_lines(&agent.lines), truth);
     assert!(acc >= 0.95, "pattern grouping accuracy {acc:.3} < 0.95");
 }

@@ -12,9 +12,18 @@ fn brownout(args: &[&str], stdin: &str) -> String {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "brownout {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "brownout {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -36,7 +45,10 @@ fn synth_mine_and_cluster_work_line_by_line() {
         "",
     );
     assert_eq!(events.lines().count(), 400);
-    assert_eq!(std::fs::read_to_string(&truth).unwrap().lines().count(), 400);
+    assert_eq!(
+        std::fs::read_to_string(&truth).unwrap().lines().count(),
+        400
+    );
     assert!(
         events
             .lines()
@@ -54,8 +66,15 @@ fn synth_mine_and_cluster_work_line_by_line() {
 
     let clustered = brownout(&["patterns", "cluster", "-"], &events);
     assert_eq!(clustered.lines().count(), 400);
-    let patterns: std::collections::HashSet<&str> = clustered.lines().map(|l| l.split('\t').next().unwrap()).collect();
-    assert!((6..=10).contains(&patterns.len()), "{} patterns", patterns.len());
+    let patterns: std::collections::HashSet<&str> = clustered
+        .lines()
+        .map(|l| l.split('\t').next().unwrap())
+        .collect();
+    assert!(
+        (6..=10).contains(&patterns.len()),
+        "{} patterns",
+        patterns.len()
+    );
 }
 
 #[test]
@@ -71,8 +90,15 @@ fn template_ids_survive_a_restart_through_the_state_file() {
         &["patterns", "mine", "--state", s, "-"],
         "disk full on /dev/sdb9\nuser bob logged in from 10.0.0.2\n",
     );
-    let ids = |out: &str| out.lines().map(|l| l.split('\t').next().unwrap().to_string()).collect::<Vec<_>>();
+    let ids = |out: &str| {
+        out.lines()
+            .map(|l| l.split('\t').next().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
     let (a, b) = (ids(&first), ids(&second));
-    assert_eq!((a[0].as_str(), a[1].as_str()), (b[1].as_str(), b[0].as_str()));
+    assert_eq!(
+        (a[0].as_str(), a[1].as_str()),
+        (b[1].as_str(), b[0].as_str())
+    );
     assert!(second.contains("user <*> logged in from <*>"), "{second}");
 }

@@ -42,8 +42,15 @@ fn the_four_scenarios_rank_first_in_seed_order() {
         ps.iter().map(|p| (&p.label, p.count)).collect::<Vec<_>>()
     );
     let total: f64 = ps.iter().map(|p| p.budget_impact).sum();
-    assert!((total - 1.0).abs() < 1e-9, "impacts add up to the whole window: {total}");
-    assert!((0.33..0.50).contains(&ps[0].budget_impact), "KV share {}", ps[0].budget_impact);
+    assert!(
+        (total - 1.0).abs() < 1e-9,
+        "impacts add up to the whole window: {total}"
+    );
+    assert!(
+        (0.33..0.50).contains(&ps[0].budget_impact),
+        "KV share {}",
+        ps[0].budget_impact
+    );
     for p in &ps {
         assert!(p.is_new && p.trend.direction == TrendDirection::New);
         assert!(p.affected_users > 0 && p.affected_requests > 0 && !p.example_trace_ids.is_empty());
@@ -51,13 +58,19 @@ fn the_four_scenarios_rank_first_in_seed_order() {
     }
     // Patterns don't mix categories.
     assert_eq!(
-        ps.iter().map(|p| p.category).collect::<std::collections::HashSet<_>>().len(),
+        ps.iter()
+            .map(|p| p.category)
+            .collect::<std::collections::HashSet<_>>()
+            .len(),
         ps.len()
     );
 }
 
 async fn get(app: axum::Router, uri: &str) -> (StatusCode, serde_json::Value) {
-    let resp = app.oneshot(Request::get(uri).body(Body::empty()).unwrap()).await.unwrap();
+    let resp = app
+        .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
     let status = resp.status();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     (status, serde_json::from_slice(&body).unwrap())
@@ -91,7 +104,11 @@ async fn api_returns_ranked_patterns_and_refuses_bad_input() {
     assert!(v["patterns"].as_array().unwrap().len() >= 4);
     let (s, v) = get(app.clone(), "/api/v1/patterns").await;
     assert_eq!(s, StatusCode::OK, "defaults to the last 24 h of data: {v}");
-    let (s, v) = get(app.clone(), "/api/v1/patterns?since=0&until=18446744073709551615").await;
+    let (s, v) = get(
+        app.clone(),
+        "/api/v1/patterns?since=0&until=18446744073709551615",
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "the widest window works: {v}");
     assert!(v["patterns"][0]["counts"].as_array().unwrap().len() <= 48);
     for (uri, needle) in [
@@ -103,7 +120,10 @@ async fn api_returns_ranked_patterns_and_refuses_bad_input() {
         let (s, v) = get(app.clone(), uri).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{uri}");
         assert_eq!(v["error"]["code"], "bad_request");
-        assert!(v["error"]["message"].as_str().unwrap().contains(needle), "{uri}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(needle),
+            "{uri}: {v}"
+        );
     }
 }
 
@@ -111,6 +131,8 @@ async fn api_returns_ranked_patterns_and_refuses_bad_input() {
 fn miner_state_survives_a_restart_through_the_engine() {
     let (e, _) = engine_with_week();
     let state = serde_json::to_string(&e.miner_state()).unwrap();
-    let restored = PatternEngine::with_miner_state(Default::default(), serde_json::from_str(&state).unwrap()).unwrap();
+    let restored =
+        PatternEngine::with_miner_state(Default::default(), serde_json::from_str(&state).unwrap())
+            .unwrap();
     assert_eq!(restored.miner().templates(), e.miner().templates());
 }

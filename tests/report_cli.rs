@@ -15,7 +15,11 @@ fn report(args: &[&str]) -> std::process::Output {
 fn json_roadmap_from_a_week_file() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/report_golden/week.json");
     let out = report(&["--week", "2026-W48", "--format", "json", "--data", data]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let items = v["roadmap"].as_array().unwrap();
     assert_eq!(items.len(), 3);
@@ -27,8 +31,20 @@ fn json_roadmap_from_a_week_file() {
 fn synthetic_week_renders_markdown_with_every_section() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("w48.md");
-    let out = report(&["--week", "2026-W48", "--synth", "--format", "md", "--out", file.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = report(&[
+        "--week",
+        "2026-W48",
+        "--synth",
+        "--format",
+        "md",
+        "--out",
+        file.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let md = std::fs::read_to_string(&file).unwrap();
     for h in [
         "## The week in a paragraph",

@@ -19,7 +19,8 @@ fn check_golden(name: &str, got: &str) {
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(&path, got).unwrap();
     }
-    let want = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("{} missing: run with UPDATE_GOLDEN=1", path.display()));
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("{} missing: run with UPDATE_GOLDEN=1", path.display()));
     assert!(
         got == want,
         "{name} differs from its golden file (UPDATE_GOLDEN=1 to accept):\n{got}"
@@ -35,7 +36,11 @@ fn fixed_week_renders_the_golden_files() {
         (Format::Json, "week.report.json"),
     ] {
         let a = render(&report, format).unwrap();
-        assert_eq!(a, render(&build(&week(), &Playbook::bundled()), format).unwrap(), "deterministic");
+        assert_eq!(
+            a,
+            render(&build(&week(), &Playbook::bundled()), format).unwrap(),
+            "deterministic"
+        );
         check_golden(name, &a);
     }
 }
@@ -44,9 +49,15 @@ fn fixed_week_renders_the_golden_files() {
 fn top_three_by_impact_map_to_playbook_items() {
     let r = build(&week(), &Playbook::bundled());
     let ids: Vec<&str> = r.roadmap.iter().map(|i| i.playbook_id.as_str()).collect();
-    assert_eq!(ids, ["kv-overflow", "tool-timeouts", "serialization-sanitize"]);
+    assert_eq!(
+        ids,
+        ["kv-overflow", "tool-timeouts", "serialization-sanitize"]
+    );
     assert!((r.roadmap[0].expected_budget_win_back - 0.38 * 0.8).abs() < 1e-9);
-    assert_eq!(r.top.iter().map(|t| t.trend.as_str()).collect::<Vec<_>>(), ["+31%", "-6%", "new"]);
+    assert_eq!(
+        r.top.iter().map(|t| t.trend.as_str()).collect::<Vec<_>>(),
+        ["+31%", "-6%", "new"]
+    );
     assert_eq!(r.new_patterns.len(), 1);
     assert_eq!(r.episodes[0].duration, "1 h 45 min");
 }
@@ -58,7 +69,10 @@ fn user_controlled_text_is_escaped() {
     assert!(!html.contains("<script>"), "label must be escaped in HTML");
     assert!(html.contains("&lt;script&gt;"));
     assert!(!html.contains("prod <eu>") && !html.contains("abc<def>"));
-    assert!(!html.contains("& <ttft>"), "SLO names are escaped in the chart legend too");
+    assert!(
+        !html.contains("& <ttft>"),
+        "SLO names are escaped in the chart legend too"
+    );
     let md = render(&r, Format::Md).unwrap();
     // Outside code spans (which Markdown shows literally) no raw `<` survives.
     for line in md.lines() {
@@ -89,7 +103,10 @@ fn an_empty_week_says_so() {
     for f in [Format::Html, Format::Md] {
         let out = render(&r, f).unwrap();
         assert!(out.contains("No data was recorded for 2026-W01"), "{out}");
-        assert!(out.contains("No failure patterns this week") && out.contains("No degradation this week"));
+        assert!(
+            out.contains("No failure patterns this week")
+                && out.contains("No degradation this week")
+        );
     }
     assert!(r.burn_chart_svg.contains("no data this week"));
 }
@@ -102,7 +119,10 @@ fn playbooks_parse_extend_and_refuse_bad_values() {
     )
     .unwrap();
     let pb = Playbook::bundled().extended_by(user);
-    assert_eq!(pb.item_for("kv_cache_exhausted", "x").unwrap().id, "kv-ours");
+    assert_eq!(
+        pb.item_for("kv_cache_exhausted", "x").unwrap().id,
+        "kv-ours"
+    );
     assert_eq!(
         pb.item_for("other", "x").unwrap().id,
         "triage",
@@ -115,12 +135,18 @@ fn playbooks_parse_extend_and_refuse_bad_values() {
     .unwrap_err();
     assert!(err.to_string().contains("bad.toml") && err.to_string().contains("win_back_ratio"));
     let err = Playbook::parse("typo.toml", "[[item]]\nid = \"x\"\ntitel = \"t\"\n").unwrap_err();
-    assert!(err.to_string().contains("typo.toml") && err.to_string().contains("titel"), "{err}");
+    assert!(
+        err.to_string().contains("typo.toml") && err.to_string().contains("titel"),
+        "{err}"
+    );
 }
 
 #[test]
 fn iso_weeks_resolve_to_their_monday() {
-    assert_eq!(brownout::report::week_start_ms("2026-W48").unwrap(), 1_795_392_000_000);
+    assert_eq!(
+        brownout::report::week_start_ms("2026-W48").unwrap(),
+        1_795_392_000_000
+    );
     for bad in ["2026-48", "2026-W54", "x-W1"] {
         assert!(brownout::report::week_start_ms(bad).is_err(), "{bad}");
     }

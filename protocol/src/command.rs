@@ -14,7 +14,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// Degradation tier. Serialised as the integer 0–3.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(try_from = "u8", into = "u8")]
 pub enum Tier {
     /// Normal operation: everything on.
@@ -243,12 +245,16 @@ impl Command {
 
     /// The route for a traffic class (`default` when absent → `primary`).
     pub fn route_for(&self, class: &str) -> &str {
-        self.model_route.get(class).map(String::as_str).unwrap_or("primary")
+        self.model_route
+            .get(class)
+            .map(String::as_str)
+            .unwrap_or("primary")
     }
 
     /// Serialises to the canonical JSON bytes that get signed.
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("a Command always serialises (string keys, finite floats)")
+        serde_json::to_string(self)
+            .expect("a Command always serialises (string keys, finite floats)")
     }
 }
 
@@ -294,13 +300,18 @@ mod tests {
         assert_eq!(c.extra["future_field"], serde_json::json!({"x": [1, 2]}));
         let back: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
         assert_eq!(back["future_field"], serde_json::json!({"x": [1, 2]}));
-        assert!(back["reason"].get("nested_unknown").is_none(), "nested unknowns are ignored");
+        assert!(
+            back["reason"].get("nested_unknown").is_none(),
+            "nested unknowns are ignored"
+        );
     }
 
     #[test]
     fn out_of_range_tier_is_an_error_not_a_panic() {
         let bad = EXAMPLE.replace("\"tier\": 2", "\"tier\": 7");
-        let err = serde_json::from_str::<Command>(&bad).unwrap_err().to_string();
+        let err = serde_json::from_str::<Command>(&bad)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("tier must be 0, 1, 2 or 3"), "{err}");
     }
 
@@ -318,7 +329,10 @@ mod tests {
         assert!(Criticality::Sheddable < Criticality::Default);
         assert!(Criticality::Default < Criticality::Critical);
         assert_eq!(Criticality::parse("P0"), Some(Criticality::Critical));
-        assert_eq!(Criticality::parse(" Sheddable "), Some(Criticality::Sheddable));
+        assert_eq!(
+            Criticality::parse(" Sheddable "),
+            Some(Criticality::Sheddable)
+        );
         assert_eq!(Criticality::parse("urgent"), None);
     }
 

@@ -66,31 +66,93 @@ impl Category {
     pub fn infer(error_type: &str, message: &str) -> Category {
         let text = format!("{error_type} {message}").to_ascii_lowercase();
         let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
-        if has(&["kv cache", "kv_cache", "kv-cache", "kvcache", "out of blocks", "no free blocks", "cache exhausted"]) {
+        if has(&[
+            "kv cache",
+            "kv_cache",
+            "kv-cache",
+            "kvcache",
+            "out of blocks",
+            "no free blocks",
+            "cache exhausted",
+        ]) {
             Category::KvCacheExhausted
-        } else if has(&["servicedegraded", "degraded", "fallback_to_basic", "feature_disabled", "load shed", "shed_load"]) {
+        } else if has(&[
+            "servicedegraded",
+            "degraded",
+            "fallback_to_basic",
+            "feature_disabled",
+            "load shed",
+            "shed_load",
+        ]) {
             Category::Degraded
-        } else if has(&["rate limit", "rate_limit", "ratelimit", "429", "too many requests", "quota"]) {
-            if has(&["resource_quota", "gpu", "vram", "memory"]) { Category::TimeoutResource } else { Category::RateLimited }
-        } else if has(&["serializ", "deserializ", "json", "protobuf", "decode", "encode", "utf-8", "utf8", "parse error"]) {
+        } else if has(&[
+            "rate limit",
+            "rate_limit",
+            "ratelimit",
+            "429",
+            "too many requests",
+            "quota",
+        ]) {
+            if has(&["resource_quota", "gpu", "vram", "memory"]) {
+                Category::TimeoutResource
+            } else {
+                Category::RateLimited
+            }
+        } else if has(&[
+            "serializ",
+            "deserializ",
+            "json",
+            "protobuf",
+            "decode",
+            "encode",
+            "utf-8",
+            "utf8",
+            "parse error",
+        ]) {
             Category::SerializationError
-        } else if has(&["deadlock", "conflict", "optimistic lock", "stale state", "version mismatch", "concurrent modification"]) {
+        } else if has(&[
+            "deadlock",
+            "conflict",
+            "optimistic lock",
+            "stale state",
+            "version mismatch",
+            "concurrent modification",
+        ]) {
             Category::StateConflict
-        } else if has(&["tool", "api unavailable", "503", "connection refused", "circuit open", "unavailable"])
-            && !has(&["gpu", "cuda", "out of memory"])
+        } else if has(&[
+            "tool",
+            "api unavailable",
+            "503",
+            "connection refused",
+            "circuit open",
+            "unavailable",
+        ]) && !has(&["gpu", "cuda", "out of memory"])
         {
-            if has(&["timed out", "timeout", "deadline"]) && has(&["network", "dns", "socket", "tcp", "connect"]) {
+            if has(&["timed out", "timeout", "deadline"])
+                && has(&["network", "dns", "socket", "tcp", "connect"])
+            {
                 Category::TimeoutNetwork
             } else {
                 Category::ToolUnavailable
             }
         } else if has(&["timed out", "timeout", "deadline exceeded"]) {
-            if has(&["network", "dns", "socket", "tcp", "connect", "upstream", "http"]) {
+            if has(&[
+                "network", "dns", "socket", "tcp", "connect", "upstream", "http",
+            ]) {
                 Category::TimeoutNetwork
             } else {
                 Category::TimeoutResource
             }
-        } else if has(&["oomkill", "oom-kill", "oom kill", "out of memory", "cuda", "gpu", "resource_quota_exhausted", "resource exhausted"]) {
+        } else if has(&[
+            "oomkill",
+            "oom-kill",
+            "oom kill",
+            "out of memory",
+            "cuda",
+            "gpu",
+            "resource_quota_exhausted",
+            "resource exhausted",
+        ]) {
             Category::TimeoutResource
         } else if has(&["model", "nan", "logits", "generation failed", "inference"]) {
             Category::ModelError
@@ -186,9 +248,9 @@ fn de_ts<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         Ms(u64),
         Text(String),
     }
-    match Ts::deserialize(d).map_err(|_| {
-        serde::de::Error::custom("ts must be RFC 3339 text or unix milliseconds")
-    })? {
+    match Ts::deserialize(d)
+        .map_err(|_| serde::de::Error::custom("ts must be RFC 3339 text or unix milliseconds"))?
+    {
         Ts::Ms(ms) => Ok(ms),
         Ts::Text(s) => chrono::DateTime::parse_from_rfc3339(&s)
             .ok()
@@ -204,7 +266,8 @@ impl FailureEvent {
     /// A [`FailureParseError`] that says what was wrong: invalid UTF-8, a NUL byte, malformed
     /// JSON or an unknown field (with serde's line/column), or a bad field value.
     pub fn parse_line(line: &[u8]) -> Result<FailureEvent, FailureParseError> {
-        let text = std::str::from_utf8(line).map_err(|e| FailureParseError::InvalidUtf8(e.valid_up_to()))?;
+        let text = std::str::from_utf8(line)
+            .map_err(|e| FailureParseError::InvalidUtf8(e.valid_up_to()))?;
         if text.contains('\0') {
             return Err(FailureParseError::NulByte);
         }
@@ -215,7 +278,10 @@ impl FailureEvent {
 
     fn from_raw(raw: RawFailureEvent) -> Result<FailureEvent, FailureParseError> {
         if raw.service.trim().is_empty() {
-            return Err(FailureParseError::Field { field: "service", reason: "must not be empty".into() });
+            return Err(FailureParseError::Field {
+                field: "service",
+                reason: "must not be empty".into(),
+            });
         }
         let criticality = match raw.criticality.as_deref() {
             None | Some("") => Criticality::Default,
@@ -231,7 +297,10 @@ impl FailureEvent {
             .unwrap_or_else(|| Category::infer(&raw.error_type, &raw.message));
         let latency_ms = raw.latency_ms.unwrap_or(0.0);
         if !latency_ms.is_finite() || latency_ms < 0.0 {
-            return Err(FailureParseError::Field { field: "latency_ms", reason: "must be a finite number ≥ 0".into() });
+            return Err(FailureParseError::Field {
+                field: "latency_ms",
+                reason: "must be a finite number ≥ 0".into(),
+            });
         }
         Ok(FailureEvent {
             ts_ms: raw.ts,
@@ -288,7 +357,13 @@ impl FailureEvent {
                 "category" => category = Category::parse(&v),
                 "error_type" | "exception.type" | "error.type" => ev.error_type = v,
                 "message" | "exception.message" => ev.message = v,
-                "latency_ms" => ev.latency_ms = v.parse().ok().filter(|x: &f64| x.is_finite() && *x >= 0.0).unwrap_or(0.0),
+                "latency_ms" => {
+                    ev.latency_ms = v
+                        .parse()
+                        .ok()
+                        .filter(|x: &f64| x.is_finite() && *x >= 0.0)
+                        .unwrap_or(0.0)
+                }
                 _ => {
                     ev.attributes.insert(k.to_string(), v);
                 }
@@ -329,32 +404,76 @@ mod tests {
     #[test]
     fn bad_lines_say_why() {
         let cases: &[(&[u8], &str)] = &[
-            (b"{\"ts\":1,\"service\":\"a\",\"message\":\"x\",\"colour\":1}", "unknown field `colour`"),
-            (b"{\"ts\":\"yesterday\",\"service\":\"a\",\"message\":\"x\"}", "not RFC 3339"),
+            (
+                b"{\"ts\":1,\"service\":\"a\",\"message\":\"x\",\"colour\":1}",
+                "unknown field `colour`",
+            ),
+            (
+                b"{\"ts\":\"yesterday\",\"service\":\"a\",\"message\":\"x\"}",
+                "not RFC 3339",
+            ),
             (b"{\"ts\":1,\"message\":\"x\"}", "missing field `service`"),
             (b"{\"ts\":1,\"service\":\"a\",\"message\":\"x\0\"}", "NUL"),
             (b"{\"ts\":1,\"service\":\"\",\"message\":\"x\"}", "service"),
-            (b"{\"ts\":1,\"service\":\"a\",\"message\":\"x\",\"criticality\":\"urgent\"}", "urgent"),
-            (b"{\"ts\":1,\"service\":\"a\",\"message\":\"x\",\"latency_ms\":-3}", "latency_ms"),
+            (
+                b"{\"ts\":1,\"service\":\"a\",\"message\":\"x\",\"criticality\":\"urgent\"}",
+                "urgent",
+            ),
+            (
+                b"{\"ts\":1,\"service\":\"a\",\"message\":\"x\",\"latency_ms\":-3}",
+                "latency_ms",
+            ),
             (b"{\"ts\":1,", "EOF"),
             (b"\xff\xfe", "UTF-8"),
         ];
         for (input, want) in cases {
             let err = FailureEvent::parse_line(input).unwrap_err().to_string();
-            assert!(err.contains(want), "{:?}: got {err:?}, want {want:?}", String::from_utf8_lossy(input));
+            assert!(
+                err.contains(want),
+                "{:?}: got {err:?}, want {want:?}",
+                String::from_utf8_lossy(input)
+            );
         }
     }
 
     #[test]
     fn category_is_inferred_when_missing_or_unknown() {
         let table = [
-            ("AgentExecutionFailed", "resource_quota_exhausted", Category::TimeoutResource),
-            ("", "KV cache exhausted: no free blocks for seq 12", Category::KvCacheExhausted),
-            ("ServiceDegradedError", "fallback_to_basic_mode", Category::Degraded),
-            ("ToolError", "tool call to hotel API timed out after 5000 ms", Category::ToolUnavailable),
-            ("", "upstream http request timed out", Category::TimeoutNetwork),
-            ("", "failed to deserialize JSON payload", Category::SerializationError),
-            ("", "deadlock detected while updating agent state", Category::StateConflict),
+            (
+                "AgentExecutionFailed",
+                "resource_quota_exhausted",
+                Category::TimeoutResource,
+            ),
+            (
+                "",
+                "KV cache exhausted: no free blocks for seq 12",
+                Category::KvCacheExhausted,
+            ),
+            (
+                "ServiceDegradedError",
+                "fallback_to_basic_mode",
+                Category::Degraded,
+            ),
+            (
+                "ToolError",
+                "tool call to hotel API timed out after 5000 ms",
+                Category::ToolUnavailable,
+            ),
+            (
+                "",
+                "upstream http request timed out",
+                Category::TimeoutNetwork,
+            ),
+            (
+                "",
+                "failed to deserialize JSON payload",
+                Category::SerializationError,
+            ),
+            (
+                "",
+                "deadlock detected while updating agent state",
+                Category::StateConflict,
+            ),
             ("", "429 Too Many Requests", Category::RateLimited),
             ("", "something odd", Category::Other),
         ];
@@ -372,9 +491,21 @@ mod tests {
         let e = FailureEvent::from_attributes(
             5,
             "span failed",
-            [("service.name", "svc".to_string()), ("brownout.feature", "pdf".into()), ("exception.type", "Timeout".into()), ("k", "v".into())],
+            [
+                ("service.name", "svc".to_string()),
+                ("brownout.feature", "pdf".into()),
+                ("exception.type", "Timeout".into()),
+                ("k", "v".into()),
+            ],
         );
-        assert_eq!((e.service.as_str(), e.feature.as_str(), e.error_type.as_str()), ("svc", "pdf", "Timeout"));
+        assert_eq!(
+            (
+                e.service.as_str(),
+                e.feature.as_str(),
+                e.error_type.as_str()
+            ),
+            ("svc", "pdf", "Timeout")
+        );
         assert_eq!(e.attributes["k"], "v");
         assert_eq!(e.category, Category::TimeoutResource);
     }

@@ -31,8 +31,16 @@ impl RedisKeys {
     pub fn new(cluster: &str) -> Result<RedisKeys, ClusterNameError> {
         let ok = !cluster.is_empty()
             && cluster.len() <= 64
-            && cluster.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-        if ok { Ok(RedisKeys { cluster: cluster.to_string() }) } else { Err(ClusterNameError(cluster.into())) }
+            && cluster
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if ok {
+            Ok(RedisKeys {
+                cluster: cluster.to_string(),
+            })
+        } else {
+            Err(ClusterNameError(cluster.into()))
+        }
     }
 
     pub fn cluster(&self) -> &str {
@@ -86,9 +94,18 @@ pub fn parse_notify(s: &str) -> Option<(u64, u64)> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ack {
     /// `"<epoch>:<version>:<applied_at_ms>"`
-    Applied { epoch: u64, version: u64, applied_at_ms: u64 },
+    Applied {
+        epoch: u64,
+        version: u64,
+        applied_at_ms: u64,
+    },
     /// `"nack:<epoch>:<version>:<at_ms>:<reason>"`
-    Refused { epoch: u64, version: u64, at_ms: u64, reason: String },
+    Refused {
+        epoch: u64,
+        version: u64,
+        at_ms: u64,
+        reason: String,
+    },
 }
 
 /// An acks-hash value that is neither form.
@@ -99,10 +116,19 @@ pub struct AckParseError(pub String);
 impl fmt::Display for Ack {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Ack::Applied { epoch, version, applied_at_ms } => {
+            Ack::Applied {
+                epoch,
+                version,
+                applied_at_ms,
+            } => {
                 write!(f, "{epoch}:{version}:{applied_at_ms}")
             }
-            Ack::Refused { epoch, version, at_ms, reason } => {
+            Ack::Refused {
+                epoch,
+                version,
+                at_ms,
+                reason,
+            } => {
                 write!(f, "nack:{epoch}:{version}:{at_ms}:{reason}")
             }
         }
@@ -119,15 +145,28 @@ impl std::str::FromStr for Ack {
             let version = it.next().and_then(|x| x.parse().ok()).ok_or_else(err)?;
             let at_ms = it.next().and_then(|x| x.parse().ok()).ok_or_else(err)?;
             let reason = it.next().unwrap_or("").to_string();
-            return Ok(Ack::Refused { epoch, version, at_ms, reason });
+            return Ok(Ack::Refused {
+                epoch,
+                version,
+                at_ms,
+                reason,
+            });
         }
         let mut it = s.split(':');
-        let mut num = || it.next().and_then(|x| x.parse::<u64>().ok()).ok_or_else(err);
+        let mut num = || {
+            it.next()
+                .and_then(|x| x.parse::<u64>().ok())
+                .ok_or_else(err)
+        };
         let (epoch, version, applied_at_ms) = (num()?, num()?, num()?);
         if it.next().is_some() {
             return Err(err());
         }
-        Ok(Ack::Applied { epoch, version, applied_at_ms })
+        Ok(Ack::Applied {
+            epoch,
+            version,
+            applied_at_ms,
+        })
     }
 }
 
@@ -138,7 +177,14 @@ mod tests {
     #[test]
     fn keys_share_one_hash_tag() {
         let k = RedisKeys::new("prod").unwrap();
-        for key in [k.state(), k.notify(), k.log(), k.acks(), k.leader(), k.version_counter()] {
+        for key in [
+            k.state(),
+            k.notify(),
+            k.log(),
+            k.acks(),
+            k.leader(),
+            k.version_counter(),
+        ] {
             assert!(key.starts_with("brownout:{prod}:"), "{key}");
         }
         assert_eq!(k.state(), "brownout:{prod}:state");
@@ -154,10 +200,19 @@ mod tests {
 
     #[test]
     fn acks_round_trip() {
-        let a = Ack::Applied { epoch: 3, version: 1042, applied_at_ms: 17 };
+        let a = Ack::Applied {
+            epoch: 3,
+            version: 1042,
+            applied_at_ms: 17,
+        };
         assert_eq!(a.to_string(), "3:1042:17");
         assert_eq!("3:1042:17".parse::<Ack>().unwrap(), a);
-        let n = Ack::Refused { epoch: 3, version: 9, at_ms: 5, reason: "bad signature: x:y".into() };
+        let n = Ack::Refused {
+            epoch: 3,
+            version: 9,
+            at_ms: 5,
+            reason: "bad signature: x:y".into(),
+        };
         assert_eq!(n.to_string().parse::<Ack>().unwrap(), n);
         assert!("3:x:1".parse::<Ack>().is_err());
         assert!("1:2:3:4".parse::<Ack>().is_err());

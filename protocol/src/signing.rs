@@ -82,7 +82,10 @@ impl SignedCommand {
     pub fn verify_for(&self, key: &[u8], cluster: &str) -> Result<Command, VerifyError> {
         let c = self.verify(key)?;
         if c.cluster != cluster {
-            return Err(VerifyError::WrongCluster { expected: cluster.into(), got: c.cluster });
+            return Err(VerifyError::WrongCluster {
+                expected: cluster.into(),
+                got: c.cluster,
+            });
         }
         Ok(c)
     }
@@ -124,10 +127,22 @@ mod tests {
         let last = if s.ends_with('0') { '1' } else { '0' };
         s.pop();
         s.push(last);
-        assert!(matches!(verify(KEY, JSON.as_bytes(), &s), Err(VerifyError::BadSignature)));
-        assert!(matches!(verify(b"other", JSON.as_bytes(), SIG), Err(VerifyError::BadSignature)));
-        assert!(matches!(verify(KEY, JSON.as_bytes(), "zz"), Err(VerifyError::MalformedSignature)));
-        assert!(matches!(verify(KEY, JSON.as_bytes(), "abcd"), Err(VerifyError::MalformedSignature)));
+        assert!(matches!(
+            verify(KEY, JSON.as_bytes(), &s),
+            Err(VerifyError::BadSignature)
+        ));
+        assert!(matches!(
+            verify(b"other", JSON.as_bytes(), SIG),
+            Err(VerifyError::BadSignature)
+        ));
+        assert!(matches!(
+            verify(KEY, JSON.as_bytes(), "zz"),
+            Err(VerifyError::MalformedSignature)
+        ));
+        assert!(matches!(
+            verify(KEY, JSON.as_bytes(), "abcd"),
+            Err(VerifyError::MalformedSignature)
+        ));
     }
 
     #[test]
@@ -135,15 +150,24 @@ mod tests {
         let c: Command = serde_json::from_str(JSON).unwrap();
         let s = SignedCommand::sign(&c, KEY);
         assert_eq!(s.verify(KEY).unwrap(), c);
-        assert!(matches!(s.verify_for(KEY, "staging"), Err(VerifyError::WrongCluster { .. })));
-        let forged = SignedCommand { json: s.json.replace("\"tier\":2", "\"tier\":0"), sig: s.sig };
+        assert!(matches!(
+            s.verify_for(KEY, "staging"),
+            Err(VerifyError::WrongCluster { .. })
+        ));
+        let forged = SignedCommand {
+            json: s.json.replace("\"tier\":2", "\"tier\":0"),
+            sig: s.sig,
+        };
         assert!(matches!(forged.verify(KEY), Err(VerifyError::BadSignature)));
     }
 
     #[test]
     fn garbage_with_valid_signature_is_an_error_not_a_panic() {
         let junk = "{\"cluster\": 5";
-        let s = SignedCommand { json: junk.into(), sig: sign(KEY, junk.as_bytes()) };
+        let s = SignedCommand {
+            json: junk.into(),
+            sig: sign(KEY, junk.as_bytes()),
+        };
         assert!(matches!(s.verify(KEY), Err(VerifyError::InvalidJson(_))));
     }
 }

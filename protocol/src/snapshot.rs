@@ -27,7 +27,11 @@ pub struct GpuStats {
 impl GpuStats {
     /// Used over total, 0 when total is unknown (seed 000's watermark is 0.75).
     pub fn vram_used_ratio(&self) -> f64 {
-        if self.memory_total_bytes == 0 { 0.0 } else { self.memory_used_bytes as f64 / self.memory_total_bytes as f64 }
+        if self.memory_total_bytes == 0 {
+            0.0
+        } else {
+            self.memory_used_bytes as f64 / self.memory_total_bytes as f64
+        }
     }
 }
 
@@ -92,15 +96,25 @@ pub struct AgentSnapshot {
 impl AgentSnapshot {
     /// The highest VRAM used ratio over this host's GPUs.
     pub fn max_vram_ratio(&self) -> f64 {
-        self.gpus.iter().map(GpuStats::vram_used_ratio).fold(0.0, f64::max)
+        self.gpus
+            .iter()
+            .map(GpuStats::vram_used_ratio)
+            .fold(0.0, f64::max)
     }
     /// The highest GPU utilisation over this host's GPUs.
     pub fn max_gpu_util(&self) -> f64 {
-        self.gpus.iter().map(|g| g.gpu_util_ratio).fold(0.0, f64::max)
+        self.gpus
+            .iter()
+            .map(|g| g.gpu_util_ratio)
+            .fold(0.0, f64::max)
     }
     /// The highest KV usage over this host's engines that are up.
     pub fn max_kv_usage(&self) -> f64 {
-        self.engines.iter().filter(|e| e.up).map(|e| e.kv.usage_ratio).fold(0.0, f64::max)
+        self.engines
+            .iter()
+            .filter(|e| e.up)
+            .map(|e| e.kv.usage_ratio)
+            .fold(0.0, f64::max)
     }
     /// Total waiting requests over engines.
     pub fn queue_depth(&self) -> u64 {
@@ -120,19 +134,53 @@ mod tests {
             simulated: true,
             probe_up: true,
             gpus: vec![
-                GpuStats { index: 0, memory_total_bytes: 100, memory_used_bytes: 80, gpu_util_ratio: 0.5, ..Default::default() },
-                GpuStats { index: 1, memory_total_bytes: 100, memory_used_bytes: 10, gpu_util_ratio: 0.99, ..Default::default() },
+                GpuStats {
+                    index: 0,
+                    memory_total_bytes: 100,
+                    memory_used_bytes: 80,
+                    gpu_util_ratio: 0.5,
+                    ..Default::default()
+                },
+                GpuStats {
+                    index: 1,
+                    memory_total_bytes: 100,
+                    memory_used_bytes: 10,
+                    gpu_util_ratio: 0.99,
+                    ..Default::default()
+                },
             ],
             engines: vec![
-                EngineStats { id: "e0".into(), up: true, kv: KvStats { usage_ratio: 0.9, ..Default::default() }, num_requests_waiting: 3, ..Default::default() },
-                EngineStats { id: "e1".into(), up: false, kv: KvStats { usage_ratio: 1.0, ..Default::default() }, num_requests_waiting: 4, ..Default::default() },
+                EngineStats {
+                    id: "e0".into(),
+                    up: true,
+                    kv: KvStats {
+                        usage_ratio: 0.9,
+                        ..Default::default()
+                    },
+                    num_requests_waiting: 3,
+                    ..Default::default()
+                },
+                EngineStats {
+                    id: "e1".into(),
+                    up: false,
+                    kv: KvStats {
+                        usage_ratio: 1.0,
+                        ..Default::default()
+                    },
+                    num_requests_waiting: 4,
+                    ..Default::default()
+                },
             ],
         };
-        let back: AgentSnapshot = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        let back: AgentSnapshot =
+            serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(back, s);
         assert!((s.max_vram_ratio() - 0.8).abs() < 1e-12);
         assert!((s.max_gpu_util() - 0.99).abs() < 1e-12);
-        assert!((s.max_kv_usage() - 0.9).abs() < 1e-12, "down engines are ignored");
+        assert!(
+            (s.max_kv_usage() - 0.9).abs() < 1e-12,
+            "down engines are ignored"
+        );
         assert_eq!(s.queue_depth(), 7);
     }
 }

@@ -67,24 +67,45 @@ pub fn parse_time(name: &str, s: &str) -> Result<u64, String> {
     chrono::DateTime::parse_from_rfc3339(s)
         .ok()
         .and_then(|t| u64::try_from(t.timestamp_millis()).ok())
-        .ok_or_else(|| format!("query parameter `{name}`: {s:?} is neither unix milliseconds nor RFC 3339"))
+        .ok_or_else(|| {
+            format!("query parameter `{name}`: {s:?} is neither unix milliseconds nor RFC 3339")
+        })
 }
 
 /// The patterns router (`GET /api/v1/patterns`).
 pub fn router(engine: SharedEngine) -> Router {
-    Router::new().route("/api/v1/patterns", get(list)).with_state(engine)
+    Router::new()
+        .route("/api/v1/patterns", get(list))
+        .with_state(engine)
 }
 
-async fn list(State(engine): State<SharedEngine>, Query(q): Query<PatternsQuery>) -> Result<Json<PatternsResponse>, ApiError> {
-    let until = q.until.as_deref().map(|s| parse_time("until", s)).transpose().map_err(bad)?;
-    let since = q.since.as_deref().map(|s| parse_time("since", s)).transpose().map_err(bad)?;
+async fn list(
+    State(engine): State<SharedEngine>,
+    Query(q): Query<PatternsQuery>,
+) -> Result<Json<PatternsResponse>, ApiError> {
+    let until = q
+        .until
+        .as_deref()
+        .map(|s| parse_time("until", s))
+        .transpose()
+        .map_err(bad)?;
+    let since = q
+        .since
+        .as_deref()
+        .map(|s| parse_time("since", s))
+        .transpose()
+        .map_err(bad)?;
     let limit = match q.limit.as_deref() {
         None => 50,
         Some(s) => s
             .parse::<usize>()
             .ok()
             .filter(|n| (1..=1000).contains(n))
-            .ok_or_else(|| bad(format!("query parameter `limit`: {s:?} is not a number in 1..=1000")))?,
+            .ok_or_else(|| {
+                bad(format!(
+                    "query parameter `limit`: {s:?} is not a number in 1..=1000"
+                ))
+            })?,
     };
     let engine = engine.lock().map_err(|_| ApiError {
         status: StatusCode::INTERNAL_SERVER_ERROR,
@@ -94,7 +115,9 @@ async fn list(State(engine): State<SharedEngine>, Query(q): Query<PatternsQuery>
     let until_ms = until.unwrap_or_else(|| engine.newest_ms().saturating_add(1));
     let since_ms = since.unwrap_or_else(|| until_ms.saturating_sub(86_400_000));
     if since_ms > until_ms {
-        return Err(bad(format!("`since` ({since_ms}) is after `until` ({until_ms})")));
+        return Err(bad(format!(
+            "`since` ({since_ms}) is after `until` ({until_ms})"
+        )));
     }
     let mut patterns = engine.patterns(since_ms, until_ms);
     patterns.truncate(limit);

@@ -17,7 +17,11 @@ use super::miner::{TemplateId, TemplateMiner};
 /// # Panics
 /// When the two slices differ in length (a broken caller).
 pub fn grouping_accuracy<P: Hash + Eq, T: Hash + Eq>(pred: &[P], truth: &[T]) -> f64 {
-    assert_eq!(pred.len(), truth.len(), "grouping_accuracy: one label per line");
+    assert_eq!(
+        pred.len(),
+        truth.len(),
+        "grouping_accuracy: one label per line"
+    );
     if pred.is_empty() {
         return 1.0;
     }
@@ -89,7 +93,11 @@ pub fn load_corpora(dir: &Path) -> anyhow::Result<Vec<Corpus>> {
             truth.len()
         );
         let truth_patterns = (pats.len() == lines.len()).then_some(pats);
-        let name = log_path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
+        let name = log_path
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
         out.push(Corpus {
             name,
             log_path,
@@ -116,7 +124,14 @@ pub fn thread_cpu_s() -> Option<f64> {
 
 /// Lines per CPU-second of the miner on `lines` (repeats until ≥ `min_cpu_s` was spent).
 pub fn miner_speed(lines: &[String], min_cpu_s: f64) -> f64 {
-    let clock = || thread_cpu_s().unwrap_or_else(|| std::time::UNIX_EPOCH.elapsed().map(|d| d.as_secs_f64()).unwrap_or(0.0));
+    let clock = || {
+        thread_cpu_s().unwrap_or_else(|| {
+            std::time::UNIX_EPOCH
+                .elapsed()
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0)
+        })
+    };
     let t0 = clock();
     let mut n = 0usize;
     loop {

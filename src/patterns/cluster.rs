@@ -84,7 +84,10 @@ fn normalize(row: &mut [f64]) {
 /// The feature matrix: one unit row per item.
 pub fn features(items: &[ClusterItem<'_>]) -> Array2<f64> {
     let dims = TEXT_DIMS + CATEGORY_DIMS + META_DIMS;
-    let docs: Vec<Vec<String>> = items.iter().map(|it| words(it.template).collect()).collect();
+    let docs: Vec<Vec<String>> = items
+        .iter()
+        .map(|it| words(it.template).collect())
+        .collect();
     // Document frequency per hashed word.
     let mut df = vec![0u32; TEXT_DIMS];
     for d in &docs {
@@ -195,11 +198,26 @@ mod tests {
     #[test]
     fn tool_timeouts_join_and_kv_exhaustion_stays_apart() {
         let items = [
-            item("tool call to the weather API timed out after <*> ms", "tool_unavailable"),
-            item("tool call to the hotel API timed out after <*> ms", "tool_unavailable"),
-            item("tool <*> call timed out after <*> ms (attempt <*>)", "tool_unavailable"),
-            item("KV cache exhausted: no free blocks for seq <*>", "kv_cache_exhausted"),
-            item("KV cache usage <*> above watermark, request <*> preempted", "kv_cache_exhausted"),
+            item(
+                "tool call to the weather API timed out after <*> ms",
+                "tool_unavailable",
+            ),
+            item(
+                "tool call to the hotel API timed out after <*> ms",
+                "tool_unavailable",
+            ),
+            item(
+                "tool <*> call timed out after <*> ms (attempt <*>)",
+                "tool_unavailable",
+            ),
+            item(
+                "KV cache exhausted: no free blocks for seq <*>",
+                "kv_cache_exhausted",
+            ),
+            item(
+                "KV cache usage <*> above watermark, request <*> preempted",
+                "kv_cache_exhausted",
+            ),
             item(
                 "failed to deserialize JSON payload at byte <*>: invalid UTF-8",
                 "serialization_error",
@@ -225,7 +243,9 @@ mod tests {
 
     #[test]
     fn capped_items_become_singletons_and_output_is_deterministic() {
-        let items: Vec<ClusterItem<'_>> = (0..10).map(|_| item("same words every time", "other")).collect();
+        let items: Vec<ClusterItem<'_>> = (0..10)
+            .map(|_| item("same words every time", "other"))
+            .collect();
         let cfg = ClusterConfig {
             max_items: 4,
             ..ClusterConfig::default()

@@ -74,7 +74,10 @@ pub struct PatternId(pub String);
 
 impl PatternId {
     pub fn from_template(t: TemplateId) -> PatternId {
-        PatternId(format!("p{:016x}", stable_hash(&[b"pattern", &t.0.to_le_bytes()])))
+        PatternId(format!(
+            "p{:016x}",
+            stable_hash(&[b"pattern", &t.0.to_le_bytes()])
+        ))
     }
 }
 
@@ -238,7 +241,11 @@ impl PatternEngine {
         if !ev.user_id.is_empty() && b.users.len() < cfg.max_ids_per_bucket {
             b.users.insert(stable_hash(&[ev.user_id.as_bytes()]));
         }
-        let req = if ev.request_id.is_empty() { &ev.trace_id } else { &ev.request_id };
+        let req = if ev.request_id.is_empty() {
+            &ev.trace_id
+        } else {
+            &ev.request_id
+        };
         if !req.is_empty() && b.requests.len() < cfg.max_ids_per_bucket {
             b.requests.insert(stable_hash(&[req.as_bytes()]));
         }
@@ -278,7 +285,12 @@ impl PatternEngine {
 
     /// Like [`PatternEngine::patterns`], with the SLO's bad-event count in the window as the
     /// denominator of `budget_impact` (capped at 1).
-    pub fn patterns_with_bad_events(&self, since_ms: u64, until_ms: u64, bad_events: Option<u64>) -> Vec<Pattern> {
+    pub fn patterns_with_bad_events(
+        &self,
+        since_ms: u64,
+        until_ms: u64,
+        bad_events: Option<u64>,
+    ) -> Vec<Pattern> {
         let until_ms = until_ms.max(since_ms);
         let len = until_ms - since_ms;
         let prev_since = since_ms.saturating_sub(len);
@@ -292,11 +304,19 @@ impl PatternEngine {
         }
         let mut active: Vec<Active<'_>> = Vec::new();
         for (id, st) in &self.stats {
-            let count: u64 = st.buckets.range(since_ms..until_ms).map(|(_, b)| b.count).sum();
+            let count: u64 = st
+                .buckets
+                .range(since_ms..until_ms)
+                .map(|(_, b)| b.count)
+                .sum();
             if count == 0 {
                 continue;
             }
-            let prev: u64 = st.buckets.range(prev_since..since_ms).map(|(_, b)| b.count).sum();
+            let prev: u64 = st
+                .buckets
+                .range(prev_since..since_ms)
+                .map(|(_, b)| b.count)
+                .sum();
             let category = st
                 .category_counts
                 .iter()
@@ -311,7 +331,10 @@ impl PatternEngine {
             });
         }
         active.sort_by(|a, b| b.count.cmp(&a.count).then(a.id.cmp(&b.id)));
-        let texts: Vec<String> = active.iter().map(|a| self.miner.template(a.id).unwrap_or_default()).collect();
+        let texts: Vec<String> = active
+            .iter()
+            .map(|a| self.miner.template(a.id).unwrap_or_default())
+            .collect();
         let items: Vec<ClusterItem<'_>> = active
             .iter()
             .zip(&texts)
@@ -341,11 +364,18 @@ impl PatternEngine {
             .into_values()
             .map(|members| {
                 let ms: Vec<&Active<'_>> = members.iter().map(|&i| &active[i]).collect();
-                let oldest = ms.iter().min_by_key(|a| (a.st.first_seen_ms, a.id)).expect("a cluster has members");
+                let oldest = ms
+                    .iter()
+                    .min_by_key(|a| (a.st.first_seen_ms, a.id))
+                    .expect("a cluster has members");
                 let label_i = members[0]; // active is sorted by count, members keep that order
                 let count: u64 = ms.iter().map(|a| a.count).sum();
                 let prev: u64 = ms.iter().map(|a| a.prev).sum();
-                let first_seen_ms = ms.iter().map(|a| a.st.first_seen_ms).min().unwrap_or(since_ms);
+                let first_seen_ms = ms
+                    .iter()
+                    .map(|a| a.st.first_seen_ms)
+                    .min()
+                    .unwrap_or(since_ms);
                 let mut users: HashSet<u64> = HashSet::new();
                 let mut requests: HashSet<u64> = HashSet::new();
                 let mut series: BTreeMap<u64, u64> = BTreeMap::new();
@@ -366,7 +396,11 @@ impl PatternEngine {
                     }
                 }
                 let collect = |f: &dyn Fn(&TemplateStats) -> Vec<String>| -> Vec<String> {
-                    let set: BTreeSet<String> = ms.iter().flat_map(|a| f(a.st)).filter(|s| !s.is_empty()).collect();
+                    let set: BTreeSet<String> = ms
+                        .iter()
+                        .flat_map(|a| f(a.st))
+                        .filter(|s| !s.is_empty())
+                        .collect();
                     set.into_iter().collect()
                 };
                 let direction = if first_seen_ms >= since_ms || prev == 0 {
@@ -384,7 +418,11 @@ impl PatternEngine {
                     category: active[label_i].category,
                     templates: ms.iter().map(|a| a.id).collect(),
                     first_seen_ms,
-                    last_seen_ms: ms.iter().map(|a| a.st.last_seen_ms).max().unwrap_or(until_ms),
+                    last_seen_ms: ms
+                        .iter()
+                        .map(|a| a.st.last_seen_ms)
+                        .max()
+                        .unwrap_or(until_ms),
                     count,
                     counts: series
                         .into_iter()
@@ -483,7 +521,10 @@ mod tests {
         let (tool, kv) = (&ps[0], &ps[1]);
         assert_eq!(tool.category, Category::ToolUnavailable);
         assert_eq!(tool.count, 6);
-        assert_eq!(tool.label, "tool call to the <*> API timed out after <*> ms");
+        assert_eq!(
+            tool.label,
+            "tool call to the <*> API timed out after <*> ms"
+        );
         assert_eq!(tool.affected_users, 4);
         assert_eq!(tool.affected_requests, 6);
         assert!((tool.budget_impact - 6.0 / 9.0).abs() < 1e-9);
@@ -513,7 +554,13 @@ mod tests {
         };
         let mut e = PatternEngine::new(cfg);
         e.observe(&ev(H, "disk full on node 1", Category::Other, "u", "t"));
-        e.observe(&ev(100 * H, "unrelated later thing happened", Category::Other, "u", "t2"));
+        e.observe(&ev(
+            100 * H,
+            "unrelated later thing happened",
+            Category::Other,
+            "u",
+            "t2",
+        ));
         assert!(e.patterns(0, 10 * H).is_empty());
         assert_eq!(e.patterns(99 * H, 101 * H).len(), 1);
     }

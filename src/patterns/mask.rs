@@ -78,7 +78,10 @@ fn mask_token(token: &str, out: &mut String) {
     let bytes = token.as_bytes();
     // Whole-token masks: URLs, absolute and Windows paths, quoted strings.
     if token.contains("://")
-        || (bytes.len() > 2 && bytes[1] == b':' && bytes[2] == b'\\' && bytes[0].is_ascii_alphabetic())
+        || (bytes.len() > 2
+            && bytes[1] == b':'
+            && bytes[2] == b'\\'
+            && bytes[0].is_ascii_alphabetic())
         || (bytes.first() == Some(&b'/') && bytes[1..].contains(&b'/'))
     {
         out.push_str(WILDCARD);
@@ -114,7 +117,9 @@ fn mask_token(token: &str, out: &mut String) {
                     Some(k)
                         if k > 0
                             && !trimmed[..k].bytes().any(|b| b.is_ascii_digit())
-                            && trimmed[..k].bytes().all(|b| b.is_ascii_alphabetic() || b == b'_') =>
+                            && trimmed[..k]
+                                .bytes()
+                                .all(|b| b.is_ascii_alphabetic() || b == b'_') =>
                     {
                         (Some(&trimmed[..=k]), ())
                     }
@@ -158,11 +163,14 @@ fn quoted(bytes: &[u8]) -> Option<(usize, usize)> {
 }
 
 const LEVELS: &[&str] = &[
-    "TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "WARNING", "ERROR", "ERR", "FATAL", "CRITICAL", "CRIT", "SEVERE", "ALERT", "EMERG",
-    "Trace", "Debug", "Info", "Notice", "Warn", "Warning", "Error", "Fatal", "Critical", "trace", "debug", "info", "warn", "warning",
-    "error", "fatal", "V", "D", "I", "W", "E", "F",
+    "TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "WARNING", "ERROR", "ERR", "FATAL", "CRITICAL",
+    "CRIT", "SEVERE", "ALERT", "EMERG", "Trace", "Debug", "Info", "Notice", "Warn", "Warning",
+    "Error", "Fatal", "Critical", "trace", "debug", "info", "warn", "warning", "error", "fatal",
+    "V", "D", "I", "W", "E", "F",
 ];
-const MONTHS: &[&str] = &["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+const MONTHS: &[&str] = &[
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
 const WEEKDAYS: &[&str] = &["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
 
 /// Strips a leading header: timestamps in the common shapes (`2026-11-30T03:24:37.123Z`,
@@ -175,23 +183,33 @@ pub fn strip_header(line: &str) -> &str {
     let mut saw_time = false;
     for _ in 0..8 {
         let trimmed = rest.trim_start();
-        let end = trimmed.find(|c: char| c.is_whitespace()).unwrap_or(trimmed.len());
+        let end = trimmed
+            .find(|c: char| c.is_whitespace())
+            .unwrap_or(trimmed.len());
         let raw = &trimmed[..end];
         if raw.is_empty() {
             break;
         }
-        let tok = raw.trim_start_matches('[').trim_end_matches([']', ',', ':', '|']);
-        let next_is_digit = trimmed[end..].trim_start().as_bytes().first().is_some_and(u8::is_ascii_digit);
+        let tok = raw
+            .trim_start_matches('[')
+            .trim_end_matches([']', ',', ':', '|']);
+        let next_is_digit = trimmed[end..]
+            .trim_start()
+            .as_bytes()
+            .first()
+            .is_some_and(u8::is_ascii_digit);
         let is_time = !tok.is_empty()
             && tok.bytes().any(|b| b.is_ascii_digit())
-            && tok
-                .bytes()
-                .all(|b| b.is_ascii_digit() || matches!(b, b'-' | b':' | b'/' | b'.' | b',' | b'T' | b'Z' | b'+'));
+            && tok.bytes().all(|b| {
+                b.is_ascii_digit()
+                    || matches!(b, b'-' | b':' | b'/' | b'.' | b',' | b'T' | b'Z' | b'+')
+            });
         let next_is_month = {
             let n = trimmed[end..].trim_start();
             MONTHS.iter().any(|m| n.starts_with(m))
         };
-        let is_calendar = (MONTHS.contains(&tok) && next_is_digit) || (WEEKDAYS.contains(&tok) && (next_is_digit || next_is_month));
+        let is_calendar = (MONTHS.contains(&tok) && next_is_digit)
+            || (WEEKDAYS.contains(&tok) && (next_is_digit || next_is_month));
         let is_level = saw_time && LEVELS.contains(&tok.trim_matches(['<', '>']));
         if is_time || is_calendar || is_level {
             saw_time |= is_time || is_calendar;
@@ -236,13 +254,25 @@ mod tests {
                 "request req-9f2c1a failed, size=123 port:8080",
                 "request <*> failed, size=<*> port:<*>",
             ),
-            ("trace 550e8400-e29b-41d4-a716-446655440000 done.", "trace <*> done."),
-            ("fetch https://api.example.com/v1/x failed", "fetch <*> failed"),
+            (
+                "trace 550e8400-e29b-41d4-a716-446655440000 done.",
+                "trace <*> done.",
+            ),
+            (
+                "fetch https://api.example.com/v1/x failed",
+                "fetch <*> failed",
+            ),
             ("open /var/log/syslog denied", "open <*> denied"),
             ("Loaded C:\\Windows\\winsxs\\x.dll", "Loaded <*>"),
-            ("bad input \"hello world, again\" refused", "bad input \"<*>\" refused"),
+            (
+                "bad input \"hello world, again\" refused",
+                "bad input \"<*>\" refused",
+            ),
             ("user 'bob smith' can't log in", "user '<*>' can't log in"),
-            ("Connection closed by 10.0.0.1 [preauth]", "Connection closed by <*> [preauth]"),
+            (
+                "Connection closed by 10.0.0.1 [preauth]",
+                "Connection closed by <*> [preauth]",
+            ),
             ("took 1.5s (attempt 3/5)", "took <*> (attempt <*>)"),
         ];
         for (input, want) in table {
@@ -265,10 +295,22 @@ mod tests {
                 "Dec 10 06:55:46 LabSZ sshd[24200]: Invalid user webmaster",
                 "LabSZ sshd[24200]: Invalid user webmaster",
             ),
-            ("03-17 16:13:38.811  1702  2395 D WindowManager: freeze", "WindowManager: freeze"),
-            ("2016-09-28 04:30:30, Info                  CBS    Loaded", "CBS    Loaded"),
-            ("2026-11-27T20:15:00.123Z ERROR muse-agent: boom", "muse-agent: boom"),
-            ("[Sun Dec 04 04:47:44 2005] [error] mod_jk child", "mod_jk child"),
+            (
+                "03-17 16:13:38.811  1702  2395 D WindowManager: freeze",
+                "WindowManager: freeze",
+            ),
+            (
+                "2016-09-28 04:30:30, Info                  CBS    Loaded",
+                "CBS    Loaded",
+            ),
+            (
+                "2026-11-27T20:15:00.123Z ERROR muse-agent: boom",
+                "muse-agent: boom",
+            ),
+            (
+                "[Sun Dec 04 04:47:44 2005] [error] mod_jk child",
+                "mod_jk child",
+            ),
             ("Info about the message", "Info about the message"),
             ("May the force be with you", "May the force be with you"),
         ];

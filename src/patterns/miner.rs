@@ -60,8 +60,9 @@ impl Serialize for TemplateId {
 impl<'de> Deserialize<'de> for TemplateId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        s.parse()
-            .map_err(|_| serde::de::Error::custom(format!("template id {s:?} is not 16 hex digits")))
+        s.parse().map_err(|_| {
+            serde::de::Error::custom(format!("template id {s:?} is not 16 hex digits"))
+        })
     }
 }
 
@@ -154,9 +155,15 @@ pub struct JsonFileStateStore(pub std::path::PathBuf);
 #[derive(Debug, thiserror::Error)]
 pub enum JsonFileStateError {
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}: {source}")]
-    Json { path: String, source: serde_json::Error },
+    Json {
+        path: String,
+        source: serde_json::Error,
+    },
 }
 
 impl MinerStateStore for JsonFileStateStore {
@@ -311,10 +318,12 @@ const KEY_WORDS: &[&str] = &[
     "unknown",
 ];
 const UNIT_WORDS: &[&str] = &[
-    "B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "ms", "s", "us", "ns", "sec", "secs", "min", "bytes", "%",
+    "B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "ms", "s", "us", "ns", "sec", "secs", "min",
+    "bytes", "%",
 ];
 const CALENDAR_WORDS: &[&str] = &[
-    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun",
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec", "Mon",
+    "Tue", "Wed", "Thu", "Fri", "Sat", "Sun",
 ];
 
 /// Whether a constant token that differs between two lines reads as a value: its shape (dotted,
@@ -325,9 +334,21 @@ fn is_variable_like(prev: Option<&str>, tok: &str) -> bool {
     let shaped = core.bytes().any(|b| {
         matches!(
             b,
-            b'_' | b'.' | b'-' | b'@' | b'/' | b':' | b'=' | b'(' | b'[' | b'{' | b'\'' | b'"' | b'*'
+            b'_' | b'.'
+                | b'-'
+                | b'@'
+                | b'/'
+                | b':'
+                | b'='
+                | b'('
+                | b'['
+                | b'{'
+                | b'\''
+                | b'"'
+                | b'*'
         )
-    }) || core.bytes().skip(1).any(|b| b.is_ascii_uppercase()) && core.bytes().any(|b| b.is_ascii_lowercase())
+    }) || core.bytes().skip(1).any(|b| b.is_ascii_uppercase())
+        && core.bytes().any(|b| b.is_ascii_lowercase())
         || UNIT_WORDS.contains(&core)
         || CALENDAR_WORDS.contains(&core);
     shaped
@@ -438,17 +459,34 @@ impl TemplateMiner {
     fn leaf_key(&self, tokens: &[&str]) -> LeafKey {
         let len = (tokens.len() as u64).to_le_bytes();
         let mut parts: [&[u8]; 5] = [&len, b"", b"", b"", b""];
-        for (i, t) in tokens.iter().take(self.config.prefix_depth.min(4)).enumerate() {
-            parts[i + 1] = if t.contains(WILDCARD) { WILDCARD.as_bytes() } else { t.as_bytes() };
+        for (i, t) in tokens
+            .iter()
+            .take(self.config.prefix_depth.min(4))
+            .enumerate()
+        {
+            parts[i + 1] = if t.contains(WILDCARD) {
+                WILDCARD.as_bytes()
+            } else {
+                t.as_bytes()
+            };
         }
         LeafKey(stable_hash(&parts))
     }
 
     /// (equal constants, similarity) of a template and a line of the same length.
     fn similarity(t: &Template, tokens: &[&str], num_const: usize) -> (usize, f32) {
-        let equal = t.tokens.iter().zip(tokens).filter(|&(a, b)| !is_wild(b) && **a == **b).count();
+        let equal = t
+            .tokens
+            .iter()
+            .zip(tokens)
+            .filter(|&(a, b)| !is_wild(b) && **a == **b)
+            .count();
         let denom = num_const.max(t.num_const);
-        let sim = if denom == 0 { 1.0 } else { equal as f32 / denom as f32 };
+        let sim = if denom == 0 {
+            1.0
+        } else {
+            equal as f32 / denom as f32
+        };
         (equal, sim)
     }
 
@@ -457,7 +495,9 @@ impl TemplateMiner {
         let mut best: Option<(f32, u64, TemplateId)> = None;
         // Newest first, bounded: unbounded novel input must not make every miss O(templates).
         for &id in ids.iter().rev().take(MAX_SCAN) {
-            let Some(t) = self.templates.get(&id.0) else { continue };
+            let Some(t) = self.templates.get(&id.0) else {
+                continue;
+            };
             if t.tokens.len() != tokens.len() {
                 continue;
             }
@@ -495,18 +535,21 @@ impl TemplateMiner {
         let mut best: Option<(f32, u64, TemplateId)> = None;
         // Newest first, bounded: unbounded novel input must not make every miss O(templates).
         for &id in ids.iter().rev().take(MAX_SCAN) {
-            let Some(t) = self.templates.get(&id.0) else { continue };
+            let Some(t) = self.templates.get(&id.0) else {
+                continue;
+            };
             let (equal, sim) = Self::similarity(t, tokens, num_const);
             // Exactly one differing constant, and not a verb swap ("Opening" vs "Closing").
             if sim < self.config.cross_threshold || num_const.max(t.num_const) != equal + 1 {
                 continue;
             }
-            let verb_swap = t
-                .tokens
-                .iter()
-                .zip(tokens)
-                .any(|(a, b)| **a != **b && !is_wild(a) && !is_wild(b) && is_verb_like(a) && is_verb_like(b));
-            if !verb_swap && Self::differences_are_variables(t, tokens) && best.is_none_or(|(s, c, _)| (sim, t.count) > (s, c)) {
+            let verb_swap = t.tokens.iter().zip(tokens).any(|(a, b)| {
+                **a != **b && !is_wild(a) && !is_wild(b) && is_verb_like(a) && is_verb_like(b)
+            });
+            if !verb_swap
+                && Self::differences_are_variables(t, tokens)
+                && best.is_none_or(|(s, c, _)| (sim, t.count) > (s, c))
+            {
                 best = Some((sim, t.count, id));
             }
         }
@@ -540,7 +583,11 @@ impl TemplateMiner {
     /// Evicts the coldest sixteenth of the templates (least recently seen).
     fn evict(&mut self) {
         let k = (self.templates.len() / 16).max(1);
-        let mut ages: Vec<(u64, u64)> = self.templates.iter().map(|(id, t)| (t.last_seen, *id)).collect();
+        let mut ages: Vec<(u64, u64)> = self
+            .templates
+            .iter()
+            .map(|(id, t)| (t.last_seen, *id))
+            .collect();
         ages.select_nth_unstable(k - 1);
         let gone: std::collections::HashSet<u64> = ages[..k].iter().map(|(_, id)| *id).collect();
         for id in &gone {
@@ -573,7 +620,9 @@ impl TemplateMiner {
 
     /// Appends the template text of `id` to `out`; returns false when it is not kept.
     pub fn write_template(&self, id: TemplateId, out: &mut String) -> bool {
-        let Some(t) = self.templates.get(&id.0) else { return false };
+        let Some(t) = self.templates.get(&id.0) else {
+            return false;
+        };
         for (i, tok) in t.tokens.iter().enumerate() {
             if i > 0 {
                 out.push(' ');
@@ -673,7 +722,10 @@ mod tests {
         let c = m.add("KV cache exhausted: no free blocks for seq 12");
         assert_eq!(a, b);
         assert_ne!(a, c);
-        assert_eq!(m.template(a).unwrap(), "tool call to the <*> API timed out after <*> ms");
+        assert_eq!(
+            m.template(a).unwrap(),
+            "tool call to the <*> API timed out after <*> ms"
+        );
     }
 
     #[test]
@@ -719,12 +771,18 @@ mod tests {
     fn bad_state_is_refused() {
         let mut s = TemplateMiner::default().state();
         s.version = 9;
-        assert!(matches!(TemplateMiner::from_state(s), Err(MinerError::Version(9))));
+        assert!(matches!(
+            TemplateMiner::from_state(s),
+            Err(MinerError::Version(9))
+        ));
         let mut m = TemplateMiner::default();
         m.add("x y");
         let mut s = m.state();
         s.templates.push(s.templates[0].clone());
-        assert!(matches!(TemplateMiner::from_state(s), Err(MinerError::DuplicateId(_))));
+        assert!(matches!(
+            TemplateMiner::from_state(s),
+            Err(MinerError::DuplicateId(_))
+        ));
     }
 
     #[test]
@@ -752,7 +810,12 @@ mod tests {
         let hot = m.add("steady state line");
         for i in 0..500usize {
             m.add("steady state line");
-            m.add(&format!("{} {} {}", word(i + 5000), word(i + 9000), word(i * 17)));
+            m.add(&format!(
+                "{} {} {}",
+                word(i + 5000),
+                word(i + 9000),
+                word(i * 17)
+            ));
         }
         assert_eq!(m.add("steady state line"), hot);
     }

@@ -101,7 +101,11 @@ fn run_blocking(args: PatternsArgs) -> anyhow::Result<()> {
         } => cmd_synth(lines, seed, raw, truth, out),
         PatternsCmd::Mine { file, state } => cmd_mine(&file, state),
         PatternsCmd::Cluster { file } => cmd_cluster(&file),
-        PatternsCmd::Bench { corpus, peer, min_cpu_s } => cmd_bench(&corpus, &peer, min_cpu_s),
+        PatternsCmd::Bench {
+            corpus,
+            peer,
+            min_cpu_s,
+        } => cmd_bench(&corpus, &peer, min_cpu_s),
     }
 }
 
@@ -111,7 +115,10 @@ fn open_input(file: &str) -> anyhow::Result<(Box<dyn BufRead>, u64)> {
     }
     let f = std::fs::File::open(file).with_context(|| format!("opening {file}"))?;
     let size = f.metadata().map(|m| m.len()).unwrap_or(0);
-    Ok((Box::new(std::io::BufReader::with_capacity(1 << 20, f)), size))
+    Ok((
+        Box::new(std::io::BufReader::with_capacity(1 << 20, f)),
+        size,
+    ))
 }
 
 /// A line as the miner sees it: a failure event's message, or the raw line.
@@ -149,7 +156,13 @@ impl Progress {
     }
 }
 
-fn cmd_synth(lines: usize, seed: u64, raw: bool, truth: Option<PathBuf>, out: Option<PathBuf>) -> anyhow::Result<()> {
+fn cmd_synth(
+    lines: usize,
+    seed: u64,
+    raw: bool,
+    truth: Option<PathBuf>,
+    out: Option<PathBuf>,
+) -> anyhow::Result<()> {
     let events = synth::generate(&synth::SynthConfig {
         lines,
         seed,
@@ -171,7 +184,9 @@ fn cmd_synth(lines: usize, seed: u64, raw: bool, truth: Option<PathBuf>, out: Op
     }
     w.flush()?;
     if let Some(p) = truth {
-        let mut t = std::io::BufWriter::new(std::fs::File::create(&p).with_context(|| format!("creating {}", p.display()))?);
+        let mut t = std::io::BufWriter::new(
+            std::fs::File::create(&p).with_context(|| format!("creating {}", p.display()))?,
+        );
         for e in &events {
             writeln!(t, "{}\t{}", e.true_template, e.true_pattern)?;
         }
@@ -249,7 +264,13 @@ fn cmd_cluster(file: &str) -> anyhow::Result<()> {
                 ),
                 // Inferred from the final template below (a raw line's variables, such as a
                 // host called gpu-3, would mislead the inference).
-                None => (Category::Other, String::new(), String::new(), String::new(), String::new()),
+                None => (
+                    Category::Other,
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                ),
             };
             Meta {
                 from_event: ev.is_some(),
@@ -269,7 +290,10 @@ fn cmd_cluster(file: &str) -> anyhow::Result<()> {
     // Pass 2: cluster the final templates.
     let mut tids: Vec<TemplateId> = meta.keys().copied().collect();
     tids.sort_by_key(|t| meta[t].first_line);
-    let texts: Vec<String> = tids.iter().map(|t| m.template(*t).unwrap_or_default()).collect();
+    let texts: Vec<String> = tids
+        .iter()
+        .map(|t| m.template(*t).unwrap_or_default())
+        .collect();
     for (t, text) in tids.iter().zip(&texts) {
         let x = meta.get_mut(t).expect("every mined id has metadata");
         if !x.from_event {
@@ -294,11 +318,13 @@ fn cmd_cluster(file: &str) -> anyhow::Result<()> {
         .collect();
     let labels = cluster::cluster(&items, &cluster::ClusterConfig::default());
     // Per cluster: id from the oldest template, label from the most frequent.
-    let mut by_cluster: std::collections::BTreeMap<usize, Vec<usize>> = std::collections::BTreeMap::new();
+    let mut by_cluster: std::collections::BTreeMap<usize, Vec<usize>> =
+        std::collections::BTreeMap::new();
     for (i, l) in labels.iter().enumerate() {
         by_cluster.entry(*l).or_default().push(i);
     }
-    let mut tid_to_pattern: std::collections::HashMap<TemplateId, (PatternId, usize)> = std::collections::HashMap::new();
+    let mut tid_to_pattern: std::collections::HashMap<TemplateId, (PatternId, usize)> =
+        std::collections::HashMap::new();
     for members in by_cluster.values() {
         let oldest = members[0]; // tids are sorted by first line
         let label = *members
@@ -330,7 +356,11 @@ struct PeerResult {
 
 fn cmd_bench(corpus: &std::path::Path, peer: &str, min_cpu_s: f64) -> anyhow::Result<()> {
     let corpora = bench::load_corpora(corpus)?;
-    anyhow::ensure!(!corpora.is_empty(), "no NAME.log + NAME.truth pairs under {}", corpus.display());
+    anyhow::ensure!(
+        !corpora.is_empty(),
+        "no NAME.log + NAME.truth pairs under {}",
+        corpus.display()
+    );
     let peer_results: std::collections::HashMap<String, PeerResult> = if peer == "none" {
         Default::default()
     } else {
@@ -339,10 +369,15 @@ fn cmd_bench(corpus: &std::path::Path, peer: &str, min_cpu_s: f64) -> anyhow::Re
             .args(corpora.iter().map(|c| &c.log_path))
             .output()
             .with_context(|| format!("running python3 {peer} (pip install drain3)"))?;
-        anyhow::ensure!(out.status.success(), "peer {peer} failed: {}", String::from_utf8_lossy(&out.stderr));
+        anyhow::ensure!(
+            out.status.success(),
+            "peer {peer} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let mut map = std::collections::HashMap::new();
         for l in String::from_utf8_lossy(&out.stdout).lines() {
-            let r: PeerResult = serde_json::from_str(l).with_context(|| format!("peer output line {l:.80}"))?;
+            let r: PeerResult =
+                serde_json::from_str(l).with_context(|| format!("peer output line {l:.80}"))?;
             map.insert(r.file.clone(), r);
         }
         map
@@ -357,7 +392,11 @@ fn cmd_bench(corpus: &std::path::Path, peer: &str, min_cpu_s: f64) -> anyhow::Re
     for c in &corpora {
         let ids = bench::mine_corpus(&c.lines);
         let acc = bench::grouping_accuracy(&ids, &c.truth);
-        let ntrue = c.truth.iter().collect::<std::collections::HashSet<_>>().len();
+        let ntrue = c
+            .truth
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len();
         let nours = ids.iter().collect::<std::collections::HashSet<_>>().len();
         let speed = bench::miner_speed(&c.lines, min_cpu_s);
         acc_sum += acc;
@@ -376,7 +415,11 @@ fn cmd_bench(corpus: &std::path::Path, peer: &str, min_cpu_s: f64) -> anyhow::Re
                 content_acc_sum += ca;
                 n_peer += 1;
                 peer_cpu += p.cpu_s;
-                (format!("{pa:.3}"), format!("{ca:.3}"), Some(p.lines as f64 / p.cpu_s.max(1e-9)))
+                (
+                    format!("{pa:.3}"),
+                    format!("{ca:.3}"),
+                    Some(p.lines as f64 / p.cpu_s.max(1e-9)),
+                )
             }
             _ => (dash(), dash(), None),
         };
@@ -389,7 +432,13 @@ fn cmd_bench(corpus: &std::path::Path, peer: &str, min_cpu_s: f64) -> anyhow::Re
         );
     }
     let n = corpora.len() as f64;
-    let peer_avg = |x: f64| if n_peer > 0 { format!("{:.3}", x / n_peer as f64) } else { dash() };
+    let peer_avg = |x: f64| {
+        if n_peer > 0 {
+            format!("{:.3}", x / n_peer as f64)
+        } else {
+            dash()
+        }
+    };
     println!(
         "| **average / total** | {all_lines} | | | **{:.3}** | {} | {} | {:.0} | {} | {} |",
         acc_sum / n,
@@ -436,7 +485,10 @@ pub fn cluster_lines(lines: &[String]) -> Vec<PatternId> {
         }
         *c += 1;
     }
-    let texts: Vec<String> = first.iter().map(|t| m.template(*t).unwrap_or_default()).collect();
+    let texts: Vec<String> = first
+        .iter()
+        .map(|t| m.template(*t).unwrap_or_default())
+        .collect();
     let cats: Vec<Category> = texts.iter().map(|t| Category::infer("", t)).collect();
     let items: Vec<cluster::ClusterItem<'_>> = first
         .iter()
@@ -453,7 +505,10 @@ pub fn cluster_lines(lines: &[String]) -> Vec<PatternId> {
     let mut pid_of_label = std::collections::HashMap::new();
     let mut tid_to_pid = std::collections::HashMap::new();
     for (i, l) in labels.iter().enumerate() {
-        let pid = pid_of_label.entry(*l).or_insert_with(|| PatternId::from_template(first[i])).clone();
+        let pid = pid_of_label
+            .entry(*l)
+            .or_insert_with(|| PatternId::from_template(first[i]))
+            .clone();
         tid_to_pid.insert(first[i], pid);
     }
     ids.iter().map(|t| tid_to_pid[t].clone()).collect()

@@ -66,7 +66,9 @@ struct Scenario {
     templates: &'static [(&'static str, MakeMessage)],
 }
 
-const APIS: &[&str] = &["weather", "hotel", "flights", "maps", "currency", "search", "calendar"];
+const APIS: &[&str] = &[
+    "weather", "hotel", "flights", "maps", "currency", "search", "calendar",
+];
 const AGENTS: &[&str] = &[
     "PDFParser",
     "Summarizer",
@@ -92,21 +94,27 @@ const SCENARIOS: &[Scenario] = &[
         error_type: "AgentExecutionFailed",
         features: &["basic_qa", "multi_turn_chat", "pdf_analysis"],
         templates: &[
-            ("KV cache exhausted: no free blocks for seq <*> (usage <*>, <*> running)", |r| {
-                format!(
-                    "KV cache exhausted: no free blocks for seq {} (usage {:.2}, {} running)",
-                    r.range(1, 99999),
-                    0.92 + r.unit() * 0.08,
-                    r.range(64, 512)
-                )
-            }),
-            ("request <*> preempted: KV cache usage <*> above watermark <*>", |r| {
-                format!(
-                    "request {} preempted: KV cache usage {:.3} above watermark 0.92",
-                    req(r),
-                    0.92 + r.unit() * 0.08
-                )
-            }),
+            (
+                "KV cache exhausted: no free blocks for seq <*> (usage <*>, <*> running)",
+                |r| {
+                    format!(
+                        "KV cache exhausted: no free blocks for seq {} (usage {:.2}, {} running)",
+                        r.range(1, 99999),
+                        0.92 + r.unit() * 0.08,
+                        r.range(64, 512)
+                    )
+                },
+            ),
+            (
+                "request <*> preempted: KV cache usage <*> above watermark <*>",
+                |r| {
+                    format!(
+                        "request {} preempted: KV cache usage {:.3} above watermark 0.92",
+                        req(r),
+                        0.92 + r.unit() * 0.08
+                    )
+                },
+            ),
             (
                 "context of <*> tokens after <*> turns does not fit in the KV cache (max_model_len <*>)",
                 |r| {
@@ -127,7 +135,11 @@ const SCENARIOS: &[Scenario] = &[
         features: &["trip_planner", "web_search", "basic_qa"],
         templates: &[
             ("tool call to the <*> API timed out after <*> ms", |r| {
-                format!("tool call to the {} API timed out after {} ms", r.pick(APIS), r.range(2000, 8000))
+                format!(
+                    "tool call to the {} API timed out after {} ms",
+                    r.pick(APIS),
+                    r.range(2000, 8000)
+                )
             }),
             ("tool <*> exceeded its deadline of <*> (attempt <*>)", |r| {
                 format!(
@@ -137,13 +149,16 @@ const SCENARIOS: &[Scenario] = &[
                     r.range(1, 3)
                 )
             }),
-            ("circuit open for tool <*> after <*> consecutive failures", |r| {
-                format!(
-                    "circuit open for tool {} after {} consecutive failures",
-                    r.pick(APIS),
-                    r.range(3, 9)
-                )
-            }),
+            (
+                "circuit open for tool <*> after <*> consecutive failures",
+                |r| {
+                    format!(
+                        "circuit open for tool {} after {} consecutive failures",
+                        r.pick(APIS),
+                        r.range(3, 9)
+                    )
+                },
+            ),
         ],
     },
     Scenario {
@@ -153,28 +168,37 @@ const SCENARIOS: &[Scenario] = &[
         error_type: "SerializationError",
         features: &["pdf_analysis", "ppt_outline"],
         templates: &[
-            ("failed to encode protobuf AgentResponse from <*>: invalid UTF-8 at byte <*>", |r| {
-                format!(
-                    "failed to encode protobuf AgentResponse from {}: invalid UTF-8 at byte {}",
-                    r.pick(AGENTS),
-                    r.range(0, 4_700_000)
-                )
-            }),
-            ("serialized payload of <*> KB from <*> exceeds the <*> KB limit", |r| {
-                format!(
-                    "serialized payload of {} KB from {} exceeds the 500 KB limit",
-                    r.range(501, 4800),
-                    r.pick(AGENTS)
-                )
-            }),
-            ("JSON decode error in <*> output: control character <*> at position <*>", |r| {
-                format!(
-                    "JSON decode error in {} output: control character \\x{:02x} at position {}",
-                    r.pick(AGENTS),
-                    r.range(0, 8),
-                    r.range(0, 99999)
-                )
-            }),
+            (
+                "failed to encode protobuf AgentResponse from <*>: invalid UTF-8 at byte <*>",
+                |r| {
+                    format!(
+                        "failed to encode protobuf AgentResponse from {}: invalid UTF-8 at byte {}",
+                        r.pick(AGENTS),
+                        r.range(0, 4_700_000)
+                    )
+                },
+            ),
+            (
+                "serialized payload of <*> KB from <*> exceeds the <*> KB limit",
+                |r| {
+                    format!(
+                        "serialized payload of {} KB from {} exceeds the 500 KB limit",
+                        r.range(501, 4800),
+                        r.pick(AGENTS)
+                    )
+                },
+            ),
+            (
+                "JSON decode error in <*> output: control character <*> at position <*>",
+                |r| {
+                    format!(
+                        "JSON decode error in {} output: control character \\x{:02x} at position {}",
+                        r.pick(AGENTS),
+                        r.range(0, 8),
+                        r.range(0, 99999)
+                    )
+                },
+            ),
         ],
     },
     Scenario {
@@ -184,21 +208,27 @@ const SCENARIOS: &[Scenario] = &[
         error_type: "StateConflictError",
         features: &["multi_turn_chat", "trip_planner"],
         templates: &[
-            ("state machine stuck for <*> ms on session <*> waiting on WATCH <*>", |r| {
-                let s = sess(r);
-                format!(
-                    "state machine stuck for {} ms on session {s} waiting on WATCH session:{s}",
-                    r.range(3000, 30000)
-                )
-            }),
-            ("deadlock detected: <*> and <*> both hold session <*>", |r| {
-                format!(
-                    "deadlock detected: worker-{} and worker-{} both hold session {}",
-                    r.range(1, 400),
-                    r.range(1, 400),
-                    sess(r)
-                )
-            }),
+            (
+                "state machine stuck for <*> ms on session <*> waiting on WATCH <*>",
+                |r| {
+                    let s = sess(r);
+                    format!(
+                        "state machine stuck for {} ms on session {s} waiting on WATCH session:{s}",
+                        r.range(3000, 30000)
+                    )
+                },
+            ),
+            (
+                "deadlock detected: <*> and <*> both hold session <*>",
+                |r| {
+                    format!(
+                        "deadlock detected: worker-{} and worker-{} both hold session {}",
+                        r.range(1, 400),
+                        r.range(1, 400),
+                        sess(r)
+                    )
+                },
+            ),
         ],
     },
     Scenario {
@@ -208,20 +238,26 @@ const SCENARIOS: &[Scenario] = &[
         error_type: "AgentExecutionFailed",
         features: &["image_generation", "basic_qa"],
         templates: &[
-            ("waiting for GPU allocation timed out after <*> ms (queue depth <*>)", |r| {
-                format!(
-                    "waiting for GPU allocation timed out after {} ms (queue depth {})",
-                    r.range(2000, 14000),
-                    r.range(10, 900)
-                )
-            }),
-            ("resource_quota_exhausted: <*> GPU seconds used of <*>", |r| {
-                format!(
-                    "resource_quota_exhausted: {} GPU seconds used of {}",
-                    r.range(1000, 9000),
-                    r.range(1000, 9000)
-                )
-            }),
+            (
+                "waiting for GPU allocation timed out after <*> ms (queue depth <*>)",
+                |r| {
+                    format!(
+                        "waiting for GPU allocation timed out after {} ms (queue depth {})",
+                        r.range(2000, 14000),
+                        r.range(10, 900)
+                    )
+                },
+            ),
+            (
+                "resource_quota_exhausted: <*> GPU seconds used of <*>",
+                |r| {
+                    format!(
+                        "resource_quota_exhausted: {} GPU seconds used of {}",
+                        r.range(1000, 9000),
+                        r.range(1000, 9000)
+                    )
+                },
+            ),
         ],
     },
     Scenario {
@@ -231,7 +267,11 @@ const SCENARIOS: &[Scenario] = &[
         error_type: "ModelError",
         features: &["basic_qa"],
         templates: &[("model <*> returned NaN logits for request <*>", |r| {
-            format!("model {} returned NaN logits for request {}", r.pick(MODELS), req(r))
+            format!(
+                "model {} returned NaN logits for request {}",
+                r.pick(MODELS),
+                req(r)
+            )
         })],
     },
     Scenario {
@@ -240,13 +280,16 @@ const SCENARIOS: &[Scenario] = &[
         category: Category::Degraded,
         error_type: "ServiceDegradedError",
         features: &["pdf_analysis", "image_generation", "multilingual_email"],
-        templates: &[("fallback_to_basic_mode: feature <*> disabled at tier <*>", |r| {
-            format!(
-                "fallback_to_basic_mode: feature {} disabled at tier {}",
-                r.pick(&["pdf_analysis", "image_generation", "multilingual_email"]),
-                r.range(1, 3)
-            )
-        })],
+        templates: &[(
+            "fallback_to_basic_mode: feature <*> disabled at tier <*>",
+            |r| {
+                format!(
+                    "fallback_to_basic_mode: feature {} disabled at tier {}",
+                    r.pick(&["pdf_analysis", "image_generation", "multilingual_email"]),
+                    r.range(1, 3)
+                )
+            },
+        )],
     },
     Scenario {
         pattern: "rate_limited",
@@ -254,9 +297,15 @@ const SCENARIOS: &[Scenario] = &[
         category: Category::RateLimited,
         error_type: "RateLimitError",
         features: &["basic_qa", "web_search"],
-        templates: &[("LLM gateway returned 429 Too Many Requests (retry after <*>)", |r| {
-            format!("LLM gateway returned 429 Too Many Requests (retry after {}s)", r.range(1, 30))
-        })],
+        templates: &[(
+            "LLM gateway returned 429 Too Many Requests (retry after <*>)",
+            |r| {
+                format!(
+                    "LLM gateway returned 429 Too Many Requests (retry after {}s)",
+                    r.range(1, 30)
+                )
+            },
+        )],
     },
 ];
 
@@ -332,7 +381,9 @@ pub fn generate(config: &SynthConfig) -> Vec<SynthEvent> {
             let feature = (*r.pick(sc.features)).to_string();
             let criticality = match feature.as_str() {
                 "basic_qa" => Criticality::Critical,
-                "pdf_analysis" | "image_generation" | "multilingual_email" => Criticality::Sheddable,
+                "pdf_analysis" | "image_generation" | "multilingual_email" => {
+                    Criticality::Sheddable
+                }
                 _ => Criticality::Default,
             };
             let trace_id = r.hex(32);
@@ -363,7 +414,8 @@ pub fn generate(config: &SynthConfig) -> Vec<SynthEvent> {
 
 /// A raw log line for an event: `2026-11-23T20:15:00.123Z ERROR muse-agent[gpu-3]: ErrType: message`.
 pub fn raw_line(ev: &FailureEvent) -> String {
-    let ts = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ev.ts_ms as i64).unwrap_or_default();
+    let ts =
+        chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ev.ts_ms as i64).unwrap_or_default();
     format!(
         "{} ERROR {}[{}]: {}: {}",
         ts.format("%Y-%m-%dT%H:%M:%S%.3fZ"),
@@ -391,13 +443,23 @@ mod tests {
         assert!(a.iter().zip(&b).all(|(x, y)| x.event == y.event));
         assert!(a.windows(2).all(|w| w[0].event.ts_ms <= w[1].event.ts_ms));
         let kv = a.iter().filter(|e| e.true_pattern == "kv_overflow").count() as f64 / 4000.0;
-        let tool = a.iter().filter(|e| e.true_pattern == "tool_timeout").count() as f64 / 4000.0;
+        let tool = a
+            .iter()
+            .filter(|e| e.true_pattern == "tool_timeout")
+            .count() as f64
+            / 4000.0;
         assert!((0.30..0.55).contains(&kv), "kv share {kv}");
         assert!((0.18..0.32).contains(&tool), "tool share {tool}");
         for e in &a {
             let line = serde_json::to_string(&e.event).unwrap();
             assert_eq!(FailureEvent::parse_line(line.as_bytes()).unwrap(), e.event);
         }
-        assert_ne!(generate(&SynthConfig { seed: 8, ..cfg }).first().unwrap().event, a[0].event);
+        assert_ne!(
+            generate(&SynthConfig { seed: 8, ..cfg })
+                .first()
+                .unwrap()
+                .event,
+            a[0].event
+        );
     }
 }

@@ -65,10 +65,19 @@ pub fn week_start_ms(week: &str) -> anyhow::Result<u64> {
     let (y, w) = week
         .split_once("-W")
         .with_context(|| format!("week {week:?} is not like 2026-W48"))?;
-    let y: i32 = y.parse().with_context(|| format!("week {week:?}: bad year"))?;
-    let w: u32 = w.parse().with_context(|| format!("week {week:?}: bad week number"))?;
-    let d = chrono::NaiveDate::from_isoywd_opt(y, w, chrono::Weekday::Mon).with_context(|| format!("week {week:?} does not exist"))?;
-    let ms = d.and_hms_opt(0, 0, 0).expect("midnight exists").and_utc().timestamp_millis();
+    let y: i32 = y
+        .parse()
+        .with_context(|| format!("week {week:?}: bad year"))?;
+    let w: u32 = w
+        .parse()
+        .with_context(|| format!("week {week:?}: bad week number"))?;
+    let d = chrono::NaiveDate::from_isoywd_opt(y, w, chrono::Weekday::Mon)
+        .with_context(|| format!("week {week:?} does not exist"))?;
+    let ms = d
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight exists")
+        .and_utc()
+        .timestamp_millis();
     u64::try_from(ms).with_context(|| format!("week {week:?} is before 1970"))
 }
 
@@ -104,7 +113,10 @@ pub fn synth_week(week: &str, cluster: &str, seed: u64, lines: usize) -> anyhow:
     let mut remaining = Vec::new();
     let mut spent = 0.0;
     for d in 0..7 {
-        let n = this.iter().filter(|e| (e.event.ts_ms - start_ms) / day == d).count() as f64;
+        let n = this
+            .iter()
+            .filter(|e| (e.event.ts_ms - start_ms) / day == d)
+            .count() as f64;
         spent += n / allowed;
         remaining.push((1.0 - spent).max(0.0));
     }
@@ -162,13 +174,18 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
     week_start_ms(&args.week)?;
     let data = match &args.data {
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            serde_json::from_str::<WeekData>(&text).with_context(|| format!("{}: not a WeekData document", p.display()))?
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            serde_json::from_str::<WeekData>(&text)
+                .with_context(|| format!("{}: not a WeekData document", p.display()))?
         }
         None if args.synth => synth_week(&args.week, &args.cluster, args.seed, 8000)?,
         None => {
-            let config = crate::config::Config::load(args.config.as_deref()).context("loading the config")?;
-            let st = crate::store::open(&config).await.context("opening the store")?;
+            let config = crate::config::Config::load(args.config.as_deref())
+                .context("loading the config")?;
+            let st = crate::store::open(&config)
+                .await
+                .context("opening the store")?;
             let slos = match &config.slo_file {
                 Some(p) => crate::slo::spec::load_file(p)?,
                 None => {
@@ -184,7 +201,8 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
     };
     let mut playbook = Playbook::bundled();
     if let Some(p) = &args.playbook {
-        let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
         playbook = playbook.extended_by(Playbook::parse(&p.display().to_string(), &text)?);
     }
     let out = render(&build(&data, &playbook), args.format)?;

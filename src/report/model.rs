@@ -131,16 +131,26 @@ pub struct Playbook {
 #[derive(Debug, thiserror::Error)]
 pub enum PlaybookError {
     #[error("playbook {file}: {source}")]
-    Toml { file: String, source: toml::de::Error },
+    Toml {
+        file: String,
+        source: toml::de::Error,
+    },
     #[error("playbook {file}: item {id:?}: win_back_ratio {value} is not in 0..=1")]
-    Ratio { file: String, id: String, value: f64 },
+    Ratio {
+        file: String,
+        id: String,
+        value: f64,
+    },
 }
 
 impl Playbook {
     /// The bundled playbook (`playbooks/default.toml`).
     pub fn bundled() -> Playbook {
-        Playbook::parse("playbooks/default.toml", include_str!("../../playbooks/default.toml"))
-            .expect("invariant: the bundled playbook parses")
+        Playbook::parse(
+            "playbooks/default.toml",
+            include_str!("../../playbooks/default.toml"),
+        )
+        .expect("invariant: the bundled playbook parses")
     }
 
     /// Parses and validates a playbook.
@@ -148,7 +158,10 @@ impl Playbook {
     /// # Errors
     /// TOML errors (with line and column) or a ratio outside 0..=1, naming the file.
     pub fn parse(file: &str, text: &str) -> Result<Playbook, PlaybookError> {
-        let p: Playbook = toml::from_str(text).map_err(|source| PlaybookError::Toml { file: file.into(), source })?;
+        let p: Playbook = toml::from_str(text).map_err(|source| PlaybookError::Toml {
+            file: file.into(),
+            source,
+        })?;
         for it in &p.items {
             if !(0.0..=1.0).contains(&it.win_back_ratio) {
                 return Err(PlaybookError::Ratio {
@@ -174,7 +187,11 @@ impl Playbook {
         let label = label.to_lowercase();
         self.items.iter().find(|it| {
             (it.categories.is_empty() || it.categories.iter().any(|c| c == category))
-                && (it.keywords.is_empty() || it.keywords.iter().any(|k| label.contains(&k.to_lowercase())))
+                && (it.keywords.is_empty()
+                    || it
+                        .keywords
+                        .iter()
+                        .any(|k| label.contains(&k.to_lowercase())))
         })
     }
 }
@@ -255,7 +272,9 @@ pub struct Report {
 
 fn fmt_ts(ms: u64) -> String {
     chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms as i64)
-        .map_or_else(String::new, |t| t.format("%a %Y-%m-%d %H:%M UTC").to_string())
+        .map_or_else(String::new, |t| {
+            t.format("%a %Y-%m-%d %H:%M UTC").to_string()
+        })
 }
 
 fn fmt_duration(ms: u64) -> String {
@@ -330,7 +349,10 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
             objective_pct: format!("{:.2}%", s.objective * 100.0),
             spent_pct: pct(s.budget_spent_ratio),
             last_week_pct: pct(s.last_week_budget_spent_ratio),
-            delta: format!("{:+.1} pp", (s.budget_spent_ratio - s.last_week_budget_spent_ratio) * 100.0),
+            delta: format!(
+                "{:+.1} pp",
+                (s.budget_spent_ratio - s.last_week_budget_spent_ratio) * 100.0
+            ),
         })
         .collect();
     let mut episodes_sorted = data.episodes.clone();
@@ -339,8 +361,12 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
         .iter()
         .map(|e| {
             let end = e.end_ms.max(e.start_ms);
-            let left = e.start_ms.saturating_sub(data.start_ms).min(week_ms) as f64 / week_ms as f64 * 100.0;
-            let width = ((end - e.start_ms) as f64 / week_ms as f64 * 100.0).max(0.4).min(100.0 - left);
+            let left = e.start_ms.saturating_sub(data.start_ms).min(week_ms) as f64
+                / week_ms as f64
+                * 100.0;
+            let width = ((end - e.start_ms) as f64 / week_ms as f64 * 100.0)
+                .max(0.4)
+                .min(100.0 - left);
             EpisodeRow {
                 start: fmt_ts(e.start_ms),
                 end: fmt_ts(end),
@@ -369,7 +395,11 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
                 pct(slo.last_week_budget_spent_ratio)
             ));
         }
-        let total_ms: u64 = data.episodes.iter().map(|e| e.end_ms.saturating_sub(e.start_ms)).sum();
+        let total_ms: u64 = data
+            .episodes
+            .iter()
+            .map(|e| e.end_ms.saturating_sub(e.start_ms))
+            .sum();
         match data.episodes.len() {
             0 => s.push_str("The service was never degraded. "),
             n => s.push_str(&format!(

@@ -68,7 +68,10 @@ fn filter(f: fn(&str) -> String) -> impl tera::Filter {
 fn engine() -> Result<tera::Tera, tera::Error> {
     let mut t = tera::Tera::default();
     // Names ending in .html are auto-escaped by tera; the .md one is escaped by filters.
-    t.add_raw_template("report.html", include_str!("../../templates/report.html.tera"))?;
+    t.add_raw_template(
+        "report.html",
+        include_str!("../../templates/report.html.tera"),
+    )?;
     t.add_raw_template("report.md", include_str!("../../templates/report.md.tera"))?;
     t.register_filter("md", filter(md_escape));
     t.register_filter("code", filter(code_escape));
@@ -85,7 +88,11 @@ pub fn render(report: &Report, format: Format) -> Result<String, RenderError> {
         Format::Html | Format::Md => {
             let mut ctx = tera::Context::new();
             ctx.insert("r", report);
-            let name = if format == Format::Html { "report.html" } else { "report.md" };
+            let name = if format == Format::Html {
+                "report.html"
+            } else {
+                "report.md"
+            };
             Ok(engine()?.render(name, &ctx)?)
         }
     }

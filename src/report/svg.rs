@@ -9,7 +9,9 @@ const PAD_L: f64 = 48.0;
 const PAD_R: f64 = 150.0;
 const PAD_T: f64 = 16.0;
 const PAD_B: f64 = 28.0;
-const COLORS: [&str; 6] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
+const COLORS: [&str; 6] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+];
 const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
 
 /// Escapes text for XML/HTML content and attribute values.
@@ -114,7 +116,11 @@ pub fn burn_down(slos: &[SloWeek]) -> String {
         return no_data(title);
     }
     let mut body = String::new();
-    for (i, s) in slos.iter().filter(|s| !s.remaining_by_day.is_empty()).enumerate() {
+    for (i, s) in slos
+        .iter()
+        .filter(|s| !s.remaining_by_day.is_empty())
+        .enumerate()
+    {
         let c = COLORS[i % COLORS.len()];
         body.push_str(&polyline(&s.remaining_by_day, 1.0, c));
         body.push_str(&legend(i, &s.name, c));
@@ -125,7 +131,11 @@ pub fn burn_down(slos: &[SloWeek]) -> String {
 /// Failures per day of the top patterns.
 pub fn pattern_trends(top: &[TopPattern]) -> String {
     let title = "Top patterns: failures per day";
-    let max = top.iter().flat_map(|t| t.pattern.daily.iter().copied()).max().unwrap_or(0);
+    let max = top
+        .iter()
+        .flat_map(|t| t.pattern.daily.iter().copied())
+        .max()
+        .unwrap_or(0);
     if max == 0 {
         return no_data(title);
     }
@@ -134,7 +144,11 @@ pub fn pattern_trends(top: &[TopPattern]) -> String {
         let c = COLORS[i % COLORS.len()];
         let v: Vec<f64> = t.pattern.daily.iter().map(|&x| x as f64).collect();
         body.push_str(&polyline(&v, max as f64, c));
-        body.push_str(&legend(i, &format!("#{} {}", t.rank, t.pattern.category), c));
+        body.push_str(&legend(
+            i,
+            &format!("#{} {}", t.rank, t.pattern.category),
+            c,
+        ));
     }
     frame(title, &max.to_string(), &body)
 }

@@ -18,8 +18,8 @@
 //! URLs. A strict Content-Security-Policy (no inline script) is a second fence, not the first.
 
 pub mod chart;
-pub mod live;
 pub mod demo;
+pub mod live;
 pub mod model;
 
 use std::collections::HashMap;
