@@ -388,6 +388,7 @@ async fn feed_controller(
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
+    let mut ticks: u64 = 0;
     loop {
         tokio::select! {
             () = &mut shutdown => break,
@@ -419,6 +420,12 @@ async fn feed_controller(
             })
             .collect();
         degrade.set_slo_alerts(alerts);
+        // Clustering holds the engine's lock (which ingest's tagger also takes): new patterns
+        // are recomputed every 10 s, not every tick.
+        ticks += 1;
+        if ticks % 10 != 1 {
+            continue;
+        }
         let fresh: Vec<PatternRate> = {
             let e = patterns
                 .lock()
