@@ -24,6 +24,31 @@ where
     panic!("timed out waiting for: {what}");
 }
 
+/// Polls `GET url` (bearer `token`) until `pred` holds for the JSON body.
+async fn eventually_json(
+    c: &reqwest::Client,
+    url: &str,
+    token: &str,
+    what: &str,
+    timeout: Duration,
+    pred: impl Fn(&Value) -> bool,
+) {
+    let pred = &pred;
+    eventually(what, timeout, || async move {
+        let v: Value = c
+            .get(url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        pred(&v)
+    })
+    .await;
+}
+
 fn chat(feature: &str, criticality: &str) -> (Value, [(String, String); 2]) {
     (
         json!({"model": "default", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}),
@@ -58,21 +83,14 @@ async fn operator_tier3_reaches_every_engine_sheds_sheddable_and_keeps_critical(
     let engines = world.engine_urls();
 
     // Agents report both hosts.
-    eventually("both hosts reported", Duration::from_secs(10), || {
-        let (c, cp, read) = (c.clone(), cp.clone(), read.clone());
-        async move {
-            let v: Value = c
-                .get(format!("{cp}/api/v1/hosts"))
-                .bearer_auth(&read)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            v["hosts"].as_array().is_some_and(|h| h.len() == 2)
-        }
-    })
+    eventually_json(
+        &c,
+        &format!("{cp}/api/v1/hosts"),
+        &read,
+        "both hosts reported",
+        Duration::from_secs(10),
+        |v| v["hosts"].as_array().is_some_and(|h| h.len() == 2),
+    )
     .await;
 
     // Overrides need the admin token: the read and ingest tokens are refused.
@@ -104,18 +122,13 @@ async fn operator_tier3_reaches_every_engine_sheds_sheddable_and_keeps_critical(
         })
         .await;
     }
-    eventually("both engines acked", Duration::from_secs(10), || {
-        let (c, cp, read) = (c.clone(), cp.clone(), read.clone());
-        async move {
-            let v: Value = c
-                .get(format!("{cp}/api/v1/degrade"))
-                .bearer_auth(&read)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+    eventually_json(
+        &c,
+        &format!("{cp}/api/v1/degrade"),
+        &read,
+        "both engines acked",
+        Duration::from_secs(10),
+        |v| {
             let version = v["command"]["version"].as_u64();
             v["tier"] == 3
                 && v["acks"].as_array().is_some_and(|a| {
@@ -123,8 +136,8 @@ async fn operator_tier3_reaches_every_engine_sheds_sheddable_and_keeps_critical(
                         && a.iter()
                             .all(|x| x["status"] == "applied" && x["version"].as_u64() == version)
                 })
-        }
-    })
+        },
+    )
     .await;
 
     for e in &engines {
@@ -235,46 +248,36 @@ async fn operator_tier3_reaches_every_engine_sheds_sheddable_and_keeps_critical(
     .await;
 
     // Requests became spans (OTLP) and refusals failure events: both reached the control plane.
-    eventually("failures ingested", Duration::from_secs(10), || {
-        let (c, cp, read) = (c.clone(), cp.clone(), read.clone());
-        async move {
-            let v: Value = c
-                .get(format!("{cp}/api/v1/failures?limit=50"))
-                .bearer_auth(&read)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+    eventually_json(
+        &c,
+        &format!("{cp}/api/v1/failures?limit=50"),
+        &read,
+        "failures ingested",
+        Duration::from_secs(10),
+        |v| {
             v["items"]
                 .as_array()
                 .is_some_and(|f| f.iter().any(|x| x["category"] == "rate_limited"))
-        }
-    })
+        },
+    )
     .await;
     // Request spans reach the control plane over OTLP/gRPC (with the ingest token) and the SLO
     // evaluator counts them for the `chat` service.
-    eventually("SLO counts request spans", Duration::from_secs(20), || {
-        let (c, cp, read) = (c.clone(), cp.clone(), read.clone());
-        async move {
-            let v: Value = c
-                .get(format!("{cp}/api/v1/slos"))
-                .bearer_auth(&read)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+    eventually_json(
+        &c,
+        &format!("{cp}/api/v1/slos"),
+        &read,
+        "SLO counts request spans",
+        Duration::from_secs(20),
+        |v| {
             v["slos"].as_array().is_some_and(|s| {
                 s.iter().any(|x| {
                     x["name"] == "chat-availability"
                         && x["period_events"]["total"].as_u64().unwrap_or(0) > 0
                 })
             })
-        }
-    })
+        },
+    )
     .await;
     world.stop().await.unwrap();
 }
