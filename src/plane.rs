@@ -17,7 +17,7 @@ use anyhow::Context as _;
 use axum::Router;
 use brownout_protocol::{FailureEvent, now_ms};
 
-use crate::auth::{Guard, Role, Tokens};
+use crate::auth::{Role, Tokens};
 use crate::degrade::{
     self, DegradeConfig, DegradeHandle, PatternRate, Policy, SloAlert, Transport,
 };
@@ -146,15 +146,6 @@ impl Plane {
         }
 
         let tokens = state.tokens.clone();
-        let guard = |role| {
-            axum::middleware::from_fn_with_state(
-                Guard {
-                    role,
-                    tokens: tokens.clone(),
-                },
-                crate::auth::require,
-            )
-        };
         let read_api = crate::patterns::api::router(patterns.clone())
             .merge(crate::slo::http::router(slo.clone()))
             .merge(crate::report::store::router(
@@ -162,7 +153,11 @@ impl Plane {
                 report_slos.clone(),
                 opts.cluster.clone(),
             ))
-            .route_layer(guard(Role::Read));
+            // Reports are read in browsers too: the UI's login cookie works here as well.
+            .route_layer(axum::middleware::from_fn_with_state(
+                tokens.clone(),
+                require_ui,
+            ));
         let degrade_api = degrade::router(degrade.clone()).route_layer(
             axum::middleware::from_fn_with_state(tokens.clone(), require_degrade_role),
         );
@@ -499,6 +494,12 @@ async fn require_ui(
         || tokens.check(Role::Read, req.headers()).is_ok();
     if ok {
         return next.run(req).await;
+    }
+    if req.uri().path().starts_with("/api/") {
+        // JSON clients get the JSON 401 that says what was missing.
+        if let Err(e) = tokens.check(Role::Read, req.headers()) {
+            return e.into_response();
+        }
     }
     (
         axum::http::StatusCode::UNAUTHORIZED,

@@ -227,6 +227,27 @@ async fn operator_tier3_reaches_every_engine_sheds_sheddable_and_keeps_critical(
     assert_eq!(page.status(), 200);
     let html = page.text().await.unwrap();
     assert!(html.contains("T3"), "degradation page shows the tier");
+    // The weekly report is a page too: the login cookie opens it; JSON APIs without a token
+    // get the JSON 401.
+    let report = ui
+        .get(format!("{cp}/reports/current"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(report.status(), 200);
+    assert_eq!(
+        ui.get(format!("{cp}/reports/current"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    let api = ui.get(format!("{cp}/api/v1/slos")).send().await.unwrap();
+    assert_eq!(api.status(), 401);
+    let body: Value = api.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unauthorized");
     assert!(
         html.to_ascii_lowercase().contains("simulated"),
         "simulated GPUs are labelled"
