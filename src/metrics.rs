@@ -146,10 +146,17 @@ impl Metrics {
 
     /// Counts one refusal.
     pub fn reject(&self, reason: &'static str) {
-        self.ingest
-            .rejected_total
-            .with_label_values(&[reason])
-            .inc();
+        self.reject_n(reason, 1);
+    }
+
+    /// Counts `n` rejected items for `reason` (nothing when `n` is 0).
+    pub fn reject_n(&self, reason: &'static str, n: u64) {
+        if n > 0 {
+            self.ingest
+                .rejected_total
+                .with_label_values(&[reason])
+                .inc_by(n);
+        }
     }
 
     /// The Prometheus text exposition.

@@ -80,14 +80,7 @@ impl TraceService for Otlp {
             ..Accepted::default()
         };
         accept_reserved(&self.state, rows, reservation).map_err(submit_status)?;
-        if c.rejected > 0 {
-            self.state
-                .metrics
-                .ingest
-                .rejected_total
-                .with_label_values(&["malformed"])
-                .inc_by(c.rejected);
-        }
+        self.state.metrics.reject_n("malformed", c.rejected);
         Ok(Response::new(ExportTraceServiceResponse {
             partial_success: (c.rejected > 0).then(|| ExportTracePartialSuccess {
                 rejected_spans: i64::try_from(c.rejected).unwrap_or(i64::MAX),
@@ -120,14 +113,7 @@ impl LogsService for Otlp {
             ..Accepted::default()
         };
         accept_reserved(&self.state, rows, reservation).map_err(submit_status)?;
-        if c.rejected > 0 {
-            self.state
-                .metrics
-                .ingest
-                .rejected_total
-                .with_label_values(&["malformed"])
-                .inc_by(c.rejected);
-        }
+        self.state.metrics.reject_n("malformed", c.rejected);
         Ok(Response::new(ExportLogsServiceResponse {
             partial_success: (c.rejected > 0).then(|| ExportLogsPartialSuccess {
                 rejected_log_records: i64::try_from(c.rejected).unwrap_or(i64::MAX),

@@ -308,14 +308,7 @@ async fn traces(State(state): State<AppState>, headers: HeaderMap, body: Body) -
     if let Err(e) = accept_reserved(&state, rows, reservation) {
         return otlp_error(enc, submit_error(e));
     }
-    if rejected > 0 {
-        state
-            .metrics
-            .ingest
-            .rejected_total
-            .with_label_values(&["malformed"])
-            .inc_by(rejected);
-    }
+    state.metrics.reject_n("malformed", rejected);
     let resp = ExportTraceServiceResponse {
         partial_success: (rejected > 0).then(|| ExportTracePartialSuccess {
             rejected_spans: i64::try_from(rejected).unwrap_or(i64::MAX),
@@ -356,14 +349,7 @@ async fn logs(State(state): State<AppState>, headers: HeaderMap, body: Body) -> 
     if let Err(e) = accept_reserved(&state, rows, reservation) {
         return otlp_error(enc, submit_error(e));
     }
-    if rejected > 0 {
-        state
-            .metrics
-            .ingest
-            .rejected_total
-            .with_label_values(&["malformed"])
-            .inc_by(rejected);
-    }
+    state.metrics.reject_n("malformed", rejected);
     let resp = ExportLogsServiceResponse {
         partial_success: (rejected > 0).then(|| ExportLogsPartialSuccess {
             rejected_log_records: i64::try_from(rejected).unwrap_or(i64::MAX),
