@@ -287,7 +287,7 @@ async fn decision_applied_and_acked_end_to_end_via_alertmanager_webhook() {
     .await;
 
     // Every published command is in the log stream.
-    let mut bus = RedisBus::connect(&url, &cl, "reader", Duration::from_secs(1))
+    let mut bus = RedisBus::connect(&url, &cl, "reader", Duration::from_secs(1), KEY)
         .await
         .unwrap();
     assert!(bus.log_len().await.unwrap() >= 5);
@@ -499,7 +499,7 @@ async fn redis_restart_mid_run_loses_no_command_and_converges() {
         );
     }
     // The restarted Redis holds the state, the log entry and fresh acks.
-    let mut bus = RedisBus::connect(&url, &cl, "reader", Duration::from_secs(1))
+    let mut bus = RedisBus::connect(&url, &cl, "reader", Duration::from_secs(1), KEY)
         .await
         .unwrap();
     let stored: Command = serde_json::from_str(&bus.stored().await.unwrap().unwrap().json).unwrap();
@@ -579,7 +579,7 @@ async fn leader_failover_within_one_lease_period_and_stale_leader_is_fenced() {
     assert!(epoch_b > epoch_a);
 
     // A stale leader (a's old epoch) cannot publish any more.
-    let mut stale = RedisBus::connect(&url, &cl, "cp-a", Duration::from_secs(1))
+    let mut stale = RedisBus::connect(&url, &cl, "cp-a", Duration::from_secs(1), KEY)
         .await
         .unwrap();
     let out = stale
@@ -654,7 +654,7 @@ async fn dry_run_records_decisions_but_publishes_nothing() {
         .find(|d| d.tier == Tier::T3)
         .unwrap();
     assert!(d.dry_run && d.published.is_none());
-    let mut bus = RedisBus::connect(&url, &cl, "reader", Duration::from_secs(1))
+    let mut bus = RedisBus::connect(&url, &cl, "reader", Duration::from_secs(1), KEY)
         .await
         .unwrap();
     assert_eq!(bus.stored().await.unwrap(), None);
@@ -819,7 +819,7 @@ async fn override_survives_redis_losing_its_data() {
     wait_for("T2", Duration::from_secs(5), || serving.tier() == Tier::T2).await;
     own.kill();
     own.spawn();
-    let mut bus = RedisBus::connect(&url, &cl, "reader", Duration::from_secs(1))
+    let mut bus = RedisBus::connect(&url, &cl, "reader", Duration::from_secs(1), KEY)
         .await
         .unwrap();
     let start = Instant::now();
@@ -836,6 +836,111 @@ async fn override_survives_redis_losing_its_data() {
     assert_eq!(
         h.status().operator_override.map(|o| o.reason),
         Some("pinned".into())
+    );
+    ctl.abort();
+    sub.abort();
+}
+
+/// Someone with write access to Redis but without the command key: an operator override and an
+/// ack written with `redis-cli` are refused. The control plane keeps deciding by itself (no
+/// pinned tier), shows the forged ack as "unverified", and still verifies the real instance's.
+#[tokio::test]
+async fn overrides_and_acks_written_without_the_key_are_refused() {
+    let url = redis_url();
+    require_redis(&url).await;
+    let cl = cluster("forged");
+    let h = handle(cfg(&cl, "cp-f"));
+    let ctl = tokio::spawn(run_controller(
+        h.clone(),
+        Transport::Redis { url: url.clone() },
+        std::future::pending(),
+    ));
+    let serving = ControlHandle::new(&cl);
+    let sub = spawn_subscriber(serving.clone(), subscriber_cfg(&url, &cl, "inst-0")).await;
+    wait_for("leader", Duration::from_secs(5), || {
+        h.status().leader_epoch.is_some()
+    })
+    .await;
+    wait_for("a verified ack from inst-0", Duration::from_secs(5), || {
+        h.status()
+            .acks
+            .iter()
+            .any(|a| a.instance == "inst-0" && a.status == "applied")
+    })
+    .await;
+
+    let keys = brownout_protocol::RedisKeys::new(&cl).unwrap();
+    let until = brownout_protocol::now_ms() + 600_000;
+    let forged_override = format!(r#"{{"tier":3,"until_ms":{until},"reason":"forged"}}"#);
+    let port = url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_string();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &port])
+            .args(args)
+            .output()
+            .expect("redis-cli is required (apt-get install redis-tools)");
+        assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    cli(&[
+        "SET",
+        &keys.operator_override(),
+        &forged_override,
+        "PX",
+        "600000",
+    ]);
+    // A forged "applied" ack for an instance that does not exist, and one copied from inst-0 to
+    // inst-9 (a valid signature, but for another instance).
+    cli(&["HSET", &keys.acks(), "ghost", "1:999:5"]);
+    let real = cli(&["HGET", &keys.acks(), "inst-0"]);
+    assert!(real.contains(";sig="), "acks are written signed: {real}");
+    cli(&["HSET", &keys.acks(), "inst-9", &real]);
+
+    wait_for("the forged acks to show", Duration::from_secs(5), || {
+        let st = h.status();
+        let of = |i: &str| {
+            st.acks
+                .iter()
+                .find(|a| a.instance == i)
+                .map(|a| a.status.clone())
+        };
+        of("ghost").as_deref() == Some("unverified")
+            && of("inst-9").as_deref() == Some("unverified")
+    })
+    .await;
+    // Several controller rounds later: nothing pinned, still T0 everywhere.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let st = h.status();
+    assert!(st.operator_override.is_none(), "{:?}", st.operator_override);
+    assert_eq!(st.tier, Tier::T0);
+    assert_eq!(serving.tier(), Tier::T0);
+    assert_eq!(
+        st.acks
+            .iter()
+            .find(|a| a.instance == "inst-0")
+            .map(|a| a.status.as_str()),
+        Some("applied")
+    );
+
+    // An override set through the API is stored sealed and is honoured.
+    h.set_override(brownout::degrade::Override {
+        tier: Tier::T2,
+        until_ms: brownout_protocol::now_ms() + 600_000,
+        reason: "pinned by an operator".into(),
+    });
+    wait_for("T2 from the real override", Duration::from_secs(5), || {
+        serving.tier() == Tier::T2
+    })
+    .await;
+    let stored = cli(&["GET", &keys.operator_override()]);
+    assert!(
+        stored.starts_with(r#"{"tier":2"#) && stored.contains(";sig="),
+        "{stored}"
     );
     ctl.abort();
     sub.abort();

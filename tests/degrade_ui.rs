@@ -32,7 +32,7 @@ async fn button_greys_out_within_100ms_of_publish_in_headless_chromium() {
     );
     let url = redis_url();
     let cl = format!("t-ui-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    let mut bus = match RedisBus::connect(&url, &cl, "cp-ui", Duration::from_secs(1)).await {
+    let mut bus = match RedisBus::connect(&url, &cl, "cp-ui", Duration::from_secs(1), KEY).await {
         Ok(b) => b,
         Err(e) => panic!("Redis is not reachable at {url} ({e}): start it with scripts/test.sh"),
     };

@@ -170,9 +170,77 @@ impl std::str::FromStr for Ack {
     }
 }
 
+impl Ack {
+    /// The domain an ack of `instance` is sealed under.
+    fn domain(instance: &str) -> String {
+        format!("brownout-ack:{instance}")
+    }
+
+    /// The acks-hash value for `instance`: the plain form plus `;sig=<hex>` (HMAC with the
+    /// command key over the instance id and the ack), so whoever can write Redis but lacks the
+    /// key cannot fake "applied" for an instance, nor copy one instance's ack to another.
+    pub fn to_signed(&self, key: &[u8], instance: &str) -> String {
+        crate::signing::seal(key, &Ack::domain(instance), &self.to_string())
+    }
+
+    /// Parses and verifies a value written by [`Ack::to_signed`] for `instance`.
+    ///
+    /// # Errors
+    /// [`AckVerifyError::Signature`] when unsigned or not signed for this instance with this key;
+    /// [`AckVerifyError::Malformed`] when the signed text is not an ack.
+    pub fn parse_signed(s: &str, key: &[u8], instance: &str) -> Result<Ack, AckVerifyError> {
+        let payload = crate::signing::unseal(key, &Ack::domain(instance), s)?;
+        Ok(payload.parse()?)
+    }
+}
+
+/// Why an acks-hash value was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AckVerifyError {
+    #[error("ack signature: {0}")]
+    Signature(#[from] crate::signing::UnsealError),
+    #[error(transparent)]
+    Malformed(#[from] AckParseError),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signed_acks_round_trip_and_refuse_forgeries() {
+        let a = Ack::Applied {
+            epoch: 3,
+            version: 1042,
+            applied_at_ms: 17,
+        };
+        let w = a.to_signed(b"key", "engine-a");
+        assert!(w.starts_with("3:1042:17;sig="), "{w}");
+        assert_eq!(Ack::parse_signed(&w, b"key", "engine-a"), Ok(a.clone()));
+        assert!(matches!(
+            Ack::parse_signed("3:1042:17", b"key", "engine-a"),
+            Err(AckVerifyError::Signature(_))
+        ));
+        assert!(matches!(
+            Ack::parse_signed(&w, b"key", "engine-b"),
+            Err(AckVerifyError::Signature(_))
+        ));
+        let n = Ack::Refused {
+            epoch: 3,
+            version: 9,
+            at_ms: 5,
+            reason: "bad_signature".into(),
+        };
+        assert_eq!(
+            Ack::parse_signed(&n.to_signed(b"key", "e"), b"key", "e"),
+            Ok(n)
+        );
+        let junk = crate::signing::seal(b"key", "brownout-ack:e", "not an ack");
+        assert!(matches!(
+            Ack::parse_signed(&junk, b"key", "e"),
+            Err(AckVerifyError::Malformed(_))
+        ));
+    }
 
     #[test]
     fn keys_share_one_hash_tag() {

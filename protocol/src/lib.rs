@@ -4,13 +4,16 @@
 //!
 //! - [`command`]: the degradation command the control plane publishes (ARCHITECTURE.md §3),
 //!   its tiers, criticalities, feature states and shed parameters;
-//! - [`signing`]: HMAC-SHA256 over a command's exact JSON bytes, verified in constant time;
+//! - [`signing`]: HMAC-SHA256 over a command's exact JSON bytes, verified in constant time, and
+//!   domain-separated seals for the other values kept in Redis (acks, the operator override);
 //! - [`keys`]: the Redis key names of one cluster (all share the hash tag `{cluster}`) and the
 //!   ack format written to the acks hash;
 //! - [`failure`]: the failure event (NDJSON ingest and OTLP-derived) and category inference;
 //! - [`snapshot`]: the gpu-agent snapshot (GPUs and engines, KV fragmentation ratios).
 //!
-//! It has no IO and no async: everything here is a value, a parser or a pure function.
+//! It has no IO and no async: everything here is a value, a parser or a pure function. The
+//! optional `redis` feature adds [`redis_conn`], which builds a Redis client from a URL and the
+//! TLS files named in the environment (it reads those files, nothing else).
 
 pub mod command;
 pub mod failure;
@@ -18,12 +21,19 @@ pub mod keys;
 pub mod signing;
 pub mod snapshot;
 
+#[cfg(feature = "redis")]
+pub mod redis_conn;
+#[cfg(feature = "redis")]
+pub use redis_conn::{RedisTls, redis_client, redis_client_with};
+
 pub use command::{
     Command, Criticality, FeatureState, FeatureStatus, Limits, Reason, Shed, Tier, TierParseError,
 };
 pub use failure::{Category, FailureEvent, FailureParseError};
-pub use keys::{Ack, AckParseError, ClusterNameError, RedisKeys, notify_payload, parse_notify};
-pub use signing::{SignedCommand, VerifyError, sign, verify};
+pub use keys::{
+    Ack, AckParseError, AckVerifyError, ClusterNameError, RedisKeys, notify_payload, parse_notify,
+};
+pub use signing::{SignedCommand, UnsealError, VerifyError, seal, sign, unseal, verify};
 pub use snapshot::{AgentSnapshot, EngineStats, GpuStats, KvStats};
 
 /// Milliseconds since the Unix epoch, the time unit of every wire type.

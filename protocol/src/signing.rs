@@ -51,6 +51,59 @@ pub fn verify(key: &[u8], bytes: &[u8], sig_hex: &str) -> Result<(), VerifyError
     m.verify_slice(&sig).map_err(|_| VerifyError::BadSignature)
 }
 
+/// The suffix that carries a sealed value's signature: `<payload>;sig=<64 hex>`.
+pub const SEAL_SEPARATOR: &str = ";sig=";
+
+fn sign_domain(key: &[u8], domain: &str, payload: &str) -> String {
+    let mut m = mac(key);
+    m.update(domain.as_bytes());
+    m.update(b"\n");
+    m.update(payload.as_bytes());
+    hex::encode(m.finalize().into_bytes())
+}
+
+/// Seals a value kept in Redis other than a command (acks, the operator override): returns
+/// `<payload>;sig=<hex>` where the HMAC covers `domain`, a newline, then the payload bytes. The
+/// domain keeps a signature made for one purpose (or one instance) from verifying for another.
+pub fn seal(key: &[u8], domain: &str, payload: &str) -> String {
+    format!(
+        "{payload}{SEAL_SEPARATOR}{}",
+        sign_domain(key, domain, payload)
+    )
+}
+
+/// Why a sealed value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnsealError {
+    #[error("value is not signed (no `;sig=` suffix)")]
+    Unsigned,
+    #[error("signature is not valid hex of 32 bytes")]
+    MalformedSignature,
+    #[error("signature does not match (wrong key, tampered value, or signed for another purpose)")]
+    BadSignature,
+}
+
+/// Checks a value made by [`seal`] for the same `domain`; returns the payload.
+///
+/// # Errors
+/// [`UnsealError`] when the suffix is missing, malformed, or does not verify.
+pub fn unseal<'a>(key: &[u8], domain: &str, wire: &'a str) -> Result<&'a str, UnsealError> {
+    let (payload, sig) = wire
+        .rsplit_once(SEAL_SEPARATOR)
+        .ok_or(UnsealError::Unsigned)?;
+    let sig = hex::decode(sig).map_err(|_| UnsealError::MalformedSignature)?;
+    if sig.len() != 32 {
+        return Err(UnsealError::MalformedSignature);
+    }
+    let mut m = mac(key);
+    m.update(domain.as_bytes());
+    m.update(b"\n");
+    m.update(payload.as_bytes());
+    m.verify_slice(&sig)
+        .map_err(|_| UnsealError::BadSignature)?;
+    Ok(payload)
+}
+
 /// A command as it travels: its exact JSON text and the signature over it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignedCommand {
@@ -94,6 +147,38 @@ impl SignedCommand {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sealed_values_verify_only_for_their_key_domain_and_bytes() {
+        let w = seal(b"k1", "brownout-ack:engine-a", "3:1042:17");
+        assert!(w.starts_with("3:1042:17;sig="), "{w}");
+        assert_eq!(unseal(b"k1", "brownout-ack:engine-a", &w), Ok("3:1042:17"));
+        assert_eq!(
+            unseal(b"k2", "brownout-ack:engine-a", &w),
+            Err(UnsealError::BadSignature)
+        );
+        // Copied to another instance's field: refused.
+        assert_eq!(
+            unseal(b"k1", "brownout-ack:engine-b", &w),
+            Err(UnsealError::BadSignature)
+        );
+        let tampered = w.replacen("1042", "1043", 1);
+        assert_eq!(
+            unseal(b"k1", "brownout-ack:engine-a", &tampered),
+            Err(UnsealError::BadSignature)
+        );
+        assert_eq!(
+            unseal(b"k1", "brownout-ack:engine-a", "3:1042:17"),
+            Err(UnsealError::Unsigned)
+        );
+        assert_eq!(
+            unseal(b"k1", "brownout-ack:engine-a", "3:1042:17;sig=zz"),
+            Err(UnsealError::MalformedSignature)
+        );
+        // A payload that itself contains the separator still round-trips (the last one splits).
+        let odd = seal(b"k1", "d", "a;sig=b");
+        assert_eq!(unseal(b"k1", "d", &odd), Ok("a;sig=b"));
+    }
 
     // Known answer. The key is the ASCII string below; the command is fixtures/command_t2.json
     // byte for byte; the signature was computed independently with

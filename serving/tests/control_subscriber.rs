@@ -123,7 +123,11 @@ async fn ack_of(
     inst: &str,
 ) -> Option<Ack> {
     let v: Option<String> = conn.hget(keys.acks(), inst).await.unwrap();
-    v.map(|s| s.parse().unwrap())
+    // Acks are sealed with the command key for this instance; verify them as the control plane
+    // does.
+    v.map(|s| {
+        Ack::parse_signed(&s, KEY, inst).unwrap_or_else(|e| panic!("ack {s:?} of {inst}: {e}"))
+    })
 }
 
 fn fast(url: &str, cluster: &str, inst: &str) -> SubscriberConfig {

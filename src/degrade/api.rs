@@ -536,6 +536,16 @@ impl DegradeHandle {
                         behind: true,
                         reason: raw,
                     },
+                    AckEntry::Unverified { raw, reason } => AckView {
+                        instance,
+                        status: "unverified".into(),
+                        epoch: 0,
+                        version: 0,
+                        at_ms: 0,
+                        lag_ms: None,
+                        behind: true,
+                        reason: format!("{reason}: {raw}"),
+                    },
                 };
                 views.push(v);
             }
@@ -803,8 +813,14 @@ pub async fn run_controller(
             }
             Transport::Redis { url } => {
                 if bus.is_none() {
-                    match RedisBus::connect(url, &cfg.cluster, &cfg.replica_id, cfg.redis_timeout)
-                        .await
+                    match RedisBus::connect(
+                        url,
+                        &cfg.cluster,
+                        &cfg.replica_id,
+                        cfg.redis_timeout,
+                        &cfg.hmac_key,
+                    )
+                    .await
                     {
                         Ok(b) => bus = Some(b),
                         Err(e) => {

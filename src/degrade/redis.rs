@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use brownout_protocol::{Ack, Command, RedisKeys, SignedCommand};
+use brownout_protocol::{Ack, AckVerifyError, Command, RedisKeys, SignedCommand};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
 
@@ -97,6 +97,11 @@ pub enum PublishOutcome {
 pub enum AckEntry {
     Ok(Ack),
     Malformed(String),
+    /// Unsigned, or not signed with the command key for this instance (forged or copied).
+    Unverified {
+        raw: String,
+        reason: String,
+    },
 }
 
 /// The control plane's connection to one cluster's keys.
@@ -106,6 +111,8 @@ pub struct RedisBus {
     keys: RedisKeys,
     replica_id: String,
     op_timeout: Duration,
+    /// The command key: also seals the operator override and verifies acks.
+    hmac_key: Vec<u8>,
     acquire: Script,
     refresh: Script,
     release: Script,
@@ -132,7 +139,8 @@ async fn timed<T>(
 }
 
 impl RedisBus {
-    /// Connects (the manager reconnects by itself afterwards).
+    /// Connects (the manager reconnects by itself afterwards). `hmac_key` is the command key;
+    /// it also seals the operator override and verifies the serving tier's acks.
     ///
     /// # Errors
     /// A bad URL or cluster name, or Redis unreachable now.
@@ -141,9 +149,10 @@ impl RedisBus {
         cluster: &str,
         replica_id: &str,
         op_timeout: Duration,
+        hmac_key: &[u8],
     ) -> Result<RedisBus, RedisBusError> {
         let keys = RedisKeys::new(cluster)?;
-        let client = redis::Client::open(url)?;
+        let client = brownout_protocol::redis_client(url)?;
         let cfg = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(op_timeout))
             .set_response_timeout(Some(op_timeout))
@@ -160,6 +169,7 @@ impl RedisBus {
             keys,
             replica_id: replica_id.to_string(),
             op_timeout,
+            hmac_key: hmac_key.to_vec(),
             acquire: Script::new(ACQUIRE),
             refresh: Script::new(REFRESH),
             release: Script::new(RELEASE),
@@ -295,7 +305,7 @@ impl RedisBus {
         Err(RedisBusError::VersionConflict)
     }
 
-    /// Every instance's ack.
+    /// Every instance's ack, each verified against the command key and its instance id.
     ///
     /// # Errors
     /// Redis errors and timeouts.
@@ -304,16 +314,25 @@ impl RedisBus {
         let m: BTreeMap<String, String> = timed(self.op_timeout, self.conn.hgetall(k)).await?;
         Ok(m.into_iter()
             .map(|(inst, v)| {
-                let e = match v.parse::<Ack>() {
+                let e = match Ack::parse_signed(&v, &self.hmac_key, &inst) {
                     Ok(a) => AckEntry::Ok(a),
-                    Err(_) => AckEntry::Malformed(v),
+                    Err(AckVerifyError::Malformed(_)) => AckEntry::Malformed(v),
+                    Err(AckVerifyError::Signature(e)) => AckEntry::Unverified {
+                        raw: v,
+                        reason: e.to_string(),
+                    },
                 };
                 (inst, e)
             })
             .collect())
     }
 
-    /// Stores the operator override for every replica. `None` writes a tombstone (`null`, kept a
+    fn override_domain(&self) -> String {
+        format!("brownout-override:{}", self.keys.cluster())
+    }
+
+    /// Stores the operator override for every replica, sealed with the command key (so that
+    /// write access to Redis alone cannot pin a tier). `None` writes a tombstone (`null`, kept a
     /// week) so that "removed" and "lost with Redis's data" can be told apart.
     ///
     /// # Errors
@@ -331,20 +350,29 @@ impl RedisBus {
             ),
             _ => ("null".to_string(), 7 * 24 * 3600 * 1000),
         };
-        let _: () = timed(self.op_timeout, self.conn.pset_ex(k, json, px)).await?;
+        let sealed = brownout_protocol::seal(&self.hmac_key, &self.override_domain(), &json);
+        let _: () = timed(self.op_timeout, self.conn.pset_ex(k, sealed, px)).await?;
         Ok(())
     }
 
     /// The shared operator override: `None` when the key is absent (unknown: e.g. Redis lost its
-    /// data), `Some(None)` when removed, `Some(Some(o))` when pinned. Malformed values read as
-    /// absent.
+    /// data), `Some(None)` when removed, `Some(Some(o))` when pinned. Values that are malformed,
+    /// unsigned or not sealed with the command key read as absent (and are logged), so a replica
+    /// with an active override of its own writes it back over them.
     ///
     /// # Errors
     /// Redis errors and timeouts.
     pub async fn get_override(&mut self) -> Result<Option<Option<Override>>, RedisBusError> {
         let k = self.keys.operator_override();
         let v: Option<String> = timed(self.op_timeout, self.conn.get(k)).await?;
-        Ok(v.and_then(|s| serde_json::from_str::<Option<Override>>(&s).ok()))
+        let Some(v) = v else { return Ok(None) };
+        match brownout_protocol::unseal(&self.hmac_key, &self.override_domain(), &v) {
+            Ok(json) => Ok(serde_json::from_str::<Option<Override>>(json).ok()),
+            Err(e) => {
+                tracing::warn!(error = %e, key = %self.keys.operator_override(), "degrade: ignoring an operator override that is not sealed with the command key");
+                Ok(None)
+            }
+        }
     }
 
     /// Length of the command log stream (audit).

@@ -100,7 +100,7 @@ impl SubscriberConfig {
             .filter(|c| !c.is_empty())
             .unwrap_or_else(|| "default".into());
         RedisKeys::new(&cluster).map_err(|e| SubscriberConfigError::Cluster(e.to_string()))?;
-        redis::Client::open(url.as_str())
+        brownout_protocol::redis_client(url.as_str())
             .map_err(|e| SubscriberConfigError::Url(url.clone(), e.to_string()))?;
         let key = key
             .or_else(|| std::env::var("BROWNOUT_COMMAND_KEY").ok())
@@ -201,7 +201,11 @@ impl Session<'_> {
         };
         let _: i64 = timed(
             self.cfg.op_timeout,
-            conn.hset(self.keys.acks(), &self.cfg.instance_id, ack.to_string()),
+            conn.hset(
+                self.keys.acks(),
+                &self.cfg.instance_id,
+                ack.to_signed(&self.cfg.hmac_key, &self.cfg.instance_id),
+            ),
         )
         .await?;
         Ok(())
@@ -261,7 +265,7 @@ pub async fn spawn_subscriber(handle: ControlHandle, cfg: SubscriberConfig) -> J
             );
             return;
         }
-        let client = match redis::Client::open(cfg.redis_url.as_str()) {
+        let client = match brownout_protocol::redis_client(cfg.redis_url.as_str()) {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!(error = %e, "degradation subscriber not started: bad REDIS_URL");
