@@ -66,6 +66,7 @@ pub struct RawServer {
     pub otlp_http_addr: Option<String>,
     pub otlp_grpc_addr: Option<String>,
     pub shutdown_grace_ms: Option<u64>,
+    pub max_connections: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -90,6 +91,9 @@ pub struct RawIngest {
     pub batch_max_delay_ms: Option<u64>,
     pub max_inflight_bytes: Option<usize>,
     pub backpressure_wait_ms: Option<u64>,
+    pub request_timeout_ms: Option<u64>,
+    pub tenant_items_per_sec: Option<u32>,
+    pub tenant_burst_items: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -151,6 +155,9 @@ pub struct Config {
     pub otlp_http_addr: SocketAddr,
     pub otlp_grpc_addr: SocketAddr,
     pub shutdown_grace: Duration,
+    /// Open client connections each listener holds at most; past it a new connection gets
+    /// `503` (HTTP) or is closed (gRPC) at once.
+    pub max_connections: usize,
     pub data_dir: PathBuf,
     pub clickhouse: Option<ClickHouseConfig>,
     pub retention_days: u32,
@@ -192,6 +199,14 @@ pub struct IngestConfig {
     pub max_inflight_bytes: usize,
     /// How long a request waits for memory before 503.
     pub backpressure_wait: Duration,
+    /// A whole ingest request (reading the body included) gets this long: 408 after it (gRPC:
+    /// `CANCELLED` by tonic's timeout).
+    pub request_timeout: Duration,
+    /// Items (spans, log records, failure events, snapshots) per second one tenant may send
+    /// (`X-Brownout-Tenant` header, `default` without one); `None` is unlimited. 429 past it.
+    pub tenant_items_per_sec: Option<std::num::NonZeroU32>,
+    /// How many items a tenant may send at once above its rate (also the largest request).
+    pub tenant_burst_items: std::num::NonZeroU32,
 }
 
 #[derive(Debug, Clone)]
@@ -216,6 +231,9 @@ impl Default for IngestConfig {
             batch_max_delay: Duration::from_millis(500),
             max_inflight_bytes: 128 << 20,
             backpressure_wait: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(30),
+            tenant_items_per_sec: std::num::NonZeroU32::new(250_000),
+            tenant_burst_items: std::num::NonZeroU32::new(500_000).expect("non-zero"),
         }
     }
 }
@@ -408,6 +426,13 @@ impl RawConfig {
             self.server.shutdown_grace_ms,
             10_000,
         )?);
+        let max_connections = self.server.max_connections.unwrap_or(1024);
+        if max_connections == 0 {
+            return Err(field_err(
+                "server.max_connections",
+                "must be at least 1".into(),
+            ));
+        }
 
         let data_dir = env
             .var("BROWNOUT_DATA_DIR")
@@ -526,6 +551,24 @@ impl RawConfig {
                 .backpressure_wait_ms
                 .unwrap_or(d.backpressure_wait.as_millis() as u64),
         );
+        let request_timeout = Duration::from_millis(positive(
+            "ingest.request_timeout_ms",
+            self.ingest.request_timeout_ms,
+            d.request_timeout.as_millis() as u64,
+        )?);
+        // 0 turns the per-tenant limit off.
+        let tenant_items_per_sec = match self.ingest.tenant_items_per_sec {
+            Some(n) => std::num::NonZeroU32::new(n),
+            None => d.tenant_items_per_sec,
+        };
+        let tenant_burst_items = match self.ingest.tenant_burst_items {
+            None => tenant_items_per_sec
+                .and_then(|r| r.checked_mul(std::num::NonZeroU32::new(2).expect("non-zero")))
+                .unwrap_or(d.tenant_burst_items),
+            Some(b) => std::num::NonZeroU32::new(b).ok_or_else(|| {
+                field_err("ingest.tenant_burst_items", "must be greater than 0".into())
+            })?,
+        };
 
         let ds = SpoolConfig::default();
         let spool_max = self.spool.max_bytes.unwrap_or(ds.max_bytes);
@@ -622,6 +665,7 @@ impl RawConfig {
             otlp_http_addr,
             otlp_grpc_addr,
             shutdown_grace,
+            max_connections,
             data_dir,
             clickhouse,
             retention_days,
@@ -633,6 +677,9 @@ impl RawConfig {
                 batch_max_delay,
                 max_inflight_bytes,
                 backpressure_wait,
+                request_timeout,
+                tenant_items_per_sec,
+                tenant_burst_items,
             },
             spool: SpoolConfig {
                 max_bytes: spool_max,

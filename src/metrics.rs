@@ -10,8 +10,12 @@ use prometheus::{
 };
 
 /// Reasons a request or row was refused; the `reason` label's whole value set.
-pub const REJECT_REASONS: [&str; 9] = [
+pub const REJECT_REASONS: [&str; 13] = [
     "unauthorized",
+    "bad_tenant",
+    "tenant_rate_limited",
+    "too_many_items",
+    "timeout",
     "body_too_large",
     "bad_encoding",
     "malformed",
@@ -36,6 +40,8 @@ pub struct IngestMetrics {
     pub store_write_seconds: Histogram,
     pub store_write_errors_total: IntCounter,
     pub inflight_bytes: IntGauge,
+    /// Connections turned away at a listener's cap, by listener.
+    pub connections_refused_total: IntCounterVec,
 }
 
 /// The registry plus ingest's metrics.
@@ -99,6 +105,20 @@ impl Metrics {
         registry
             .register(Box::new(store_write_seconds.clone()))
             .expect("unique metric");
+        let connections_refused_total = IntCounterVec::new(
+            Opts::new(
+                "brownout_connections_refused_total",
+                "Connections turned away because the listener was at server.max_connections.",
+            ),
+            &["listener"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(connections_refused_total.clone()))
+            .expect("unique metric");
+        for l in ["http", "otlp_http", "otlp_grpc"] {
+            connections_refused_total.with_label_values(&[l]);
+        }
         let ingest = IngestMetrics {
             spans_total: counter("brownout_ingest_spans_total", "Spans accepted by ingest."),
             logs_total: counter(
@@ -135,6 +155,7 @@ impl Metrics {
                 "brownout_ingest_inflight_bytes",
                 "Accepted bytes held in memory, not yet written or spooled.",
             ),
+            connections_refused_total,
         };
         Metrics { registry, ingest }
     }

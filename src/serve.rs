@@ -28,6 +28,7 @@ use tokio::sync::{broadcast, watch};
 use crate::auth::Tokens;
 use crate::config::Config;
 use crate::ingest::hosts::HostRegistry;
+use crate::ingest::limits::{CappedListener, OverCap};
 use crate::ingest::pipeline::PipelineTask;
 use crate::ingest::{FailureTagger, Pipeline, WriterStatus};
 use crate::metrics::Metrics;
@@ -49,6 +50,8 @@ pub struct AppState {
     pub metrics: Metrics,
     pub hosts: HostRegistry,
     pub tokens: Arc<Tokens>,
+    /// Per-tenant ingest rates (`ingest.tenant_items_per_sec`).
+    pub tenants: Arc<crate::ingest::limits::TenantLimiter>,
     /// Submit rows here (they are counted, spooled when needed, never lost).
     pub pipeline: Pipeline,
     /// Assigns pattern ids to failures at ingest; `None` leaves them empty.
@@ -198,12 +201,17 @@ impl App {
         }
         let (failures_tx, _) = broadcast::channel(4096);
         let (spans_tx, _) = broadcast::channel(1024);
+        let tenants = Arc::new(crate::ingest::limits::TenantLimiter::new(
+            config.ingest.tenant_items_per_sec,
+            config.ingest.tenant_burst_items,
+        ));
         let state = AppState {
             config: Arc::new(config),
             store,
             metrics,
             hosts,
             tokens: Arc::new(tokens),
+            tenants,
             pipeline,
             tagger: None,
             failures_tx,
@@ -255,10 +263,26 @@ impl App {
 
         let main = build_router(state.clone()).merge(extra);
         let otlp_http = crate::ingest::http::router(state.clone());
-        let http_srv = axum::serve(listeners.http, main).with_graceful_shutdown(stopped());
-        let otlp_srv =
-            axum::serve(listeners.otlp_http, otlp_http).with_graceful_shutdown(stopped());
-        let grpc_srv = crate::ingest::grpc::serve(state.clone(), listeners.otlp_grpc, stopped());
+        let cap = |l: TcpListener, name: &str, over: OverCap| {
+            let refused = state
+                .metrics
+                .ingest
+                .connections_refused_total
+                .with_label_values(&[name]);
+            CappedListener::new(l, state.config.max_connections, over, refused)
+        };
+        let http_srv = axum::serve(cap(listeners.http, "http", OverCap::Http503), main)
+            .with_graceful_shutdown(stopped());
+        let otlp_srv = axum::serve(
+            cap(listeners.otlp_http, "otlp_http", OverCap::Http503),
+            otlp_http,
+        )
+        .with_graceful_shutdown(stopped());
+        let grpc_srv = crate::ingest::grpc::serve(
+            state.clone(),
+            cap(listeners.otlp_grpc, "otlp_grpc", OverCap::Close),
+            stopped(),
+        );
         let retention = tokio::spawn(retention_loop(state.clone(), stopped()));
 
         let servers = async {

@@ -26,7 +26,8 @@ pub struct Otlp {
     state: AppState,
 }
 
-fn check_auth<T>(state: &AppState, req: &Request<T>) -> Result<(), Status> {
+/// Checks the ingest token and returns the tenant (`x-brownout-tenant` metadata).
+fn check_auth<T>(state: &AppState, req: &Request<T>) -> Result<String, Status> {
     let presented = req
         .metadata()
         .get("authorization")
@@ -38,7 +39,15 @@ fn check_auth<T>(state: &AppState, req: &Request<T>) -> Result<(), Status> {
         .unwrap_or("")
         .trim();
     if state.tokens.allows(crate::auth::Role::Ingest, token) {
-        Ok(())
+        super::limits::tenant_name(
+            req.metadata()
+                .get(super::limits::TENANT_HEADER)
+                .map(|v| v.as_bytes()),
+        )
+        .map_err(|e| {
+            state.metrics.reject("bad_tenant");
+            Status::invalid_argument(e)
+        })
     } else {
         state.metrics.reject("unauthorized");
         Err(Status::unauthenticated(
@@ -54,6 +63,7 @@ fn submit_status(e: SubmitError) -> Status {
         SubmitError::Overloaded { .. } | SubmitError::SpoolFull { .. } => {
             Status::unavailable(e.to_string())
         }
+        SubmitError::Tenant(_) => Status::resource_exhausted(e.to_string()),
     }
 }
 
@@ -63,7 +73,7 @@ impl TraceService for Otlp {
         &self,
         req: Request<ExportTraceServiceRequest>,
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
-        check_auth(&self.state, &req)?;
+        let tenant = check_auth(&self.state, &req)?;
         let req = req.into_inner();
         // Reserve before converting: a request waiting for memory holds only its message.
         let reservation = self
@@ -79,7 +89,7 @@ impl TraceService for Otlp {
             failures: c.failures,
             ..Accepted::default()
         };
-        accept_reserved(&self.state, rows, reservation).map_err(submit_status)?;
+        accept_reserved(&self.state, &tenant, rows, reservation).map_err(submit_status)?;
         self.state.metrics.reject_n("malformed", c.rejected);
         Ok(Response::new(ExportTraceServiceResponse {
             partial_success: (c.rejected > 0).then(|| ExportTracePartialSuccess {
@@ -96,7 +106,7 @@ impl LogsService for Otlp {
         &self,
         req: Request<ExportLogsServiceRequest>,
     ) -> Result<Response<ExportLogsServiceResponse>, Status> {
-        check_auth(&self.state, &req)?;
+        let tenant = check_auth(&self.state, &req)?;
         let req = req.into_inner();
         // Reserve before converting: a request waiting for memory holds only its message.
         let reservation = self
@@ -112,7 +122,7 @@ impl LogsService for Otlp {
             failures: c.failures,
             ..Accepted::default()
         };
-        accept_reserved(&self.state, rows, reservation).map_err(submit_status)?;
+        accept_reserved(&self.state, &tenant, rows, reservation).map_err(submit_status)?;
         self.state.metrics.reject_n("malformed", c.rejected);
         Ok(Response::new(ExportLogsServiceResponse {
             partial_success: (c.rejected > 0).then(|| ExportLogsPartialSuccess {
@@ -129,10 +139,11 @@ impl LogsService for Otlp {
 /// When the transport fails.
 pub async fn serve(
     state: AppState,
-    listener: tokio::net::TcpListener,
+    listener: super::limits::CappedListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let max = state.config.ingest.max_body_bytes;
+    let timeout = state.config.ingest.request_timeout;
     let svc = Otlp { state };
     let traces = TraceServiceServer::new(svc.clone())
         .accept_compressed(CompressionEncoding::Gzip)
@@ -143,11 +154,9 @@ pub async fn serve(
         .send_compressed(CompressionEncoding::Gzip)
         .max_decoding_message_size(max);
     tonic::transport::Server::builder()
+        .timeout(timeout)
         .add_service(traces)
         .add_service(logs)
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(super::limits::incoming(listener), shutdown)
         .await
 }

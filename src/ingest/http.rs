@@ -33,7 +33,8 @@ use crate::api::ApiError;
 use crate::auth::Role;
 use crate::serve::AppState;
 
-/// The ingest routes, guarded by the ingest token.
+/// The ingest routes, guarded by the ingest token, each request bounded by
+/// `ingest.request_timeout_ms` (408 past it, body reading included).
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/traces", post(traces))
@@ -44,15 +45,56 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             require_ingest,
         ))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            request_timeout,
+        ))
         .with_state(state)
 }
 
-async fn require_ingest(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    match state.tokens.check(Role::Ingest, req.headers()) {
-        Ok(()) => next.run(req).await,
-        Err(e) => {
-            state.metrics.reject("unauthorized");
-            e.into_response()
+/// The sender's tenant (`X-Brownout-Tenant`, `default` without it), set by the ingest guard.
+#[derive(Debug, Clone)]
+pub struct Tenant(pub String);
+
+async fn require_ingest(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    if let Err(e) = state.tokens.check(Role::Ingest, req.headers()) {
+        state.metrics.reject("unauthorized");
+        return e.into_response();
+    }
+    let tenant = super::limits::tenant_name(
+        req.headers()
+            .get(super::limits::TENANT_HEADER)
+            .map(|v| v.as_bytes()),
+    );
+    match tenant {
+        Ok(t) => {
+            req.extensions_mut().insert(Tenant(t));
+            next.run(req).await
+        }
+        Err(msg) => {
+            state.metrics.reject("bad_tenant");
+            ApiError::bad_request("bad_tenant", msg).into_response()
+        }
+    }
+}
+
+/// Bounds a whole request, reading the body included (a slow sender holds no slot forever):
+/// 408 with a JSON body saying so, counted as `reason="timeout"`.
+async fn request_timeout(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let timeout = state.config.ingest.request_timeout;
+    match tokio::time::timeout(timeout, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => {
+            state.metrics.reject("timeout");
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!(
+                    "the request did not complete within {} ms (ingest.request_timeout_ms); send the body faster or in smaller batches",
+                    timeout.as_millis()
+                ),
+            )
+            .into_response()
         }
     }
 }
@@ -187,7 +229,7 @@ fn otlp_error(enc: Encoding, e: ApiError) -> Response {
     // gRPC codes: 3 INVALID_ARGUMENT, 8 RESOURCE_EXHAUSTED, 14 UNAVAILABLE, 16 UNAUTHENTICATED.
     let code = match e.status {
         StatusCode::SERVICE_UNAVAILABLE => 14,
-        StatusCode::PAYLOAD_TOO_LARGE => 8,
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => 8,
         _ => 3,
     };
     let status = RpcStatus {
@@ -222,6 +264,17 @@ fn submit_error(e: SubmitError) -> ApiError {
             ApiError::unavailable("spool_full", e.to_string(), retry_after_secs)
         }
         SubmitError::Closed => ApiError::unavailable("shutting_down", e.to_string(), 5),
+        SubmitError::Tenant(ref t) => ApiError {
+            retry_after_secs: Some(t.retry_after_secs()),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                match t {
+                    super::limits::TenantLimitError::RateLimited { .. } => "tenant_rate_limited",
+                    super::limits::TenantLimitError::TooManyItems { .. } => "too_many_items",
+                },
+                e.to_string(),
+            )
+        },
     }
 }
 
@@ -277,7 +330,12 @@ async fn otlp_prelude(
     }
 }
 
-async fn traces(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+async fn traces(
+    State(state): State<AppState>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let (enc, bytes) = match otlp_prelude(&state, &headers, body).await {
         Ok(x) => x,
         Err(r) => return r,
@@ -305,7 +363,7 @@ async fn traces(State(state): State<AppState>, headers: HeaderMap, body: Body) -
         failures: c.failures,
         ..Accepted::default()
     };
-    if let Err(e) = accept_reserved(&state, rows, reservation) {
+    if let Err(e) = accept_reserved(&state, &tenant, rows, reservation) {
         return otlp_error(enc, submit_error(e));
     }
     state.metrics.reject_n("malformed", rejected);
@@ -318,7 +376,12 @@ async fn traces(State(state): State<AppState>, headers: HeaderMap, body: Body) -
     encode(enc, StatusCode::OK, &resp, resp.encode_to_vec())
 }
 
-async fn logs(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+async fn logs(
+    State(state): State<AppState>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let (enc, bytes) = match otlp_prelude(&state, &headers, body).await {
         Ok(x) => x,
         Err(r) => return r,
@@ -346,7 +409,7 @@ async fn logs(State(state): State<AppState>, headers: HeaderMap, body: Body) -> 
         failures: c.failures,
         ..Accepted::default()
     };
-    if let Err(e) = accept_reserved(&state, rows, reservation) {
+    if let Err(e) = accept_reserved(&state, &tenant, rows, reservation) {
         return otlp_error(enc, submit_error(e));
     }
     state.metrics.reject_n("malformed", rejected);
@@ -413,7 +476,12 @@ pub fn parse_ndjson(body: &[u8], max_line: usize) -> NdjsonParse {
     out
 }
 
-async fn failures(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+async fn failures(
+    State(state): State<AppState>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let bytes = match read_body(&headers, body, state.config.ingest.max_body_bytes).await {
         Ok(b) => b,
         Err(e) => {
@@ -448,6 +516,7 @@ async fn failures(State(state): State<AppState>, headers: HeaderMap, body: Body)
     let approx = super::decoded_size(bytes.len(), false);
     if let Err(e) = accept(
         &state,
+        &tenant,
         Accepted {
             failures: parsed.events,
             ..Accepted::default()
@@ -461,7 +530,12 @@ async fn failures(State(state): State<AppState>, headers: HeaderMap, body: Body)
     Json(serde_json::json!({"accepted": accepted, "rejected": parsed.num_rejected, "errors": parsed.errors})).into_response()
 }
 
-async fn snapshot(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+async fn snapshot(
+    State(state): State<AppState>,
+    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let bytes = match read_body(&headers, body, state.config.ingest.max_body_bytes).await {
         Ok(b) => b,
         Err(e) => {
@@ -505,6 +579,7 @@ async fn snapshot(State(state): State<AppState>, headers: HeaderMap, body: Body)
     state.hosts.observe(snap.clone(), now);
     if let Err(e) = accept(
         &state,
+        &tenant,
         Accepted {
             snapshots: vec![snap],
             ..Accepted::default()

@@ -6,6 +6,7 @@
 //! - [`otlp`]: pure conversion of OTLP messages into rows and failure events.
 //! - [`pipeline`]: bounded memory → batches → store, with [`spool`] as the on-disk fallback.
 //! - [`hosts`]: per-host last-seen and fresh/stale/down from snapshots.
+//! - [`limits`]: per-tenant item rates and the per-listener connection cap.
 //!
 //! All receivers end in [`accept`] / [`accept_reserved`], which tag failures, count, publish
 //! them to live subscribers and submit one batch to the pipeline. Receivers reserve memory
@@ -15,6 +16,7 @@
 pub mod grpc;
 pub mod hosts;
 pub mod http;
+pub mod limits;
 pub mod otlp;
 pub mod pipeline;
 pub mod spool;
@@ -49,22 +51,34 @@ pub struct Accepted {
 /// [`SubmitError`] when the pipeline cannot take them now (answer 503 + Retry-After).
 pub async fn accept(
     state: &AppState,
+    tenant: &str,
     rows: Accepted,
     approx_bytes: usize,
 ) -> Result<(), SubmitError> {
     let r = state.pipeline.reserve(approx_bytes).await?;
-    accept_reserved(state, rows, r)
+    accept_reserved(state, tenant, rows, r)
 }
 
-/// Like [`accept`] under memory reserved with [`Pipeline::reserve`] before decoding.
+/// Like [`accept`] under memory reserved with [`Pipeline::reserve`] before decoding. The
+/// request's items count against `tenant`'s rate first; a refused request keeps nothing.
 ///
 /// # Errors
-/// [`SubmitError::Closed`] after shutdown.
+/// [`SubmitError::Tenant`] over the tenant's rate, [`SubmitError::Closed`] after shutdown.
 pub fn accept_reserved(
     state: &AppState,
+    tenant: &str,
     rows: Accepted,
     reservation: pipeline::Reservation,
 ) -> Result<(), SubmitError> {
+    let items = rows.spans.len() + rows.logs.len() + rows.failures.len() + rows.snapshots.len();
+    if let Err(e) = state.tenants.check(tenant, items) {
+        let reason = match e {
+            limits::TenantLimitError::RateLimited { .. } => "tenant_rate_limited",
+            limits::TenantLimitError::TooManyItems { .. } => "too_many_items",
+        };
+        state.metrics.reject_n(reason, items as u64);
+        return Err(e.into());
+    }
     let tagger = state.tagger.clone();
     let failures: Vec<FailureRow> = rows
         .failures

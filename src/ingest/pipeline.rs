@@ -38,6 +38,8 @@ pub enum SubmitError {
     SpoolFull { retry_after_secs: u32 },
     #[error("ingest is shutting down")]
     Closed,
+    #[error(transparent)]
+    Tenant(#[from] super::limits::TenantLimitError),
 }
 
 struct Item {
