@@ -527,52 +527,188 @@ fn cpu_name() -> String {
 fn pick_device(device: Device) -> Result<String, ModelError> {
     match device {
         Device::Cpu => Ok(cpu_name()),
-        Device::Cuda => match cuda::probe() {
-            Err(reason) => Err(ModelError::DeviceUnavailable(format!(
-                "--device cuda: {reason}"
-            ))),
-            Ok(name) => Err(ModelError::DeviceUnavailable(format!(
-                "--device cuda: found {name}, but this build runs the model on the CPU only"
-            ))),
-        },
-        Device::Auto => {
-            match cuda::probe() {
-                Err(reason) => {
-                    tracing::info!(reason, "no CUDA device; running the model on the CPU")
-                }
-                Ok(name) => tracing::warn!(
-                    device = name,
-                    "CUDA device present but the CUDA backend is not built in; running on the CPU"
-                ),
+        Device::Cuda => cuda::kernels()
+            .map(|k| k.name.clone())
+            .map_err(|reason| ModelError::DeviceUnavailable(format!("--device cuda: {reason}"))),
+        Device::Auto => match cuda::kernels() {
+            Ok(k) => {
+                tracing::info!(
+                    device = k.name,
+                    "CUDA device usable: ModelRunner runs the primary route on it"
+                );
+                Ok(k.name.clone())
             }
-            Ok(cpu_name())
-        }
+            Err(reason) => {
+                tracing::info!(
+                    reason,
+                    "no usable CUDA device; running the model on the CPU"
+                );
+                Ok(cpu_name())
+            }
+        },
     }
+}
+
+/// Whether `model` was loaded for CUDA (its device name is the CUDA device's).
+fn picked_cuda(model: &LoadedModel) -> bool {
+    model.device_name().starts_with("cuda")
+}
+
+#[derive(Debug)]
+enum RunnerBackend {
+    Cpu(KvTensors),
+    Cuda(Box<cuda::CudaRunner>),
 }
 
 /// A model plus the KV memory of one engine: what the scheduler's backend wraps. `Send`, so it
 /// can live on the engine thread.
+///
+/// On CUDA the primary route and the K/V blocks live in device memory; the fallback route runs
+/// on the CPU over a host mirror of the blocks (see `cuda/runner.rs`).
 #[derive(Debug)]
 pub struct ModelRunner {
     pub model: std::sync::Arc<LoadedModel>,
-    pub kv: KvTensors,
+    backend: RunnerBackend,
 }
 
+// The engine thread owns its runner: it must stay `Send` (CUDA handles included).
+const _: () = {
+    const fn assert_send<T: Send>() {}
+    assert_send::<ModelRunner>();
+};
+
 impl ModelRunner {
+    /// On CUDA when the model was loaded for CUDA (`Device::Auto` or `Device::Cuda` found a
+    /// usable device), otherwise on the CPU; a CUDA runner that cannot be set up (e.g. out of
+    /// device memory) falls back to the CPU with the reason logged.
     pub fn new(model: std::sync::Arc<LoadedModel>, num_blocks: usize, block_size: usize) -> Self {
-        let kv = model.new_kv(num_blocks, block_size);
-        ModelRunner { model, kv }
+        if picked_cuda(&model) {
+            match cuda::CudaRunner::new(&model, num_blocks, block_size) {
+                Ok(r) => {
+                    return ModelRunner {
+                        model,
+                        backend: RunnerBackend::Cuda(Box::new(r)),
+                    };
+                }
+                Err(reason) => tracing::warn!(reason, "CUDA runner unavailable; using the CPU"),
+            }
+        }
+        ModelRunner::cpu(model, num_blocks, block_size)
     }
 
-    /// [`LoadedModel::forward`] over this runner's KV memory.
+    /// On the CPU, whatever the model was loaded for.
+    pub fn cpu(model: std::sync::Arc<LoadedModel>, num_blocks: usize, block_size: usize) -> Self {
+        let kv = model.new_kv(num_blocks, block_size);
+        ModelRunner {
+            model,
+            backend: RunnerBackend::Cpu(kv),
+        }
+    }
+
+    /// `Device::Cpu`: [`ModelRunner::cpu`]; `Device::Auto`: [`ModelRunner::new`];
+    /// `Device::Cuda`: on CUDA or an error.
     ///
     /// # Errors
-    /// As [`LoadedModel::forward`].
+    /// `Device::Cuda` only: [`ModelError::DeviceUnavailable`] saying why (no libcuda, no device,
+    /// kernels that do not compile, weights or K/V blocks that do not fit, …).
+    pub fn with_device(
+        model: std::sync::Arc<LoadedModel>,
+        num_blocks: usize,
+        block_size: usize,
+        device: Device,
+    ) -> Result<Self, ModelError> {
+        match device {
+            Device::Cpu => Ok(ModelRunner::cpu(model, num_blocks, block_size)),
+            Device::Auto => Ok(ModelRunner::new(model, num_blocks, block_size)),
+            Device::Cuda => {
+                let r = cuda::CudaRunner::new(&model, num_blocks, block_size)
+                    .map_err(|reason| ModelError::DeviceUnavailable(format!("cuda: {reason}")))?;
+                Ok(ModelRunner {
+                    model,
+                    backend: RunnerBackend::Cuda(Box::new(r)),
+                })
+            }
+        }
+    }
+
+    /// Whether the primary route runs on a CUDA device.
+    pub fn is_cuda(&self) -> bool {
+        matches!(self.backend, RunnerBackend::Cuda(_))
+    }
+
+    /// E.g. `cuda:0 (NVIDIA H200, sm_90)` or `cpu (2 threads, avx2+fma)`.
+    pub fn device_name(&self) -> String {
+        match &self.backend {
+            RunnerBackend::Cpu(_) => cpu_name(),
+            RunnerBackend::Cuda(r) => r.device_name().to_string(),
+        }
+    }
+
+    /// The K/V memory when it is on the CPU (`None` on CUDA).
+    pub fn cpu_kv(&self) -> Option<&KvTensors> {
+        match &self.backend {
+            RunnerBackend::Cpu(kv) => Some(kv),
+            RunnerBackend::Cuda(_) => None,
+        }
+    }
+
+    /// [`LoadedModel::forward`] over this runner's KV memory (on CUDA: the primary route on the
+    /// GPU, the fallback route on the CPU).
+    ///
+    /// # Errors
+    /// As [`LoadedModel::forward`]; on CUDA also [`ModelError::DeviceUnavailable`] when a CUDA
+    /// call fails.
     pub fn forward(
         &mut self,
         route: Route,
         chunks: &[SeqChunk<'_>],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.model.forward(route, chunks, &mut self.kv)
+        match &mut self.backend {
+            RunnerBackend::Cpu(kv) => self.model.forward(route, chunks, kv),
+            RunnerBackend::Cuda(r) => r.forward(&self.model, route, chunks),
+        }
+    }
+
+    /// [`KvTensors::copy_block`] on whichever device holds the blocks.
+    ///
+    /// # Errors
+    /// A block id out of range, or a CUDA error.
+    pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), ModelError> {
+        match &mut self.backend {
+            RunnerBackend::Cpu(kv) => kv.copy_block(src, dst),
+            RunnerBackend::Cuda(r) => r.copy_block(src, dst),
+        }
+    }
+
+    /// Test hook: each CUDA kernel on its own over host data (`Err(reason)` without a usable
+    /// CUDA device).
+    ///
+    /// # Errors
+    /// Why CUDA cannot be used.
+    #[doc(hidden)]
+    pub fn cuda_kernels() -> Result<cuda::KernelHarness, String> {
+        cuda::KernelHarness::new()
+    }
+
+    /// Test hook: compiles the CUDA kernel source with NVRTC only (no GPU needed) and returns
+    /// the PTX.
+    ///
+    /// # Errors
+    /// libnvrtc missing, or the compiler's log.
+    #[doc(hidden)]
+    pub fn cuda_compile_ptx() -> Result<String, String> {
+        cuda::compile_ptx()
+    }
+
+    /// Names of the CUDA kernels (each must be an entry point of the PTX).
+    #[doc(hidden)]
+    pub fn cuda_kernel_names() -> &'static [&'static str] {
+        &cuda::KERNEL_NAMES
+    }
+
+    /// Whether libcuda can be loaded on this machine.
+    #[doc(hidden)]
+    pub fn cuda_driver_present() -> bool {
+        cuda::libcuda_present()
     }
 }
