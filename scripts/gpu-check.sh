@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# GPU check of the CUDA backend (serving/src/model/cuda/) on a machine with an NVIDIA GPU:
+# builds in release and runs serving/tests/model_cuda.rs (every kernel against the CPU
+# reference, whole forward passes, greedy generation) with BROWNOUT_REQUIRE_CUDA=1, so a test
+# that would print SKIPPED fails instead. Output also goes to "$OUT/gpu-check.log" when OUT is set.
+#
+#   scripts/gpu-check.sh
+#
+# Needs libcuda (the driver) and libnvrtc.so.13 (CUDA 13 toolkit, or the PyPI wheel
+# nvidia-cuda-nvrtc unpacked somewhere; point NVRTC_DIR at the folder holding libnvrtc.so.13).
+# There is no model benchmark with a device flag yet (examples/bench_model.rs runs on the CPU),
+# so this only runs the tests; SmolLM2 is compared too when it was fetched (scripts/fetch-model.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+main() {
+    echo "== gpu-check $(date -u +%FT%TZ) on $(hostname)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+        || echo "nvidia-smi not available"
+    if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.13'; then
+        for d in ${NVRTC_DIR:-} /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 \
+            /usr/local/cuda/targets/x86_64-linux/lib \
+            /usr/local/lib/python3*/dist-packages/nvidia/cu13/lib \
+            /usr/lib/python3/dist-packages/nvidia/cu13/lib \
+            "$HOME"/.local/lib/python3*/site-packages/nvidia/cu13/lib \
+            /var/tmp/nvrtc/wheel/nvidia/cu13/lib; do
+            if [ -e "$d/libnvrtc.so.13" ]; then
+                export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+                break
+            fi
+        done
+    fi
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    export BROWNOUT_REQUIRE_CUDA=1
+    export RUST_LOG=${RUST_LOG:-info}
+    local t0=$SECONDS
+    cargo test -p brownout-serving --release --test model_cuda -- --nocapture --test-threads=1
+    local rc=$?
+    echo "== model_cuda: exit $rc after $((SECONDS - t0)) s"
+    return $rc
+}
+
+if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT"
+    main 2>&1 | tee "$OUT/gpu-check.log"
+    exit "${PIPESTATUS[0]}"
+fi
+main
