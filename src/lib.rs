@@ -11,13 +11,15 @@
 //! ```
 //!
 //! `serve` wires them into one process; `demo` adds serving engines, simulated gpu-agents and the
-//! load generator; `loadgen` drives any OpenAI-compatible endpoint.
+//! load generator; `loadgen` drives any OpenAI-compatible endpoint; `drill` runs fault drills
+//! against a deployment.
 
 pub mod api;
 pub mod auth;
 pub mod config;
 pub mod degrade;
 pub mod demo;
+pub mod drill;
 pub mod ingest;
 pub mod loadgen;
 pub mod metrics;

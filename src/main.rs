@@ -27,6 +27,9 @@ enum Cmd {
     Loadgen(brownout::loadgen::LoadgenArgs),
     /// Benchmarks (overload: the control loop on vs off).
     Bench(brownout::demo::BenchArgs),
+    /// Fault drills against a running deployment (engine-kill, redis-restart, clickhouse-kill,
+    /// leader-kill).
+    Drill(brownout::drill::DrillArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -57,6 +60,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Report(a) => brownout::report::run(a).await,
             Cmd::Loadgen(a) => brownout::loadgen::run(a).await,
             Cmd::Bench(a) => brownout::demo::bench(a).await,
+            Cmd::Drill(a) => brownout::drill::run(a).await,
         }
     });
     match result {

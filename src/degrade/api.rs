@@ -879,11 +879,11 @@ async fn redis_round(
     let lease_ms = cfg.policy.command_lease_ms;
     // The operator override is shared through Redis: write a local change, then read the truth.
     let pending = handle.lock().override_to_share.take();
-    if let Some(o) = pending {
-        if let Err(e) = b.put_override(o.as_ref(), now).await {
-            handle.lock().override_to_share.get_or_insert(o);
-            return Err(e);
-        }
+    if let Some(o) = pending
+        && let Err(e) = b.put_override(o.as_ref(), now).await
+    {
+        handle.lock().override_to_share.get_or_insert(o);
+        return Err(e);
     }
     match b.get_override().await? {
         // Absent (expired, never set, or lost with Redis's data): share ours again if active.

@@ -357,7 +357,7 @@ async fn generate(
         seed: v.seed,
         max_tokens,
         stop: v.stop.clone(),
-        ignore_eos: false,
+        ignore_eos: v.ignore_eos,
     };
     let prompt_tokens = tokens.len();
     let req = EngineRequest {

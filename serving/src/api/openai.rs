@@ -43,6 +43,10 @@ pub struct CommonParams {
     pub stream_options: Option<StreamOptions>,
     pub n: Option<i64>,
     pub user: Option<String>,
+    /// vLLM's extra sampling parameter: keep generating past end-of-sequence tokens (benchmarks
+    /// and drills that need a stream of a known length).
+    #[serde(default)]
+    pub ignore_eos: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -91,6 +95,7 @@ pub struct Validated {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    pub ignore_eos: bool,
 }
 
 pub const MAX_STOP_STRINGS: usize = 4;
@@ -197,6 +202,7 @@ pub fn validate_common(
         stop,
         stream: c.stream,
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        ignore_eos: c.ignore_eos,
     })
 }
 
