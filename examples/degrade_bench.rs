@@ -44,7 +44,7 @@ fn sub_cfg(url: &str, cluster: &str, i: usize) -> SubscriberConfig {
 
 async fn latency(url: &str, n_subs: usize, n_cmds: u64) -> anyhow::Result<()> {
     let cl = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-    let mut bus = RedisBus::connect(url, &cl, "bench-cp", Duration::from_secs(1)).await?;
+    let mut bus = RedisBus::connect(url, &cl, "bench-cp", Duration::from_secs(1), KEY).await?;
     let handles: Vec<ControlHandle> = (0..n_subs).map(|_| ControlHandle::new(&cl)).collect();
     let mut tasks = Vec::new();
     for (i, h) in handles.iter().enumerate() {
@@ -110,12 +110,12 @@ async fn latency(url: &str, n_subs: usize, n_cmds: u64) -> anyhow::Result<()> {
         // Acks (written right after apply): give them a moment, then read all.
         tokio::time::sleep(Duration::from_millis(2)).await;
         let acks: std::collections::BTreeMap<String, String> = conn.hgetall(keys.acks()).await?;
-        for a in acks.values() {
+        for (inst, a) in &acks {
             if let Ok(Ack::Applied {
                 version,
                 applied_at_ms,
                 ..
-            }) = a.parse::<Ack>()
+            }) = Ack::parse_signed(a, KEY, inst)
                 && version == command.version
             {
                 ack_ms.push(applied_at_ms.saturating_sub(command.issued_at_ms) as f64);
