@@ -15,7 +15,7 @@ use super::{ApiOptions, AppState, ModelCodec, TextCodec, ToyCodec};
 use crate::control::ControlHandle;
 use crate::kvcache::{AllocMode, KvConfig};
 use crate::metrics::Metrics;
-use crate::model::{Device, KvTensors, LoadedModel, Route, SeqChunk};
+use crate::model::{Device, LoadedModel, ModelRunner, Route, SeqChunk};
 use crate::scheduler::engine::{EngineConfig, EngineRequest, ModelBackend, SeqEvent, spawn_engine};
 use crate::scheduler::toy::{TOY_EOS, ToyModel};
 use crate::scheduler::{SamplingParams, SchedulerConfig};
@@ -87,14 +87,14 @@ impl Default for ServeOptions {
 
 /// The real model as the engine's backend; it owns the K/V memory.
 pub struct LoadedBackend {
-    pub model: Arc<LoadedModel>,
-    pub kv: KvTensors,
+    /// The model plus its K/V blocks, on the CPU or (primary route) on a CUDA device.
+    pub runner: ModelRunner,
 }
 
 impl ModelBackend for LoadedBackend {
     fn forward(&mut self, route: Route, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, String> {
-        self.model
-            .forward(route, chunks, &mut self.kv)
+        self.runner
+            .forward(route, chunks)
             .map_err(|e| e.to_string())
     }
 }
@@ -118,6 +118,10 @@ pub async fn build_state(
         opts.block_size > 0 && opts.num_blocks > 0,
         "--block-size and --num-blocks must be positive"
     );
+    let device: Device = opts
+        .device
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!(e))?;
     let loaded = match &opts.model {
         ModelChoice::Toy => None,
         other => {
@@ -127,10 +131,6 @@ pub async fn build_state(
                 ModelChoice::Path(p) => p.display().to_string(),
                 ModelChoice::Toy => unreachable!("handled above"),
             };
-            let device: Device = opts
-                .device
-                .parse()
-                .map_err(|e: String| anyhow::anyhow!(e))?;
             let model = tokio::task::spawn_blocking(move || -> anyhow::Result<LoadedModel> {
                 let m = LoadedModel::load(&spec, device)
                     .with_context(|| format!("loading model {spec}"))?;
@@ -177,13 +177,12 @@ pub async fn build_state(
             Some(control.clone()),
         ),
         Some(m) => {
-            let kv = m.new_kv(opts.num_blocks, opts.block_size);
+            let runner = ModelRunner::with_device(m.clone(), opts.num_blocks, opts.block_size, device)
+                .context("placing the model and its K/V blocks")?;
+            tracing::info!(device = %runner.device_name(), cuda = runner.is_cuda(), "model runner ready");
             spawn_engine(
                 cfg,
-                LoadedBackend {
-                    model: m.clone(),
-                    kv,
-                },
+                LoadedBackend { runner },
                 metrics.clone(),
                 Some(control.clone()),
             )

@@ -12,7 +12,7 @@
 //!  llama.rs     hyper-parameters, weights, forward pass    cpu.rs     matrices, batched matmul
 //!  tiny.rs      the seeded tiny random model               fetch.rs   model cache + fetch
 //!  loaded.rs    LoadedModel: both routes resident, health check, greedy helper
-//!  bench.rs     decode/TTFT benchmark                      cuda.rs    CUDA presence probe
+//!  bench.rs     decode/TTFT benchmark                      cuda/      CUDA kernels (NVRTC) + runner
 //! ```
 
 mod bench;
