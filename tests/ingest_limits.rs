@@ -162,11 +162,17 @@ async fn tenants_get_their_own_rate_and_refused_requests_keep_nothing() {
     }
     let m = s.metrics().await;
     assert_eq!(
-        metric(&m, "brownout_ingest_rejected_total{reason=\"tenant_rate_limited\"}"),
+        metric(
+            &m,
+            "brownout_ingest_rejected_total{reason=\"tenant_rate_limited\"}"
+        ),
         40.0
     );
     assert_eq!(
-        metric(&m, "brownout_ingest_rejected_total{reason=\"too_many_items\"}"),
+        metric(
+            &m,
+            "brownout_ingest_rejected_total{reason=\"too_many_items\"}"
+        ),
         101.0
     );
     assert_eq!(
@@ -265,7 +271,10 @@ async fn connections_over_the_cap_get_503_and_slots_come_back() {
     // The other listeners have their own caps.
     let m = s.metrics().await;
     assert!(
-        metric(&m, "brownout_connections_refused_total{listener=\"otlp_http\"}") >= 2.0,
+        metric(
+            &m,
+            "brownout_connections_refused_total{listener=\"otlp_http\"}"
+        ) >= 2.0,
         "{m}"
     );
     assert_eq!(

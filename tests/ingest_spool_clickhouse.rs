@@ -53,6 +53,9 @@ impl OwnClickHouse {
     }
 
     async fn start(&mut self) {
+        // reqwest is built without a default crypto provider; do not rely on another test in
+        // this binary having installed it first.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let d = self.dir.display();
         for sub in ["log", "tmp", "user_files", "format_schemas"] {
             std::fs::create_dir_all(self.dir.join(sub)).unwrap();

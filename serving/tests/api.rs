@@ -915,3 +915,94 @@ async fn the_kv_quota_changes_at_run_time() {
         StatusCode::OK
     );
 }
+
+/// A backend whose engine thread dies (panics) on its Nth forward step, as a crashed worker would.
+struct DiesAfter {
+    inner: ToyModel,
+    steps_left: usize,
+}
+
+impl brownout_serving::scheduler::engine::ModelBackend for DiesAfter {
+    fn forward(
+        &mut self,
+        route: Route,
+        chunks: &[brownout_serving::model::SeqChunk<'_>],
+    ) -> Result<Vec<Vec<f32>>, String> {
+        if self.steps_left == 0 {
+            panic!("injected engine fault (test)");
+        }
+        self.steps_left -= 1;
+        brownout_serving::scheduler::engine::ModelBackend::forward(&mut self.inner, route, chunks)
+    }
+}
+
+/// The engine dies mid-stream: the open stream gets an `engine_stopped` error event and
+/// `[DONE]` (no hang), and later requests are refused with 503 instead of waiting forever.
+#[tokio::test]
+async fn engine_death_mid_stream_sends_an_error_event_and_ends_the_stream() {
+    use brownout_serving::scheduler::engine::{EngineConfig, spawn_engine};
+    let metrics = std::sync::Arc::new(brownout_serving::metrics::Metrics::new("toy"));
+    let cfg = EngineConfig {
+        model_name: "toy".into(),
+        ..EngineConfig::default()
+    };
+    let (engine, thread) = spawn_engine(
+        cfg.clone(),
+        DiesAfter {
+            inner: ToyModel::new(cfg.kv.num_blocks, cfg.kv.block_size),
+            steps_left: 5,
+        },
+        metrics.clone(),
+        None,
+    )
+    .unwrap();
+    let st = AppState::new(
+        engine,
+        std::sync::Arc::new(api::ToyCodec),
+        ControlHandle::new("t"),
+        metrics,
+        Telemetry::disabled(),
+        api::ApiOptions {
+            model_name: "toy".into(),
+            ..api::ApiOptions::default()
+        },
+    );
+    st.set_ready(true);
+    let app = api::router(st);
+    let body = json!({"model": "toy", "prompt": "a b c", "max_tokens": 200, "stream": true,
+                      "ignore_eos": true});
+    let (status, _, bytes) = tokio::time::timeout(
+        Duration::from_secs(10),
+        call(&app, "POST", "/v1/completions", &[], body.to_string()),
+    )
+    .await
+    .expect("the stream hung after the engine died");
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8(bytes).unwrap();
+    let errors: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v.get("error").is_some())
+        .collect();
+    assert_eq!(errors.len(), 1, "{text}");
+    assert_eq!(errors[0]["error"]["code"], "engine_stopped", "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    // The engine thread has ended (its panic is caught and logged, not propagated).
+    thread
+        .join()
+        .expect("the engine thread catches its own panic");
+    // Later requests are answered at once, not queued on a dead engine.
+    let (status, _, v) = tokio::time::timeout(
+        Duration::from_secs(5),
+        post_json(
+            &app,
+            "/v1/completions",
+            &[],
+            json!({"model": "toy", "prompt": "x"}),
+        ),
+    )
+    .await
+    .expect("a request to a dead engine hung");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+}
