@@ -17,6 +17,7 @@ command -v clickhouse-client >/dev/null || need+=(clickhouse-client)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v chromium >/dev/null || need+=(chromium)
 command -v curl >/dev/null || need+=(curl)
+command -v openssl >/dev/null || need+=(openssl)   # tests/redis_tls.rs makes its certificates
 if [ ${#need[@]} -gt 0 ]; then
   log "installing: ${need[*]}"
   $SUDO apt-get update -qq
