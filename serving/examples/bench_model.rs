@@ -21,13 +21,13 @@ fn main() -> anyhow::Result<()> {
             h.route, h.generated, h.elapsed_ms
         );
     }
-    let mut report = bench_model(
-        &model,
-        &[Route::Primary, Route::Fallback],
-        &batches,
-        steps,
-        ttft,
-    )?;
+    // BENCH_ROUTES=primary (or fallback) measures one route only (e.g. under a profiler).
+    let routes: Vec<Route> = match std::env::var("BENCH_ROUTES").as_deref() {
+        Ok("primary") => vec![Route::Primary],
+        Ok("fallback") => vec![Route::Fallback],
+        _ => vec![Route::Primary, Route::Fallback],
+    };
+    let mut report = bench_model(&model, &routes, &batches, steps, ttft)?;
     if std::env::var_os("BENCH_MATMUL").is_some() {
         // SmolLM2's gate+up matrix: 3072 × 576.
         report.rows.extend(bench_matmul(3072, 576, &[1, 32], 20));

@@ -1,7 +1,8 @@
 //! Picks the f32 register-tile shape: `cargo run --release -p brownout-serving --example bench_tiles`.
 //! Single-threaded; reports GFLOP per CPU-second (steadier than wall time on a shared machine).
+//! The last line of each batch is the `gemm` crate on the same matrix.
 
-use brownout_serving::model::cpu::{Matrix, matmul_f32_shape};
+use brownout_serving::model::cpu::{MatData, Matrix, gemm_f32, matmul_f32_shape};
 use brownout_serving::model::cpu_seconds;
 
 fn main() {
@@ -32,5 +33,25 @@ fn main() {
                 gflop / wall
             );
         }
+        // The gemm crate, also single-threaded, into y[token][row].
+        let mut y = vec![0f32; n * rows];
+        let MatData::F32(d) = &m.data else {
+            unreachable!()
+        };
+        gemm_f32(d, rows, cols, &x, n, &mut y, gemm::Parallelism::None);
+        let reps = 2000 / n.max(1) + 10;
+        let c0 = cpu_seconds().unwrap_or(0.0);
+        let t0 = std::time::Instant::now();
+        for _ in 0..reps {
+            gemm_f32(d, rows, cols, &x, n, &mut y, gemm::Parallelism::None);
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let cpu = (cpu_seconds().unwrap_or(0.0) - c0).max(0.01);
+        let gflop = 2.0 * (rows * cols * n * reps) as f64 / 1e9;
+        println!(
+            "batch {n:2} gemm crate: {:6.1} GFLOP/CPU-s  {:6.1} GFLOP/s wall",
+            gflop / cpu,
+            gflop / wall
+        );
     }
 }

@@ -207,7 +207,7 @@ pub fn bench_matmul(rows: usize, cols: usize, batches: &[usize], reps: usize) ->
     ];
     let mut out = Vec::new();
     for (name, m) in &mats {
-        for kernel in [Kernel::Tiled, Kernel::Simple] {
+        for kernel in [Kernel::Tiled, Kernel::Simple, Kernel::Gemm] {
             for &n in batches {
                 let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
                 let mut y = vec![0f32; n * rows];

@@ -203,6 +203,129 @@ pub enum Kernel {
     Tiled,
     /// f32: one row × 4 tokens; quantised: dequantise each row to f32 first.
     Simple,
+    /// f32: the `gemm` crate (packed operands, cache blocking, outer-product micro-kernels);
+    /// quantised matrices use [`Kernel::Tiled`].
+    Gemm,
+}
+
+impl Kernel {
+    /// The kernel [`matmul`] uses: `BROWNOUT_MATMUL=gemm|tiled|simple` (read once), default
+    /// [`Kernel::Gemm`] — the faster at batch 8–32 and in prefill (docs/BENCHMARKS.md); f32
+    /// results then depend on the problem size in the last bits, where [`Kernel::Tiled`] sums
+    /// every (row, token) in the same order whatever the batch.
+    pub fn from_env() -> Kernel {
+        static K: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+        *K.get_or_init(|| match std::env::var("BROWNOUT_MATMUL").as_deref() {
+            Ok("tiled") => Kernel::Tiled,
+            Ok("simple") => Kernel::Simple,
+            _ => Kernel::Gemm,
+        })
+    }
+}
+
+/// A pointer handed to the tasks of [`gemm_rows_parallel`], each writing its own columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: the tasks write disjoint column ranges of the same output (see gemm_rows_parallel).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// [`gemm_f32`] split by weight rows over `threads` rayon tasks, each single-threaded gemm into
+/// its own columns of `y` (the crate's own threading splits small-K problems less evenly).
+fn gemm_rows_parallel(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    threads: usize,
+) {
+    assert_eq!(w.len(), rows * cols, "gemm: w shape");
+    assert_eq!(x.len(), n * cols, "gemm: x shape");
+    assert_eq!(y.len(), n * rows, "gemm: y shape");
+    // Rows per task: a multiple of 16 (gemm's f32 micro-kernel width on AVX2), two tasks per
+    // thread for balance.
+    let per = rows.div_ceil(threads * 2).div_ceil(16).max(1) * 16;
+    let out = OutPtr(y.as_mut_ptr());
+    let s = |v: usize| isize::try_from(v).expect("matrix dimension fits isize");
+    (0..rows.div_ceil(per)).into_par_iter().for_each(|i| {
+        let r0 = i * per;
+        let r1 = (r0 + per).min(rows);
+        let out = out;
+        // SAFETY: dst starts at column r0 of the n×rows output (row stride `rows`) and spans
+        // columns r0..r1 only, which no other task writes; lhs is x (n×cols), rhs the cols×(r1-r0)
+        // view of rows r0..r1 of w. All ranges are inside the slices asserted above.
+        unsafe {
+            gemm::gemm(
+                n,
+                r1 - r0,
+                cols,
+                out.0.add(r0),
+                1,
+                s(rows),
+                false,
+                x.as_ptr(),
+                1,
+                s(cols),
+                w.as_ptr().add(r0 * cols),
+                s(cols),
+                1,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+    });
+}
+
+/// `y[n][rows] = x[n][cols] · wᵀ` for an f32 `w` (`rows × cols`, row-major) with the `gemm` crate.
+///
+/// # Panics
+/// If the slices do not match the shapes.
+pub fn gemm_f32(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    parallelism: gemm::Parallelism,
+) {
+    assert_eq!(w.len(), rows * cols, "gemm_f32: w shape");
+    assert_eq!(x.len(), n * cols, "gemm_f32: x shape");
+    assert_eq!(y.len(), n * rows, "gemm_f32: y shape");
+    let s = |v: usize| isize::try_from(v).expect("matrix dimension fits isize");
+    // SAFETY: dst is n×rows with row stride `rows`, lhs n×cols with row stride `cols`, rhs the
+    // cols×rows view of w (element (k, r) at r·cols + k); all three lengths were asserted above,
+    // and dst does not alias the inputs (distinct borrows).
+    unsafe {
+        gemm::gemm(
+            n,
+            rows,
+            cols,
+            y.as_mut_ptr(),
+            1,
+            s(rows),
+            false,
+            x.as_ptr(),
+            1,
+            s(cols),
+            w.as_ptr(),
+            s(cols),
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
 }
 
 /// `y[n][w.rows] = x[n][w.cols] · wᵀ`.
@@ -210,7 +333,7 @@ pub enum Kernel {
 /// # Panics
 /// If the slices do not match the shapes (a broken invariant in the caller).
 pub fn matmul(x: &[f32], n: usize, w: &Matrix, y: &mut [f32]) {
-    matmul_with(Kernel::Tiled, x, n, w, y);
+    matmul_with(Kernel::from_env(), x, n, w, y);
 }
 
 /// [`matmul`] with a chosen kernel.
@@ -224,6 +347,14 @@ pub fn matmul_with(kernel: Kernel, x: &[f32], n: usize, w: &Matrix, y: &mut [f32
         return;
     }
     let threads = rayon::current_num_threads().max(1);
+    let kernel = match (&w.data, kernel) {
+        (MatData::F32(d), Kernel::Gemm) => {
+            gemm_rows_parallel(d, w.rows, w.cols, x, n, y, threads);
+            return;
+        }
+        (_, Kernel::Gemm) => Kernel::Tiled,
+        (_, k) => k,
+    };
     // Enough tasks to balance, rows per task a multiple of 8, at least 16.
     let per = (w.rows.div_ceil(threads * 4)).max(16).div_ceil(8) * 8;
     let qx = match (&w.data, kernel) {
