@@ -2,7 +2,7 @@
 //! Single-threaded; reports GFLOP per CPU-second (steadier than wall time on a shared machine).
 //! The last line of each batch is the `gemm` crate on the same matrix.
 
-use brownout_serving::model::cpu::{MatData, Matrix, gemm_f32, matmul_f32_shape};
+use brownout_serving::model::cpu::{MatData, Matrix, gemm_f32, matmul_f32_shape, packed_matmul};
 use brownout_serving::model::cpu_seconds;
 
 fn main() {
@@ -50,6 +50,24 @@ fn main() {
         let gflop = 2.0 * (rows * cols * n * reps) as f64 / 1e9;
         println!(
             "batch {n:2} gemm crate: {:6.1} GFLOP/CPU-s  {:6.1} GFLOP/s wall",
+            gflop / cpu,
+            gflop / wall
+        );
+        // Our packed panels (16 rows x up to 6 tokens), also single-threaded.
+        let pm = m.clone().packed();
+        let MatData::Packed(pd) = &pm.data else {
+            unreachable!()
+        };
+        packed_matmul(pd, rows, cols, &x, n, &mut y, 1);
+        let c0 = cpu_seconds().unwrap_or(0.0);
+        let t0 = std::time::Instant::now();
+        for _ in 0..reps {
+            packed_matmul(pd, rows, cols, &x, n, &mut y, 1);
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let cpu = (cpu_seconds().unwrap_or(0.0) - c0).max(0.01);
+        println!(
+            "batch {n:2} packed 16x6: {:6.1} GFLOP/CPU-s  {:6.1} GFLOP/s wall",
             gflop / cpu,
             gflop / wall
         );

@@ -1,7 +1,7 @@
 //! CPU kernels: dequantisation known answers, matmul against a plain f64 reference, and the
 //! property that batching never changes a result bit.
 
-use brownout_serving::model::cpu::{Kernel, MatData, Matrix, matmul, matmul_with};
+use brownout_serving::model::cpu::{Kernel, MatData, Matrix, matmul_with};
 use brownout_serving::model::gguf::GgmlType;
 use brownout_serving::model::quant::{dequantize, quantize};
 use half::f16;
@@ -109,8 +109,14 @@ fn f32_matmul_matches_f64_reference_for_odd_shapes() {
         for n in [1, 2, 3, 4, 5, 7, 9, 50] {
             let x = seeded(n * cols, n as u64);
             let want = reference(&x, n, &w, rows, cols);
-            for kernel in [Kernel::Tiled, Kernel::Simple, Kernel::Gemm] {
+            for kernel in [Kernel::Tiled, Kernel::Simple, Kernel::Gemm, Kernel::Packed] {
                 let mut y = vec![0f32; n * rows];
+                // The packed kernel runs on matrices packed at load.
+                let m = if kernel == Kernel::Packed {
+                    m.clone().packed()
+                } else {
+                    m.clone()
+                };
                 matmul_with(kernel, &x, n, &m, &mut y);
                 for (a, b) in y.iter().zip(&want) {
                     assert!(
@@ -175,18 +181,23 @@ fn a_token_gets_the_same_bits_alone_as_in_any_batch() {
     ];
     let n = 53;
     let x = seeded(n * cols, 5);
-    // The tiled kernels sum each (row, token) in the same order whatever the batch: same bits.
-    // The gemm crate (the default f32 kernel) blocks by problem size: equal within 1e-5 of the
-    // row's magnitude, not bit for bit (quantised matrices always take the tiled path).
-    for kernel in [Kernel::Tiled, Kernel::Gemm] {
+    // The tiled and packed kernels sum each (row, token) in the same order whatever the batch:
+    // same bits. The gemm crate blocks by problem size: equal within 1e-5 of the row's
+    // magnitude, not bit for bit (quantised matrices always take the tiled path).
+    for kernel in [Kernel::Tiled, Kernel::Packed, Kernel::Gemm] {
         for m in &mats {
+            let m = &if kernel == Kernel::Packed {
+                m.clone().packed()
+            } else {
+                m.clone()
+            };
             let mut all = vec![0f32; n * rows];
             matmul_with(kernel, &x, n, m, &mut all);
             for t in [0, 1, 2, 3, 25, 52] {
                 let mut one = vec![0f32; rows];
                 matmul_with(kernel, &x[t * cols..(t + 1) * cols], 1, m, &mut one);
                 let batched = &all[t * rows..(t + 1) * rows];
-                let exact = kernel == Kernel::Tiled || !matches!(m.data, MatData::F32(_));
+                let exact = kernel != Kernel::Gemm || !matches!(m.data, MatData::F32(_));
                 if exact {
                     assert_eq!(one[..], batched[..], "{kernel:?} token {t}");
                 } else {

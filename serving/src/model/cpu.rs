@@ -5,8 +5,9 @@
 //! than a batch of 1. Rows are split across rayon's threads. On x86-64 with AVX2+FMA the inner
 //! loops are compiled a second time with those features enabled and picked at run time.
 //!
-//! Every (row, token) dot product is summed in the same order whatever the batch size or the
-//! token's place in it, so batching never changes a result bit.
+//! With the default kernels (packed f32, integer quantised) every (row, token) dot product is
+//! summed in the same order whatever the batch size or the token's place in it, so batching
+//! never changes a result bit; `BROWNOUT_MATMUL=gemm` trades that for the `gemm` crate.
 //!
 //! The fallback route's quantised matrices multiply in integers: activations are quantised to 8
 //! bits per block of 32 (one scale each) and each block's dot product is exact in i32 (AVX2
@@ -33,7 +34,14 @@ pub enum MatData {
     Quant(GgmlType, Vec<u8>),
     /// Quantised blocks split for the integer kernel (see [`Prepared`]).
     Prepared(Box<Prepared>),
+    /// f32 packed for the [`Kernel::Packed`] micro-kernel: panels of [`PANEL`] rows (the last
+    /// padded with zeros), each stored k-major: for every input column `k`, the panel's
+    /// [`PANEL`] weights of that column side by side.
+    Packed(Vec<f32>),
 }
+
+/// Rows per packed panel: two AVX2 registers of f32.
+pub const PANEL: usize = 16;
 
 /// Q4_0/Q4_1/Q8_0 blocks with the f16 scales already converted: `qs` holds each block's packed
 /// values (16 bytes of nibbles for Q4_x, 32 signed bytes for Q8_0), `d`/`m` one f32 each per
@@ -122,12 +130,13 @@ impl Matrix {
             MatData::F32(v) => v.len() * 4,
             MatData::Quant(_, v) => v.len(),
             MatData::Prepared(p) => p.qs.len() + (p.d.len() + p.m.len()) * 4,
+            MatData::Packed(v) => v.len() * 4,
         }
     }
 
     pub fn type_name(&self) -> &'static str {
         match &self.data {
-            MatData::F32(_) => "F32",
+            MatData::F32(_) | MatData::Packed(_) => "F32",
             MatData::Quant(t, _) => t.name(),
             MatData::Prepared(p) => p.ty.name(),
         }
@@ -147,6 +156,51 @@ impl Matrix {
                     p.dequant_block(r * bpr + i, o);
                 }
             }
+            MatData::Packed(v) => {
+                let panel = &v[r / PANEL * PANEL * self.cols..];
+                for (k, o) in out.iter_mut().enumerate() {
+                    *o = panel[k * PANEL + r % PANEL];
+                }
+            }
+        }
+    }
+
+    /// f32 matrices packed for [`Kernel::Packed`]; others unchanged.
+    pub fn packed(self) -> Matrix {
+        let MatData::F32(v) = &self.data else {
+            return self;
+        };
+        let (rows, cols) = (self.rows, self.cols);
+        let panels = rows.div_ceil(PANEL);
+        let mut p = vec![0f32; panels * PANEL * cols];
+        for r in 0..rows {
+            let base = r / PANEL * PANEL * cols + r % PANEL;
+            for (k, &w) in v[r * cols..(r + 1) * cols].iter().enumerate() {
+                p[base + k * PANEL] = w;
+            }
+        }
+        Matrix {
+            rows,
+            cols,
+            data: MatData::Packed(p),
+        }
+    }
+
+    /// The weights row-major (`rows × cols`), borrowed when they are stored that way.
+    ///
+    /// # Panics
+    /// For quantised matrices.
+    pub fn row_major_f32(&self) -> std::borrow::Cow<'_, [f32]> {
+        match &self.data {
+            MatData::F32(v) => std::borrow::Cow::Borrowed(v),
+            MatData::Packed(_) => {
+                let mut out = vec![0f32; self.rows * self.cols];
+                for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+                    self.row_f32(r, row);
+                }
+                std::borrow::Cow::Owned(out)
+            }
+            _ => panic!("row_major_f32: {} matrix", self.type_name()),
         }
     }
 
@@ -189,7 +243,9 @@ impl Matrix {
                 }
                 MatData::Quant(*t, v)
             }
-            MatData::Prepared(_) => panic!("concat_rows: concatenate before preparing"),
+            MatData::Prepared(_) | MatData::Packed(_) => {
+                panic!("concat_rows: concatenate before preparing or packing")
+            }
         };
         Matrix { rows, cols, data }
     }
@@ -206,20 +262,207 @@ pub enum Kernel {
     /// f32: the `gemm` crate (packed operands, cache blocking, outer-product micro-kernels);
     /// quantised matrices use [`Kernel::Tiled`].
     Gemm,
+    /// f32 packed once at load ([`MatData::Packed`]): a 16-row × up-to-6-token outer-product
+    /// micro-kernel, each (row, token) summed in `k` order whatever the batch. Matrices not
+    /// packed use [`Kernel::Gemm`].
+    Packed,
 }
 
 impl Kernel {
-    /// The kernel [`matmul`] uses: `BROWNOUT_MATMUL=gemm|tiled|simple` (read once), default
-    /// [`Kernel::Gemm`] — the faster at batch 8–32 and in prefill (docs/BENCHMARKS.md); f32
-    /// results then depend on the problem size in the last bits, where [`Kernel::Tiled`] sums
-    /// every (row, token) in the same order whatever the batch.
+    /// The kernel [`matmul`] uses: `BROWNOUT_MATMUL=packed|gemm|tiled|simple` (read once),
+    /// default [`Kernel::Packed`] — the fastest in decode (docs/BENCHMARKS.md). With
+    /// [`Kernel::Gemm`] f32 results depend on the problem size in the last bits; the packed and
+    /// tiled kernels sum every (row, token) in the same order whatever the batch.
     pub fn from_env() -> Kernel {
         static K: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
         *K.get_or_init(|| match std::env::var("BROWNOUT_MATMUL").as_deref() {
             Ok("tiled") => Kernel::Tiled,
             Ok("simple") => Kernel::Simple,
-            _ => Kernel::Gemm,
+            Ok("gemm") => Kernel::Gemm,
+            _ => Kernel::Packed,
         })
+    }
+}
+
+/// `y[n][rows] = x[n][cols] · wᵀ` for a [`MatData::Packed`] matrix: panels split over rayon
+/// tasks, tokens in blocks of [`TOKEN_BLOCK`] (kept in cache while the task's panels stream by).
+///
+/// # Panics
+/// If the slices do not match the shapes.
+pub fn packed_matmul(
+    p: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    threads: usize,
+) {
+    let panels = rows.div_ceil(PANEL);
+    assert_eq!(p.len(), panels * PANEL * cols, "packed_matmul: w shape");
+    assert_eq!(x.len(), n * cols, "packed_matmul: x shape");
+    assert_eq!(y.len(), n * rows, "packed_matmul: y shape");
+    let per = panels.div_ceil(threads.max(1) * 2).max(1);
+    let out = OutPtr(y.as_mut_ptr());
+    (0..panels.div_ceil(per)).into_par_iter().for_each(|i| {
+        // Capture the whole `OutPtr` (Send), not its raw-pointer field (edition 2021 closures
+        // capture fields).
+        #[allow(clippy::redundant_locals)]
+        let out = out;
+        let (p0, p1) = (i * per, ((i + 1) * per).min(panels));
+        let mut tb = 0;
+        while tb < n {
+            let te = (tb + TOKEN_BLOCK).min(n);
+            for pi in p0..p1 {
+                let panel = &p[pi * PANEL * cols..(pi + 1) * PANEL * cols];
+                let r0 = pi * PANEL;
+                let valid = (rows - r0).min(PANEL);
+                // SAFETY: this task alone writes columns r0..r0+valid of y (its own panels).
+                unsafe { panel_tokens(panel, cols, x, tb, te, out, rows, r0, valid) };
+            }
+            tb = te;
+        }
+    });
+}
+
+/// One panel against tokens `t0..t1` (at most [`TOKEN_BLOCK`]), 6 tokens at a time (then the
+/// tail), in chunks of [`KC`] input columns so that a chunk of the panel and of the tokens stays
+/// in L1. Partial sums are carried across chunks and each lane adds its products in `k` order,
+/// so the result does not depend on the chunking or on the batch.
+///
+/// # Safety
+/// `out` must point at an `n × rows` output of which the caller owns columns
+/// `r0..r0 + valid` for tokens `t0..t1`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_tokens(
+    panel: &[f32],
+    cols: usize,
+    x: &[f32],
+    t0: usize,
+    t1: usize,
+    out: OutPtr,
+    rows: usize,
+    r0: usize,
+    valid: usize,
+) {
+    const GROUPS: usize = TOKEN_BLOCK.div_ceil(6);
+    let groups = (t1 - t0).div_ceil(6);
+    assert!(
+        groups <= GROUPS,
+        "panel_tokens: more than TOKEN_BLOCK tokens"
+    );
+    let mut accs = [[[0f32; PANEL]; 6]; GROUPS];
+    let mut k0 = 0;
+    while k0 < cols {
+        let k1 = (k0 + KC).min(cols);
+        for (g, acc) in accs.iter_mut().enumerate().take(groups) {
+            let t = t0 + g * 6;
+            let nt = (t1 - t).min(6);
+            #[cfg(target_arch = "x86_64")]
+            {
+                if has_avx2_fma() {
+                    // SAFETY: AVX2+FMA just detected; the slices bound every access.
+                    unsafe {
+                        match nt {
+                            6 => panel_avx2::<6>(panel, cols, x, t, k0, k1, acc),
+                            5 => panel_avx2::<5>(panel, cols, x, t, k0, k1, acc),
+                            4 => panel_avx2::<4>(panel, cols, x, t, k0, k1, acc),
+                            3 => panel_avx2::<3>(panel, cols, x, t, k0, k1, acc),
+                            2 => panel_avx2::<2>(panel, cols, x, t, k0, k1, acc),
+                            _ => panel_avx2::<1>(panel, cols, x, t, k0, k1, acc),
+                        }
+                    }
+                } else {
+                    panel_scalar(panel, cols, x, t, nt, k0, k1, acc);
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            panel_scalar(panel, cols, x, t, nt, k0, k1, acc);
+        }
+        k0 = k1;
+    }
+    for (g, acc) in accs.iter().enumerate().take(groups) {
+        let t = t0 + g * 6;
+        let nt = (t1 - t).min(6);
+        for (j, a) in acc.iter().enumerate().take(nt) {
+            // SAFETY: row t + j of the output, columns r0..r0+valid: in bounds, owned by us.
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(out.0.add((t + j) * rows + r0), valid) };
+            dst.copy_from_slice(&a[..valid]);
+        }
+    }
+}
+
+/// Input columns per chunk of the packed kernel: 256 × 16 weights (16 KiB) plus six tokens'
+/// 1 KiB slices fit in a 32 KiB L1 with room to spare.
+const KC: usize = 256;
+
+/// Same arithmetic as the AVX2 kernel (one fused multiply-add per (row, token, k), in `k`
+/// order, continuing the sums in `acc`), for machines without AVX2+FMA.
+#[allow(clippy::too_many_arguments)]
+fn panel_scalar(
+    panel: &[f32],
+    cols: usize,
+    x: &[f32],
+    t: usize,
+    nt: usize,
+    k0: usize,
+    k1: usize,
+    acc: &mut [[f32; PANEL]; 6],
+) {
+    for (j, a) in acc.iter_mut().enumerate().take(nt) {
+        let xr = &x[(t + j) * cols..(t + j + 1) * cols];
+        for (k, &xv) in xr.iter().enumerate().take(k1).skip(k0) {
+            let w = &panel[k * PANEL..(k + 1) * PANEL];
+            for l in 0..PANEL {
+                a[l] = w[l].mul_add(xv, a[l]);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+unsafe fn panel_avx2<const NT: usize>(
+    panel: &[f32],
+    cols: usize,
+    x: &[f32],
+    t: usize,
+    k0: usize,
+    k1: usize,
+    acc: &mut [[f32; PANEL]; 6],
+) {
+    use std::arch::x86_64::{
+        _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+    };
+    assert!(panel.len() >= cols * PANEL && x.len() >= (t + NT) * cols && k1 <= cols);
+    let xs: [&[f32]; NT] = std::array::from_fn(|j| &x[(t + j) * cols..(t + j + 1) * cols]);
+    // SAFETY (both): acc[j] holds 16 floats.
+    let mut a0: [_; NT] = std::array::from_fn(|j| unsafe { _mm256_loadu_ps(acc[j].as_ptr()) });
+    let mut a1: [_; NT] =
+        std::array::from_fn(|j| unsafe { _mm256_loadu_ps(acc[j].as_ptr().add(8)) });
+    let wp = panel.as_ptr();
+    for k in k0..k1 {
+        // SAFETY: k * 16 + 16 <= cols * 16 <= panel.len() (asserted above).
+        let (w0, w1) = unsafe {
+            (
+                _mm256_loadu_ps(wp.add(k * PANEL)),
+                _mm256_loadu_ps(wp.add(k * PANEL + 8)),
+            )
+        };
+        for j in 0..NT {
+            let xb = _mm256_broadcast_ss(&xs[j][k]);
+            a0[j] = _mm256_fmadd_ps(w0, xb, a0[j]);
+            a1[j] = _mm256_fmadd_ps(w1, xb, a1[j]);
+        }
+    }
+    for j in 0..NT {
+        // SAFETY: acc[j] holds 16 floats.
+        unsafe {
+            _mm256_storeu_ps(acc[j].as_mut_ptr(), a0[j]);
+            _mm256_storeu_ps(acc[j].as_mut_ptr().add(8), a1[j]);
+        }
     }
 }
 
@@ -253,6 +496,9 @@ fn gemm_rows_parallel(
     (0..rows.div_ceil(per)).into_par_iter().for_each(|i| {
         let r0 = i * per;
         let r1 = (r0 + per).min(rows);
+        // Capture the whole `OutPtr` (Send), not its raw-pointer field (edition 2021 closures
+        // capture fields).
+        #[allow(clippy::redundant_locals)]
         let out = out;
         // SAFETY: dst starts at column r0 of the n×rows output (row stride `rows`) and spans
         // columns r0..r1 only, which no other task writes; lhs is x (n×cols), rhs the cols×(r1-r0)
@@ -347,12 +593,16 @@ pub fn matmul_with(kernel: Kernel, x: &[f32], n: usize, w: &Matrix, y: &mut [f32
         return;
     }
     let threads = rayon::current_num_threads().max(1);
+    if let MatData::Packed(p) = &w.data {
+        packed_matmul(p, w.rows, w.cols, x, n, y, threads);
+        return;
+    }
     let kernel = match (&w.data, kernel) {
-        (MatData::F32(d), Kernel::Gemm) => {
+        (MatData::F32(d), Kernel::Gemm | Kernel::Packed) => {
             gemm_rows_parallel(d, w.rows, w.cols, x, n, y, threads);
             return;
         }
-        (_, Kernel::Gemm) => Kernel::Tiled,
+        (_, Kernel::Gemm | Kernel::Packed) => Kernel::Tiled,
         (_, k) => k,
     };
     // Enough tasks to balance, rows per task a multiple of 8, at least 16.
@@ -446,6 +696,7 @@ fn rows_task_impl<const FMA: bool>(
 ) {
     let cols = w.cols;
     match &w.data {
+        MatData::Packed(_) => unreachable!("packed matrices go through packed_matmul"),
         MatData::F32(d) if kernel == Kernel::Tiled => {
             tiled_f32::<FMA>(&d[r0 * cols..r1 * cols], cols, x, n, out);
         }

@@ -207,12 +207,29 @@ impl RouteWeights {
                 *m = std::mem::replace(m, Matrix::f32(0, 0, Vec::new())).prepared();
             }
         }
-        Ok(RouteWeights {
+        let mut w = RouteWeights {
             embed: mat("token_embd.weight", hp.vocab_size, h)?.prepared(),
             layers,
             out_norm: vec("output_norm.weight", h)?,
             head: head.map(Matrix::prepared),
-        })
+        };
+        // f32 matrices are packed once for the CPU micro-kernel (unless BROWNOUT_MATMUL picks
+        // another kernel); quantised ones are left alone.
+        if cpu::Kernel::from_env() == cpu::Kernel::Packed {
+            let take = |m: &mut Matrix| {
+                *m = std::mem::replace(m, Matrix::f32(0, 0, Vec::new())).packed();
+            };
+            for l in &mut w.layers {
+                for m in [&mut l.wqkv, &mut l.wo, &mut l.w_gate_up, &mut l.w_down] {
+                    take(m);
+                }
+            }
+            take(&mut w.embed);
+            if let Some(hd) = w.head.as_mut() {
+                take(hd);
+            }
+        }
+        Ok(w)
     }
 
     pub fn bytes(&self) -> usize {

@@ -40,9 +40,10 @@ pub fn rope_table(hp: &HyperParams) -> (Vec<f32>, usize, usize) {
     (table, half, max_pos)
 }
 
-fn f32_rows<'a>(m: &'a Matrix, name: &str) -> Result<&'a [f32], String> {
+fn f32_rows<'a>(m: &'a Matrix, name: &str) -> Result<std::borrow::Cow<'a, [f32]>, String> {
     match &m.data {
-        MatData::F32(v) => Ok(v),
+        // Packed (CPU micro-kernel layout): unpacked once for the upload.
+        MatData::F32(_) | MatData::Packed(_) => Ok(m.row_major_f32()),
         _ => Err(format!(
             "{name} is {} on the primary route; the CUDA backend needs f32",
             m.type_name()
@@ -117,16 +118,16 @@ impl CudaModel {
         for (i, l) in w.layers.iter().enumerate() {
             layers.push(DevLayer {
                 attn_norm: up(&l.attn_norm, "attn_norm")?,
-                wqkv: up(f32_rows(&l.wqkv, "wqkv")?, &format!("blk.{i}.wqkv"))?,
-                wo: up(f32_rows(&l.wo, "wo")?, &format!("blk.{i}.wo"))?,
+                wqkv: up(&f32_rows(&l.wqkv, "wqkv")?, &format!("blk.{i}.wqkv"))?,
+                wo: up(&f32_rows(&l.wo, "wo")?, &format!("blk.{i}.wo"))?,
                 ffn_norm: up(&l.ffn_norm, "ffn_norm")?,
-                w_gate_up: up(f32_rows(&l.w_gate_up, "w_gate_up")?, "w_gate_up")?,
-                w_down: up(f32_rows(&l.w_down, "w_down")?, "w_down")?,
+                w_gate_up: up(&f32_rows(&l.w_gate_up, "w_gate_up")?, "w_gate_up")?,
+                w_down: up(&f32_rows(&l.w_down, "w_down")?, "w_down")?,
             });
         }
-        let embed = up(f32_rows(&w.embed, "token_embd")?, "token_embd")?;
+        let embed = up(&f32_rows(&w.embed, "token_embd")?, "token_embd")?;
         let head = match &w.head {
-            Some(m) => Some(up(f32_rows(m, "output")?, "output")?),
+            Some(m) => Some(up(&f32_rows(m, "output")?, "output")?),
             None => None,
         };
         let out_norm = up(&w.out_norm, "output_norm")?;
