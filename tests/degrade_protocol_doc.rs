@@ -50,11 +50,16 @@ fn ack_examples_parse() {
         .into_iter()
         .find(|b| b.contains("nack:"))
         .expect("ack example block");
+    // "<instance> <value>", each value sealed with the documented test key for that instance.
     let acks: Vec<Ack> = text
         .lines()
         .filter(|l| !l.trim().is_empty())
-        .map(|l| l.parse().expect(l))
+        .map(|l| {
+            let (inst, v) = l.split_once(' ').expect(l);
+            Ack::parse_signed(v, b"brownout-test-key-0001", inst).expect(l)
+        })
         .collect();
+    assert_eq!(acks.len(), 3);
     assert!(matches!(
         acks[0],
         Ack::Applied {
