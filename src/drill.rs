@@ -92,6 +92,8 @@ pub enum Fault {
     Shell(String),
     /// In-process (tests): kill a child process, stop a server.
     Call(Box<dyn FnMut() -> anyhow::Result<()> + Send>),
+    /// In-process and asynchronous (tests): restart a server and wait for it.
+    Async(Box<dyn FnMut() -> futures::future::BoxFuture<'static, anyhow::Result<()>> + Send>),
 }
 
 impl std::fmt::Debug for Fault {
@@ -99,6 +101,7 @@ impl std::fmt::Debug for Fault {
         match self {
             Fault::Shell(c) => write!(f, "Shell({c:?})"),
             Fault::Call(_) => f.write_str("Call(..)"),
+            Fault::Async(_) => f.write_str("Async(..)"),
         }
     }
 }
@@ -123,6 +126,7 @@ impl Fault {
                 Ok(())
             }
             Fault::Call(f) => f(),
+            Fault::Async(f) => f().await,
         }
     }
 }

@@ -55,6 +55,8 @@ pub struct PlaneOptions {
     /// Extra routes merged as they are (they bring their own auth).
     pub extra: Option<Router>,
     pub slo_interval: Duration,
+    /// This replica's name in the leader lease; `None`: `<hostname>-<pid>`.
+    pub replica_id: Option<String>,
 }
 
 impl PlaneOptions {
@@ -81,6 +83,7 @@ impl PlaneOptions {
             ui: Some(crate::web::model::DataOrigin::Live),
             extra: None,
             slo_interval: Duration::from_secs(2),
+            replica_id: None,
         })
     }
 }
@@ -127,7 +130,10 @@ impl Plane {
         let slo = SloHandle::new(Evaluator::new(opts.slos));
         let slo_metrics = SloMetrics::register(registry).context("registering SLO metrics")?;
         let mut dcfg = DegradeConfig::new(&opts.cluster, &opts.command_key, opts.policy);
-        dcfg.replica_id = format!("{}-{}", hostname(), std::process::id());
+        dcfg.replica_id = opts
+            .replica_id
+            .clone()
+            .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
         let degrade =
             DegradeHandle::new(dcfg, registry).context("registering degradation metrics")?;
         {

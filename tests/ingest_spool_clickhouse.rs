@@ -423,3 +423,57 @@ async fn full_spool_answers_503_with_retry_after() {
     );
     run.stop().await.unwrap();
 }
+
+/// `brownout drill clickhouse-kill`'s function against this server: the store is killed, 300
+/// failure events are sent while it is down, it comes back, and each event is stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clickhouse_kill_drill_stores_every_event_exactly_once() {
+    let ch_dir = tempfile::tempdir().unwrap();
+    let cp_dir = tempfile::tempdir().unwrap();
+    let mut ch = OwnClickHouse::new(ch_dir.path());
+    ch.start().await;
+    let prefix = format!("drill_{}_", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let run = start_cp(config(cp_dir.path(), &ch.url(), &prefix, 64 << 20)).await;
+    let ch = Arc::new(tokio::sync::Mutex::new(ch));
+    let (k, r) = (Arc::clone(&ch), Arc::clone(&ch));
+    let mut kill = brownout::drill::Fault::Async(Box::new(move || {
+        let k = Arc::clone(&k);
+        Box::pin(async move {
+            k.lock().await.kill();
+            Ok(())
+        })
+    }));
+    let mut recover = brownout::drill::Fault::Async(Box::new(move || {
+        let r = Arc::clone(&r);
+        Box::pin(async move {
+            r.lock().await.start().await;
+            Ok(())
+        })
+    }));
+    let target = brownout::drill::Target {
+        plane: format!("http://{}", run.http_addr),
+        read_token: Some(READ.into()),
+        admin_token: None,
+        ingest_token: Some(INGEST.into()),
+    };
+    let rep = brownout::drill::clickhouse_kill(
+        &target,
+        &mut kill,
+        Some(&mut recover),
+        300,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    eprintln!("{}", rep.render());
+    assert!(rep.passed, "{}", rep.render());
+    assert!(
+        rep.steps
+            .iter()
+            .any(|s| s.name == "every event stored exactly once"
+                && s.detail.starts_with("300 rows, 300 distinct")),
+        "{}",
+        rep.render()
+    );
+    run.stop().await.unwrap();
+}
