@@ -222,7 +222,7 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
 
 /// The bundled serving tier's `/debug/kv` body. Every field is optional and unknown fields are
 /// ignored, so the agent keeps working while that endpoint grows; the KV figures may sit at the
-/// top level or under `"kv"`.
+/// top level, under `"kv"`, or under `"pool"` (the bundled tier).
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 pub struct DebugKv {
     #[serde(default)]
@@ -261,7 +261,13 @@ pub struct DebugKv {
 pub fn parse_debug_kv(body: &[u8]) -> Result<DebugKv, serde_json::Error> {
     let v: serde_json::Value = serde_json::from_slice(body)?;
     let mut top: DebugKv = serde_json::from_value(v.clone())?;
-    if let Some(kv) = v.get("kv").filter(|k| k.is_object()) {
+    // The bundled tier nests its pool figures under "pool" (brownout-serve's `DebugKv`); other
+    // engines may use "kv".
+    let nested = v
+        .get("kv")
+        .filter(|k| k.is_object())
+        .or_else(|| v.get("pool").filter(|k| k.is_object()));
+    if let Some(kv) = nested {
         let inner: DebugKv = serde_json::from_value(kv.clone())?;
         top = DebugKv {
             model: top.model.or(inner.model),
@@ -364,5 +370,34 @@ mod tests {
         }
         assert!(parse_debug_kv(b"[1,2]").is_err());
         assert!(parse_debug_kv(b"{").is_err());
+    }
+
+    /// The bundled tier's `/debug/kv` (brownout-serve `DebugKv`): pool figures under "pool",
+    /// serialised from the same `KvStats` type.
+    #[test]
+    fn debug_kv_reads_the_bundled_tiers_pool_object() {
+        let pool = brownout_protocol::KvStats {
+            block_size: 16,
+            num_blocks_total: 2048,
+            num_blocks_used: 512,
+            usage_ratio: 0.25,
+            internal_fragmentation_ratio: 0.125,
+            reserved_unused_ratio: 0.0,
+            token_occupancy_ratio: 0.875,
+            external_fragmentation_ratio: 0.0,
+        };
+        let body = serde_json::json!({
+            "mode": "paged", "pool": pool, "num_free_blocks": 1536, "num_cached_blocks": 0,
+            "kv_quota_blocks": 2048, "max_num_seqs": 32, "running": [1], "waiting": [],
+            "sequences": [],
+        });
+        let d = parse_debug_kv(body.to_string().as_bytes()).unwrap();
+        assert_eq!(d.block_size, Some(16));
+        assert_eq!(d.num_blocks_total, Some(2048));
+        assert_eq!(d.num_blocks_used, Some(512));
+        assert_eq!(d.usage_ratio, Some(0.25));
+        assert_eq!(d.internal_fragmentation_ratio, Some(0.125));
+        assert_eq!(d.token_occupancy_ratio, Some(0.875));
+        assert_eq!(d.max_num_seqs, Some(32));
     }
 }
