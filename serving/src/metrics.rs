@@ -47,7 +47,13 @@ pub struct Metrics {
     pub shed_total: IntCounterVec,
     pub feature_disabled_total: IntCounterVec,
     pub requests_total: IntCounterVec,
+    /// Feature names seen as label values of `requests_total` (client-chosen: capped).
+    features_seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
+
+/// Distinct `feature` label values `brownout_serving_requests_total` takes before the rest are
+/// counted as `other` (the header is client-chosen; this bounds the series).
+pub const MAX_FEATURE_LABELS: usize = 64;
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -206,12 +212,14 @@ impl Metrics {
                 IntCounterVec::new(
                     Opts::new(
                         "brownout_serving_requests_total",
-                        "Finished requests by outcome.",
+                        "Finished requests by outcome, feature (x-brownout-feature, `other` past 64 \
+                         distinct values) and criticality.",
                     ),
-                    &["model_name", "outcome"],
+                    &["model_name", "outcome", "feature", "criticality"],
                 )
                 .expect("valid"),
             ),
+            features_seen: Default::default(),
             registry: r,
         };
         // Make every labelled series exist from the start (dashboards see zeros, not gaps).
@@ -303,9 +311,24 @@ impl Metrics {
             .with_label_values(&[self.model_name.as_str(), feature])
             .inc();
     }
-    pub fn inc_outcome(&self, outcome: &str) {
+    /// Counts one finished request (`outcome`: a finish reason or `error`).
+    pub fn inc_request(&self, outcome: &str, feature: &str, criticality: &str) {
+        let feature = {
+            let mut seen = self
+                .features_seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if seen.contains(feature) {
+                feature
+            } else if seen.len() < MAX_FEATURE_LABELS {
+                seen.insert(feature.to_string());
+                feature
+            } else {
+                "other"
+            }
+        };
         self.requests_total
-            .with_label_values(&[self.model_name.as_str(), outcome])
+            .with_label_values(&[self.model_name.as_str(), outcome, feature, criticality])
             .inc();
     }
 
@@ -316,5 +339,32 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut buf)
             .expect("text encoding into a Vec cannot fail");
         String::from_utf8(buf).expect("prometheus text is UTF-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn feature_label_values_are_capped() {
+        let m = Metrics::new("m");
+        for i in 0..MAX_FEATURE_LABELS + 10 {
+            m.inc_request("stop", &format!("f{i}"), "default");
+        }
+        // A feature seen before the cap keeps its own series.
+        m.inc_request("stop", "f0", "critical");
+        let text = m.render();
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("brownout_serving_requests_total{"))
+            .count();
+        assert_eq!(series, MAX_FEATURE_LABELS + 2, "{text}");
+        assert!(text.contains(
+            "brownout_serving_requests_total{criticality=\"default\",feature=\"other\",model_name=\"m\",outcome=\"stop\"} 10"
+        ));
+        assert!(text.contains(
+            "brownout_serving_requests_total{criticality=\"critical\",feature=\"f0\",model_name=\"m\",outcome=\"stop\"} 1"
+        ));
     }
 }

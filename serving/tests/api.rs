@@ -556,6 +556,16 @@ async fn metrics_pass_promtool_and_use_vllm_names() {
         json!({"prompt": "metrics please", "max_tokens": 4}),
     )
     .await;
+    post_json(
+        &app,
+        "/v1/completions",
+        &[
+            ("x-brownout-feature", "pdf_analysis"),
+            ("x-brownout-criticality", "sheddable"),
+        ],
+        json!({"prompt": "metrics please", "max_tokens": 4}),
+    )
+    .await;
     let (s, h, raw) = call(&app, "GET", "/metrics", &[], Body::empty()).await;
     assert_eq!(s, StatusCode::OK);
     assert!(
@@ -585,12 +595,15 @@ async fn metrics_pass_promtool_and_use_vllm_names() {
         "brownout_kv_external_fragmentation_ratio{model_name=\"toy\"}",
         "brownout_serving_tier{model_name=\"toy\"} 0",
         "brownout_serving_shed_total{criticality=\"critical\",model_name=\"toy\"} 0",
+        // One finished request each, by feature and criticality (warm-up is not counted).
+        "brownout_serving_requests_total{criticality=\"default\",feature=\"\",model_name=\"toy\",outcome=\"length\"} 1",
+        "brownout_serving_requests_total{criticality=\"sheddable\",feature=\"pdf_analysis\",model_name=\"toy\",outcome=\"length\"} 1",
     ] {
         assert!(text.contains(name), "missing {name}");
     }
-    // prompt tokens of the request (14) plus warm-up (7).
+    // prompt tokens of the two requests (14 each) plus warm-up (7).
     assert!(
-        text.contains("vllm:prompt_tokens_total{model_name=\"toy\"} 21"),
+        text.contains("vllm:prompt_tokens_total{model_name=\"toy\"} 35"),
         "{text}"
     );
     // promtool 2.x lints two things the contract requires: vLLM's `vllm:` names (a colon is

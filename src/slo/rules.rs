@@ -244,10 +244,13 @@ fn ratio_expr(prom: &PromSli, secs: u64) -> String {
             error_query,
             total_query,
         } => {
+            // With no error series at all (no failures yet, or a selector that only errors
+            // would match) the quotient would be empty: count that as a ratio of 0 whenever
+            // there is traffic, so the SLI, the period burn and the budget always have a value.
+            let total = window_query(total_query, secs);
             format!(
-                "({}) / ({})",
-                window_query(error_query, secs),
-                window_query(total_query, secs)
+                "(({}) or (0 * ({total}))) / ({total})",
+                window_query(error_query, secs)
             )
         }
         PromSli::Raw { error_ratio_query } => window_query(error_ratio_query, secs),

@@ -450,6 +450,11 @@ fn record(
     stats: &SeqStats,
     outcome: Result<&str, (Category, &str)>,
 ) {
+    st.inner.metrics.inc_request(
+        outcome.unwrap_or("error"),
+        &ctx.feature,
+        ctx.criticality.as_str(),
+    );
     st.inner.telemetry.request(RequestRecord {
         request_id: meta.id.clone(),
         model: meta.model.clone(),

@@ -501,11 +501,7 @@ impl<B: ModelBackend> Engine<B> {
     fn finish(&mut self, id: SeqId, ev: impl FnOnce(SeqStats) -> SeqEvent) {
         let stats = self.stats_of(id, Instant::now());
         let event = ev(stats.clone());
-        let outcome = match &event {
-            SeqEvent::Finished { reason, .. } => reason.as_str(),
-            _ => "error",
-        };
-        self.metrics.inc_outcome(outcome);
+        // brownout_serving_requests_total is counted by the API (it knows the feature).
         if !matches!(
             &event,
             SeqEvent::Finished {
