@@ -189,6 +189,14 @@ impl Report {
         self.steps.push(s);
     }
 
+    /// Records a step from its outcome (the detail either way); true when it passed.
+    fn check(&mut self, t0: Instant, name: &str, r: Result<String, String>) -> bool {
+        let ok = r.is_ok();
+        let (Ok(detail) | Err(detail)) = r;
+        self.step(t0, name, ok, detail);
+        ok
+    }
+
     fn figure(&mut self, k: &str, v: impl Into<J>) {
         self.figures.insert(k.into(), v.into());
     }
@@ -234,6 +242,27 @@ async fn get_json(c: &reqwest::Client, url: &str, token: Option<&str>) -> anyhow
         bail!("GET {url}: {status}");
     }
     Ok(resp.json().await?)
+}
+
+/// The response when its status is a success, else what went wrong (status and body, or the
+/// transport error).
+async fn success(r: reqwest::Result<reqwest::Response>) -> Result<reqwest::Response, String> {
+    match r {
+        Ok(r) if r.status().is_success() => Ok(r),
+        Ok(r) => {
+            let s = r.status();
+            Err(format!("{s}: {}", r.text().await.unwrap_or_default()))
+        }
+        Err(e) => Err(format!("{e:#}")),
+    }
+}
+
+/// Runs a fault (inject or recover); `done` is the step's detail when it worked.
+async fn run_fault(f: &mut Fault, done: &str) -> Result<String, String> {
+    f.run()
+        .await
+        .map(|()| done.to_string())
+        .map_err(|e| format!("{e:#}"))
 }
 
 fn trim(u: &str) -> &str {
@@ -346,16 +375,10 @@ pub async fn engine_kill(
         .json(&body)
         .send()
         .await;
-    let resp = match resp {
-        Ok(r) if r.status().is_success() => r,
-        Ok(r) => {
-            let s = r.status();
-            let text = r.text().await.unwrap_or_default();
-            rep.step(t0, "stream opened", false, format!("{s}: {text}"));
-            return Ok(rep);
-        }
+    let resp = match success(resp).await {
+        Ok(r) => r,
         Err(e) => {
-            rep.step(t0, "stream opened", false, format!("{e:#}"));
+            rep.step(t0, "stream opened", false, e);
             return Ok(rep);
         }
     };
@@ -410,19 +433,10 @@ pub async fn engine_kill(
                     break d;
                 }
                 if injected_at.is_none() && events > 0 {
-                    let r = fault.run().await;
+                    let r = run_fault(fault, &format!("after {events} stream event(s)")).await;
                     injected_at = Some(Instant::now());
-                    match r {
-                        Ok(()) => rep.step(
-                            t0,
-                            "fault injected",
-                            true,
-                            format!("after {events} stream event(s)"),
-                        ),
-                        Err(e) => {
-                            rep.step(t0, "fault injected", false, format!("{e:#}"));
-                            return Ok(rep);
-                        }
+                    if !rep.check(t0, "fault injected", r) {
+                        return Ok(rep);
                     }
                 }
             }
@@ -476,8 +490,7 @@ pub async fn engine_kill(
         ),
     }
     if let Some(r) = recover {
-        if let Err(e) = r.run().await {
-            rep.step(t0, "recovered", false, format!("{e:#}"));
+        if !rep.check(t0, "recovered", run_fault(r, "").await) {
             return Ok(rep);
         }
         let up = poll(timeout, || async {
@@ -563,12 +576,10 @@ pub async fn redis_restart(
             instances.join(", ")
         ),
     );
-    if let Err(e) = fault.run().await {
-        rep.step(t0, "fault injected", false, format!("{e:#}"));
+    if !rep.check(t0, "fault injected", run_fault(fault, "redis down").await) {
         return Ok(rep);
     }
     let injected = Instant::now();
-    rep.step(t0, "fault injected", true, "redis down");
     let pin = c
         .post(format!("{}/api/v1/degrade/override", trim(&t.plane)))
         .bearer_auth(&admin)
@@ -576,38 +587,14 @@ pub async fn redis_restart(
         .timeout(Duration::from_secs(5))
         .send()
         .await;
-    match pin {
-        Ok(r) if r.status().is_success() => {
-            rep.step(t0, "tier 1 pinned during the outage", true, "")
-        }
-        Ok(r) => {
-            let s = r.status();
-            rep.step(
-                t0,
-                "tier 1 pinned during the outage",
-                false,
-                format!("{s}: {}", r.text().await.unwrap_or_default()),
-            );
-            return Ok(rep);
-        }
-        Err(e) => {
-            rep.step(
-                t0,
-                "tier 1 pinned during the outage",
-                false,
-                format!("{e:#}"),
-            );
-            return Ok(rep);
-        }
+    let pinned = success(pin).await.map(|_| String::new());
+    if !rep.check(t0, "tier 1 pinned during the outage", pinned) {
+        return Ok(rep);
     }
-    if let Some(r) = recover {
-        match r.run().await {
-            Ok(()) => rep.step(t0, "recovered", true, "redis back"),
-            Err(e) => {
-                rep.step(t0, "recovered", false, format!("{e:#}"));
-                return Ok(rep);
-            }
-        }
+    if let Some(r) = recover
+        && !rep.check(t0, "recovered", run_fault(r, "redis back").await)
+    {
+        return Ok(rep);
     }
     let converged = poll(timeout, || async {
         let s = degrade_status(&c, t, &t.plane).await.ok()?;
@@ -690,11 +677,9 @@ pub async fn clickhouse_kill(
     };
     let events = events.clamp(1, 1000);
     let service = format!("drill-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    if let Err(e) = fault.run().await {
-        rep.step(t0, "fault injected", false, format!("{e:#}"));
+    if !rep.check(t0, "fault injected", run_fault(fault, "store down").await) {
         return Ok(rep);
     }
-    rep.step(t0, "fault injected", true, "store down");
     let mut sent = 0;
     for chunk in (0..events).collect::<Vec<_>>().chunks(50) {
         let body: String = chunk
@@ -714,28 +699,11 @@ pub async fn clickhouse_kill(
             .timeout(Duration::from_secs(10))
             .send()
             .await;
-        match r {
-            Ok(r) if r.status().is_success() => sent += chunk.len(),
-            Ok(r) => {
-                let s = r.status();
-                rep.step(
-                    t0,
-                    "events accepted during the outage",
-                    false,
-                    format!("{s}: {}", r.text().await.unwrap_or_default()),
-                );
-                return Ok(rep);
-            }
-            Err(e) => {
-                rep.step(
-                    t0,
-                    "events accepted during the outage",
-                    false,
-                    format!("{e:#}"),
-                );
-                return Ok(rep);
-            }
+        if let Err(e) = success(r).await {
+            rep.step(t0, "events accepted during the outage", false, e);
+            return Ok(rep);
         }
+        sent += chunk.len();
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     rep.step(
@@ -744,14 +712,10 @@ pub async fn clickhouse_kill(
         true,
         format!("{sent} events of service {service}"),
     );
-    if let Some(r) = recover {
-        match r.run().await {
-            Ok(()) => rep.step(t0, "recovered", true, "store back"),
-            Err(e) => {
-                rep.step(t0, "recovered", false, format!("{e:#}"));
-                return Ok(rep);
-            }
-        }
+    if let Some(r) = recover
+        && !rep.check(t0, "recovered", run_fault(r, "store back").await)
+    {
+        return Ok(rep);
     }
     let recovered = Instant::now();
     let read = t.read_token.clone();
@@ -841,12 +805,10 @@ pub async fn leader_kill(
         true,
         format!("epoch {old_epoch}"),
     );
-    if let Err(e) = fault.run().await {
-        rep.step(t0, "fault injected", false, format!("{e:#}"));
+    if !rep.check(t0, "fault injected", run_fault(fault, "leader down").await) {
         return Ok(rep);
     }
     let injected = Instant::now();
-    rep.step(t0, "fault injected", true, "leader down");
     let took = poll(timeout, || async {
         for p in peers {
             if let Ok(s) = degrade_status(&c, t, p).await

@@ -474,6 +474,50 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
 
+/// `dst[t][r] = Σ_k x[t][k] · w[r][k]` with the `gemm` crate, for `t < n`, `r < out_cols`:
+/// `x` is `n × cols` row-major, `w` `out_cols` rows of `cols`, `dst` has row stride `dst_rs`.
+///
+/// # Safety
+/// The pointers must cover those extents, and `dst` must not alias `x` or `w`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_xwt(
+    n: usize,
+    out_cols: usize,
+    cols: usize,
+    dst: *mut f32,
+    dst_rs: usize,
+    x: *const f32,
+    w: *const f32,
+    parallelism: gemm::Parallelism,
+) {
+    let s = |v: usize| isize::try_from(v).expect("matrix dimension fits isize");
+    // SAFETY: the caller's contract; rhs is the cols×out_cols view of w (element (k, r) at
+    // r·cols + k).
+    unsafe {
+        gemm::gemm(
+            n,
+            out_cols,
+            cols,
+            dst,
+            1,
+            s(dst_rs),
+            false,
+            x,
+            1,
+            s(cols),
+            w,
+            s(cols),
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
 /// [`gemm_f32`] split by weight rows over `threads` rayon tasks, each single-threaded gemm into
 /// its own columns of `y` (the crate's own threading splits small-K problems less evenly).
 fn gemm_rows_parallel(
@@ -492,7 +536,6 @@ fn gemm_rows_parallel(
     // thread for balance.
     let per = rows.div_ceil(threads * 2).div_ceil(16).max(1) * 16;
     let out = OutPtr(y.as_mut_ptr());
-    let s = |v: usize| isize::try_from(v).expect("matrix dimension fits isize");
     (0..rows.div_ceil(per)).into_par_iter().for_each(|i| {
         let r0 = i * per;
         let r1 = (r0 + per).min(rows);
@@ -504,25 +547,14 @@ fn gemm_rows_parallel(
         // columns r0..r1 only, which no other task writes; lhs is x (n×cols), rhs the cols×(r1-r0)
         // view of rows r0..r1 of w. All ranges are inside the slices asserted above.
         unsafe {
-            gemm::gemm(
+            gemm_xwt(
                 n,
                 r1 - r0,
                 cols,
                 out.0.add(r0),
-                1,
-                s(rows),
-                false,
+                rows,
                 x.as_ptr(),
-                1,
-                s(cols),
                 w.as_ptr().add(r0 * cols),
-                s(cols),
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
                 gemm::Parallelism::None,
             );
         }
@@ -545,30 +577,17 @@ pub fn gemm_f32(
     assert_eq!(w.len(), rows * cols, "gemm_f32: w shape");
     assert_eq!(x.len(), n * cols, "gemm_f32: x shape");
     assert_eq!(y.len(), n * rows, "gemm_f32: y shape");
-    let s = |v: usize| isize::try_from(v).expect("matrix dimension fits isize");
-    // SAFETY: dst is n×rows with row stride `rows`, lhs n×cols with row stride `cols`, rhs the
-    // cols×rows view of w (element (k, r) at r·cols + k); all three lengths were asserted above,
-    // and dst does not alias the inputs (distinct borrows).
+    // SAFETY: dst is n×rows with row stride `rows`, lhs n×cols, rhs the cols×rows view of w;
+    // all three lengths were asserted above, and dst does not alias the inputs.
     unsafe {
-        gemm::gemm(
+        gemm_xwt(
             n,
             rows,
             cols,
             y.as_mut_ptr(),
-            1,
-            s(rows),
-            false,
+            rows,
             x.as_ptr(),
-            1,
-            s(cols),
             w.as_ptr(),
-            s(cols),
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
             parallelism,
         );
     }

@@ -368,13 +368,29 @@ fn validate(
             hp.head_dim
         )));
     }
+    validate_chunks(hp, rope.max_pos(), kv.block_size, kv.num_blocks, chunks)
+}
+
+/// The per-chunk checks every backend makes before it writes anything: tokens present and in
+/// the vocabulary, positions within the model length (and the RoPE table, `max_pos`), and a
+/// block table long enough whose ids are below `num_blocks`.
+///
+/// # Errors
+/// [`ModelError::InvalidInput`] naming the chunk and the problem.
+pub(crate) fn validate_chunks(
+    hp: &HyperParams,
+    max_pos: usize,
+    block_size: usize,
+    num_blocks: usize,
+    chunks: &[SeqChunk<'_>],
+) -> Result<(), ModelError> {
     for (i, c) in chunks.iter().enumerate() {
         let bad = |m: String| Err(ModelError::InvalidInput(format!("chunk {i}: {m}")));
         if c.tokens.is_empty() {
             return bad("no tokens".into());
         }
         let end = c.start_pos + c.tokens.len();
-        if end > hp.context_length || end > rope.max_pos() {
+        if end > hp.context_length || end > max_pos {
             return bad(format!(
                 "positions up to {end} exceed the model length {}",
                 hp.context_length
@@ -383,7 +399,7 @@ fn validate(
         if let Some(t) = c.tokens.iter().find(|&&t| t as usize >= hp.vocab_size) {
             return bad(format!("token id {t} ≥ vocabulary size {}", hp.vocab_size));
         }
-        let need = end.div_ceil(kv.block_size);
+        let need = end.div_ceil(block_size);
         if c.block_table.len() < need {
             return bad(format!(
                 "{} blocks in the block table, {need} needed for {end} positions",
@@ -392,9 +408,9 @@ fn validate(
         }
         if let Some(b) = c.block_table[..need]
             .iter()
-            .find(|&&b| b as usize >= kv.num_blocks)
+            .find(|&&b| b as usize >= num_blocks)
         {
-            return bad(format!("block id {b} ≥ {} blocks", kv.num_blocks));
+            return bad(format!("block id {b} ≥ {num_blocks} blocks"));
         }
     }
     Ok(())

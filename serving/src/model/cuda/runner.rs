@@ -329,37 +329,13 @@ impl CudaRunner {
 
     /// The same checks, in the same order and with the same messages, as the CPU forward.
     fn validate(&self, chunks: &[SeqChunk<'_>]) -> Result<(), ModelError> {
-        let hp = &self.m.hp;
-        for (i, c) in chunks.iter().enumerate() {
-            let bad = |m: String| Err(ModelError::InvalidInput(format!("chunk {i}: {m}")));
-            if c.tokens.is_empty() {
-                return bad("no tokens".into());
-            }
-            let end = c.start_pos + c.tokens.len();
-            if end > hp.context_length || end > self.m.rope_max_pos {
-                return bad(format!(
-                    "positions up to {end} exceed the model length {}",
-                    hp.context_length
-                ));
-            }
-            if let Some(t) = c.tokens.iter().find(|&&t| t as usize >= hp.vocab_size) {
-                return bad(format!("token id {t} ≥ vocabulary size {}", hp.vocab_size));
-            }
-            let need = end.div_ceil(self.block_size);
-            if c.block_table.len() < need {
-                return bad(format!(
-                    "{} blocks in the block table, {need} needed for {end} positions",
-                    c.block_table.len()
-                ));
-            }
-            if let Some(b) = c.block_table[..need]
-                .iter()
-                .find(|&&b| b as usize >= self.num_blocks)
-            {
-                return bad(format!("block id {b} ≥ {} blocks", self.num_blocks));
-            }
-        }
-        Ok(())
+        crate::model::llama::validate_chunks(
+            &self.m.hp,
+            self.m.rope_max_pos,
+            self.block_size,
+            self.num_blocks,
+            chunks,
+        )
     }
 
     fn forward_gpu(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
