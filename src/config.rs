@@ -199,7 +199,7 @@ pub struct IngestConfig {
     pub max_inflight_bytes: usize,
     /// How long a request waits for memory before 503.
     pub backpressure_wait: Duration,
-    /// A whole ingest request (reading the body included) gets this long: 408 after it (gRPC:
+    /// An ingest request's body must arrive within this long: 408 after it (gRPC:
     /// `CANCELLED` by tonic's timeout).
     pub request_timeout: Duration,
     /// Items (spans, log records, failure events, snapshots) per second one tenant may send

@@ -150,6 +150,19 @@ pub struct Step {
     pub detail: String,
 }
 
+impl Step {
+    /// `<at> ms  ok|FAIL  <name>: <detail>`.
+    fn line(&self) -> String {
+        format!(
+            "{:>7} ms  {}  {}: {}",
+            self.at_ms,
+            if self.ok { "ok  " } else { "FAIL" },
+            self.name,
+            self.detail
+        )
+    }
+}
+
 /// What a drill found.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -177,14 +190,8 @@ impl Report {
             at_ms: t0.elapsed().as_millis() as u64,
             detail: detail.into(),
         };
-        eprintln!(
-            "[drill {}] {:>7} ms  {}  {}: {}",
-            self.drill.as_str(),
-            s.at_ms,
-            if ok { "ok  " } else { "FAIL" },
-            s.name,
-            s.detail
-        );
+        // Progress as it happens (the report repeats it at the end).
+        eprintln!("[drill {}] {}", self.drill.as_str(), s.line());
         self.passed &= ok;
         self.steps.push(s);
     }
@@ -209,13 +216,7 @@ impl Report {
             if self.passed { "PASSED" } else { "FAILED" }
         );
         for s in &self.steps {
-            out.push_str(&format!(
-                "  {:>7} ms  {}  {}: {}\n",
-                s.at_ms,
-                if s.ok { "ok  " } else { "FAIL" },
-                s.name,
-                s.detail
-            ));
+            out.push_str(&format!("  {}\n", s.line()));
         }
         for (k, v) in &self.figures {
             out.push_str(&format!("  {k} = {v}\n"));

@@ -67,21 +67,32 @@ fn submit_status(e: SubmitError) -> Status {
     }
 }
 
-#[tonic::async_trait]
-impl TraceService for Otlp {
-    async fn export(
+impl Otlp {
+    /// Checks the token and tenant, then reserves memory for the decoded rows before they are
+    /// converted (a request waiting for memory holds only its message).
+    async fn admit<T: Message>(
         &self,
-        req: Request<ExportTraceServiceRequest>,
-    ) -> Result<Response<ExportTraceServiceResponse>, Status> {
+        req: Request<T>,
+    ) -> Result<(String, T, super::pipeline::Reservation), Status> {
         let tenant = check_auth(&self.state, &req)?;
         let req = req.into_inner();
-        // Reserve before converting: a request waiting for memory holds only its message.
         let reservation = self
             .state
             .pipeline
             .reserve(super::decoded_size(req.encoded_len(), true))
             .await
             .map_err(submit_status)?;
+        Ok((tenant, req, reservation))
+    }
+}
+
+#[tonic::async_trait]
+impl TraceService for Otlp {
+    async fn export(
+        &self,
+        req: Request<ExportTraceServiceRequest>,
+    ) -> Result<Response<ExportTraceServiceResponse>, Status> {
+        let (tenant, req, reservation) = self.admit(req).await?;
         let c = otlp::convert_traces(&req);
         drop(req);
         let rows = Accepted {
@@ -106,15 +117,7 @@ impl LogsService for Otlp {
         &self,
         req: Request<ExportLogsServiceRequest>,
     ) -> Result<Response<ExportLogsServiceResponse>, Status> {
-        let tenant = check_auth(&self.state, &req)?;
-        let req = req.into_inner();
-        // Reserve before converting: a request waiting for memory holds only its message.
-        let reservation = self
-            .state
-            .pipeline
-            .reserve(super::decoded_size(req.encoded_len(), true))
-            .await
-            .map_err(submit_status)?;
+        let (tenant, req, reservation) = self.admit(req).await?;
         let c = otlp::convert_logs(&req, brownout_protocol::now_ms());
         drop(req);
         let rows = Accepted {

@@ -33,8 +33,8 @@ use crate::api::ApiError;
 use crate::auth::Role;
 use crate::serve::AppState;
 
-/// The ingest routes, guarded by the ingest token, each request bounded by
-/// `ingest.request_timeout_ms` (408 past it, body reading included).
+/// The ingest routes, guarded by the ingest token; each body must arrive within
+/// `ingest.request_timeout_ms` (408 past it).
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/traces", post(traces))
@@ -44,10 +44,6 @@ pub fn router(state: AppState) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_ingest,
-        ))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            request_timeout,
         ))
         .with_state(state)
 }
@@ -78,27 +74,6 @@ async fn require_ingest(State(state): State<AppState>, mut req: Request, next: N
     }
 }
 
-/// Bounds a whole request, reading the body included (a slow sender holds no slot forever):
-/// 408 with a JSON body saying so, counted as `reason="timeout"`.
-async fn request_timeout(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let timeout = state.config.ingest.request_timeout;
-    match tokio::time::timeout(timeout, next.run(req)).await {
-        Ok(r) => r,
-        Err(_) => {
-            state.metrics.reject("timeout");
-            ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "request_timeout",
-                format!(
-                    "the request did not complete within {} ms (ingest.request_timeout_ms); send the body faster or in smaller batches",
-                    timeout.as_millis()
-                ),
-            )
-            .into_response()
-        }
-    }
-}
-
 /// Why a body could not be read.
 #[derive(Debug)]
 pub enum BodyError {
@@ -106,6 +81,8 @@ pub enum BodyError {
     BadGzip(String),
     UnsupportedEncoding(String),
     Read(String),
+    /// The body did not arrive within this many milliseconds.
+    Timeout(u128),
 }
 
 impl BodyError {
@@ -114,6 +91,7 @@ impl BodyError {
             BodyError::TooLarge(_) => "body_too_large",
             BodyError::BadGzip(_) | BodyError::Read(_) => "bad_encoding",
             BodyError::UnsupportedEncoding(_) => "unsupported_media_type",
+            BodyError::Timeout(_) => "timeout",
         }
     }
 
@@ -138,8 +116,32 @@ impl BodyError {
             BodyError::Read(e) => {
                 ApiError::bad_request("bad_body", format!("cannot read the request body: {e}"))
             }
+            BodyError::Timeout(ms) => ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!(
+                    "the request body did not arrive within {ms} ms (ingest.request_timeout_ms); send it faster or in smaller batches"
+                ),
+            ),
         }
     }
+}
+
+/// [`read_body`] with the ingest limits: `ingest.max_body_bytes`, and
+/// `ingest.request_timeout_ms` for the whole body to arrive (a slow sender holds no slot
+/// forever; nothing has been accepted yet when it is cut off).
+async fn read_ingest_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, BodyError> {
+    let ing = &state.config.ingest;
+    tokio::time::timeout(
+        ing.request_timeout,
+        read_body(headers, body, ing.max_body_bytes),
+    )
+    .await
+    .unwrap_or(Err(BodyError::Timeout(ing.request_timeout.as_millis())))
 }
 
 /// Reads a body up to `max` bytes, un-gzipping when `Content-Encoding: gzip`.
@@ -226,10 +228,12 @@ struct RpcStatus {
 }
 
 fn otlp_error(enc: Encoding, e: ApiError) -> Response {
-    // gRPC codes: 3 INVALID_ARGUMENT, 8 RESOURCE_EXHAUSTED, 14 UNAVAILABLE, 16 UNAUTHENTICATED.
+    // gRPC codes: 3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED, 8 RESOURCE_EXHAUSTED, 14 UNAVAILABLE,
+    // 16 UNAUTHENTICATED.
     let code = match e.status {
         StatusCode::SERVICE_UNAVAILABLE => 14,
         StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => 8,
+        StatusCode::REQUEST_TIMEOUT => 4,
         _ => 3,
     };
     let status = RpcStatus {
@@ -321,7 +325,7 @@ async fn otlp_prelude(
         );
         return Err(e.into_response());
     };
-    match read_body(headers, body, state.config.ingest.max_body_bytes).await {
+    match read_ingest_body(state, headers, body).await {
         Ok(b) => Ok((enc, b)),
         Err(e) => {
             state.metrics.reject(e.reason());
@@ -330,31 +334,38 @@ async fn otlp_prelude(
     }
 }
 
+/// The OTLP request of a body: content type and size checked, memory reserved for its decoded
+/// rows (before decoding, so a request waiting for memory holds only its body), then decoded.
+/// Every refusal is already an OTLP error response.
+async fn otlp_request<T: Message + Default + for<'de> serde::Deserialize<'de>>(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Encoding, T, super::pipeline::Reservation), Response> {
+    let (enc, bytes) = otlp_prelude(state, headers, body).await?;
+    let reservation = state
+        .pipeline
+        .reserve(super::decoded_size(bytes.len(), enc == Encoding::Protobuf))
+        .await
+        .map_err(|e| otlp_error(enc, submit_error(e)))?;
+    let req = decode(enc, &bytes).map_err(|e| {
+        state.metrics.reject("malformed");
+        otlp_error(enc, e)
+    })?;
+    Ok((enc, req, reservation))
+}
+
 async fn traces(
     State(state): State<AppState>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (enc, bytes) = match otlp_prelude(&state, &headers, body).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    let reservation = match state
-        .pipeline
-        .reserve(super::decoded_size(bytes.len(), enc == Encoding::Protobuf))
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => return otlp_error(enc, submit_error(e)),
-    };
-    let req: ExportTraceServiceRequest = match decode(enc, &bytes) {
-        Ok(r) => r,
-        Err(e) => {
-            state.metrics.reject("malformed");
-            return otlp_error(enc, e);
-        }
-    };
+    let (enc, req, reservation) =
+        match otlp_request::<ExportTraceServiceRequest>(&state, &headers, body).await {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
     let c = otlp::convert_traces(&req);
     drop(req);
     let (rejected, first_error) = (c.rejected, c.first_error.clone());
@@ -382,25 +393,11 @@ async fn logs(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (enc, bytes) = match otlp_prelude(&state, &headers, body).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    let reservation = match state
-        .pipeline
-        .reserve(super::decoded_size(bytes.len(), enc == Encoding::Protobuf))
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => return otlp_error(enc, submit_error(e)),
-    };
-    let req: ExportLogsServiceRequest = match decode(enc, &bytes) {
-        Ok(r) => r,
-        Err(e) => {
-            state.metrics.reject("malformed");
-            return otlp_error(enc, e);
-        }
-    };
+    let (enc, req, reservation) =
+        match otlp_request::<ExportLogsServiceRequest>(&state, &headers, body).await {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
     let c = otlp::convert_logs(&req, brownout_protocol::now_ms());
     drop(req);
     let (rejected, first_error) = (c.rejected, c.first_error.clone());
@@ -482,7 +479,7 @@ async fn failures(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let bytes = match read_body(&headers, body, state.config.ingest.max_body_bytes).await {
+    let bytes = match read_ingest_body(&state, &headers, body).await {
         Ok(b) => b,
         Err(e) => {
             state.metrics.reject(e.reason());
@@ -536,7 +533,7 @@ async fn snapshot(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let bytes = match read_body(&headers, body, state.config.ingest.max_body_bytes).await {
+    let bytes = match read_ingest_body(&state, &headers, body).await {
         Ok(b) => b,
         Err(e) => {
             state.metrics.reject(e.reason());

@@ -176,7 +176,6 @@ pub enum OverCap {
 pub struct CappedListener {
     inner: TcpListener,
     permits: Arc<Semaphore>,
-    max: usize,
     over_cap: OverCap,
     refused: prometheus::IntCounter,
     refusers: Arc<Semaphore>,
@@ -239,16 +238,10 @@ impl CappedListener {
         CappedListener {
             inner,
             permits: Arc::new(Semaphore::new(max)),
-            max,
             over_cap,
             refused,
             refusers: Arc::new(Semaphore::new(REFUSERS)),
         }
-    }
-
-    /// Open connections right now.
-    pub fn open(&self) -> usize {
-        self.max - self.permits.available_permits()
     }
 
     /// The next connection within the cap; connections over it are answered and dropped here.
@@ -305,12 +298,6 @@ impl axum::serve::Listener for CappedListener {
 pub struct CappedStream {
     io: TcpStream,
     _permit: OwnedSemaphorePermit,
-}
-
-impl CappedStream {
-    pub fn get_ref(&self) -> &TcpStream {
-        &self.io
-    }
 }
 
 impl AsyncRead for CappedStream {
