@@ -1,8 +1,11 @@
 //! CPU kernels: dequantisation known answers, matmul against a plain f64 reference, and the
 //! property that batching never changes a result bit.
 
-use brownout_serving::model::cpu::{Kernel, MatData, Matrix, matmul_with};
+use brownout_serving::model::cpu::{
+    Isa, Kernel, MatData, Matrix, matmul_with, pack_tokens, packed_matmul_on,
+};
 use brownout_serving::model::gguf::GgmlType;
+use brownout_serving::model::llama::{exp_approx, silu_mul};
 use brownout_serving::model::quant::{dequantize, quantize};
 use half::f16;
 
@@ -212,4 +215,100 @@ fn a_token_gets_the_same_bits_alone_as_in_any_batch() {
             }
         }
     }
+}
+
+#[test]
+fn the_packed_kernel_gives_the_same_bits_on_every_instruction_set() {
+    // AVX-512 (16 rows × up to 8 tokens), AVX2 (16 × 4) and the scalar loop all make one fused
+    // multiply-add per (row, token, k) in k order, so a model's tokens do not depend on the
+    // machine's vector width. Shapes: a partial last panel, K across two 256-column chunks,
+    // token counts around the 8-token group and the 48-token block.
+    let isas = Isa::available();
+    println!("instruction sets on this CPU: {isas:?}");
+    for &(rows, cols) in &[(37, 96), (64, 600)] {
+        let w = seeded(rows * cols, 9);
+        let m = Matrix::f32(rows, cols, w.clone()).packed();
+        let MatData::Packed(p) = &m.data else {
+            panic!("not packed")
+        };
+        for n in [1, 3, 8, 9, 47, 50] {
+            let x = seeded(n * cols, 13 + n as u64);
+            let want = reference(&x, n, &w, rows, cols);
+            let mut scalar = vec![0f32; n * rows];
+            packed_matmul_on(Isa::Scalar, p, rows, cols, &x, n, &mut scalar, 2);
+            for (a, b) in scalar.iter().zip(&want) {
+                assert!(
+                    (f64::from(*a) - b).abs() < 1e-4 * (cols as f64).sqrt(),
+                    "{a} vs {b}"
+                );
+            }
+            for &isa in &isas {
+                let mut y = vec![f32::NAN; n * rows];
+                packed_matmul_on(isa, p, rows, cols, &x, n, &mut y, 2);
+                assert_eq!(y, scalar, "{isa:?} {rows}x{cols} n={n}");
+            }
+        }
+    }
+}
+
+#[test]
+fn tokens_are_packed_k_major_in_groups_of_eight() {
+    let (n, cols) = (10, 3);
+    let x: Vec<f32> = (0..n * cols).map(|i| i as f32).collect();
+    let (xp, stride) = pack_tokens(&x, n, cols);
+    assert_eq!(stride, 8);
+    assert_eq!(xp.len(), 2 * 8 * cols, "two groups, the second padded");
+    // Group 0, column k = 1: tokens 0..8 → x[t][1] = 3t + 1.
+    assert_eq!(&xp[8..16], &[1.0, 4.0, 7.0, 10.0, 13.0, 16.0, 19.0, 22.0]);
+    // Group 1, column 2: tokens 8, 9, then zeros.
+    assert_eq!(
+        &xp[24 + 16..24 + 24],
+        &[26.0, 29.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    );
+    // Fewer tokens than a group: one group as wide as the batch.
+    let (xp, stride) = pack_tokens(&x[..2 * cols], 2, cols);
+    assert_eq!((stride, xp), (2, vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]));
+}
+
+#[test]
+fn exp_approx_is_within_two_ulp_and_saturates_cleanly() {
+    let mut worst = 0f64;
+    let mut x = -87.0f32;
+    while x < 88.0 {
+        let want = f64::from(x).exp();
+        let got = f64::from(exp_approx(x));
+        worst = worst.max(((got - want) / want).abs());
+        x += 0.0137;
+    }
+    assert!(worst < 2.5e-7, "worst relative error {worst:e}");
+    // Far outside the range: finite, no NaN (silu of a large |g| must stay defined).
+    assert!(exp_approx(-1e30) >= 0.0 && exp_approx(-1e30) < 1e-37);
+    assert!(exp_approx(1e30).is_finite() && exp_approx(1e30) > 1e38);
+    assert_eq!(exp_approx(0.0), 1.0);
+}
+
+#[test]
+fn silu_mul_is_the_same_on_the_vector_and_scalar_paths() {
+    // 21 values: two full lanes of eight and a scalar tail of five. Every element must equal
+    // the scalar formula applied alone, whichever path computed it, and be close to the exact
+    // silu(g)·u.
+    let g: Vec<f32> = (0..21).map(|i| (i as f32 - 10.0) * 1.7).collect();
+    let u: Vec<f32> = (0..21).map(|i| 0.5 + i as f32 * 0.1).collect();
+    let mut out = vec![0f32; 21];
+    silu_mul(&g, &u, &mut out);
+    for i in 0..21 {
+        let mut one = [0f32];
+        silu_mul(&g[i..=i], &u[i..=i], &mut one);
+        assert_eq!(out[i], one[0], "element {i}");
+        let exact = f64::from(g[i]) / (1.0 + (-f64::from(g[i])).exp()) * f64::from(u[i]);
+        assert!(
+            (f64::from(out[i]) - exact).abs() <= 1e-6 * exact.abs().max(1.0),
+            "{i}"
+        );
+    }
+    // Saturation: silu(-1000) is a tiny negative number (not NaN), silu(1000) is 1000.
+    let mut o = [0f32; 2];
+    silu_mul(&[-1000.0, 1000.0], &[1.0, 1.0], &mut o);
+    assert!(o[0] <= 0.0 && o[0] > -1e-30, "{}", o[0]);
+    assert_eq!(o[1], 1000.0);
 }

@@ -196,6 +196,7 @@ pub fn bench_matmul(rows: usize, cols: usize, batches: &[usize], reps: usize) ->
         .collect();
     let mats = [
         ("f32", Matrix::f32(rows, cols, w.clone())),
+        ("f32 packed", Matrix::f32(rows, cols, w.clone()).packed()),
         (
             "Q4_1",
             Matrix {
@@ -207,7 +208,12 @@ pub fn bench_matmul(rows: usize, cols: usize, batches: &[usize], reps: usize) ->
     ];
     let mut out = Vec::new();
     for (name, m) in &mats {
-        for kernel in [Kernel::Tiled, Kernel::Simple, Kernel::Gemm] {
+        let kernels: &[Kernel] = match &m.data {
+            // A packed matrix always runs the packed kernel.
+            MatData::Packed(_) => &[Kernel::Packed],
+            _ => &[Kernel::Tiled, Kernel::Simple, Kernel::Gemm],
+        };
+        for &kernel in kernels {
             for &n in batches {
                 let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
                 let mut y = vec![0f32; n * rows];
@@ -218,7 +224,7 @@ pub fn bench_matmul(rows: usize, cols: usize, batches: &[usize], reps: usize) ->
                 }
                 let secs = t0.elapsed().as_secs_f64();
                 out.push(BenchRow {
-                    route: if *name == "f32" {
+                    route: if name.starts_with("f32") {
                         "primary"
                     } else {
                         "fallback"

@@ -262,8 +262,9 @@ pub enum Kernel {
     /// f32: the `gemm` crate (packed operands, cache blocking, outer-product micro-kernels);
     /// quantised matrices use [`Kernel::Tiled`].
     Gemm,
-    /// f32 packed once at load ([`MatData::Packed`]): a 16-row × up-to-6-token outer-product
-    /// micro-kernel, each (row, token) summed in `k` order whatever the batch. Matrices not
+    /// f32 packed once at load ([`MatData::Packed`]): a 16-row × up-to-8-token outer-product
+    /// micro-kernel (AVX-512; 16 × 4 on AVX2), each (row, token) summed in `k` order whatever
+    /// the batch and the instruction set. Matrices not
     /// packed use [`Kernel::Gemm`].
     Packed,
 }
@@ -284,8 +285,9 @@ impl Kernel {
     }
 }
 
-/// `y[n][rows] = x[n][cols] · wᵀ` for a [`MatData::Packed`] matrix: panels split over rayon
-/// tasks, tokens in blocks of [`TOKEN_BLOCK`] (kept in cache while the task's panels stream by).
+/// `y[n][rows] = x[n][cols] · wᵀ` for a [`MatData::Packed`] matrix: the tokens are packed once
+/// ([`pack_tokens`]), then panels are split over rayon tasks, tokens in blocks of
+/// [`TOKEN_BLOCK`] (kept in cache while the task's panels stream by).
 ///
 /// # Panics
 /// If the slices do not match the shapes.
@@ -298,17 +300,44 @@ pub fn packed_matmul(
     y: &mut [f32],
     threads: usize,
 ) {
+    packed_matmul_on(Isa::detect(), p, rows, cols, x, n, y, threads);
+}
+
+/// [`packed_matmul`] on a chosen instruction set (one of [`Isa::available`]).
+///
+/// # Panics
+/// If the slices do not match the shapes, or `isa` is not available.
+#[allow(clippy::too_many_arguments)]
+pub fn packed_matmul_on(
+    isa: Isa,
+    p: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    threads: usize,
+) {
     let panels = rows.div_ceil(PANEL);
     assert_eq!(p.len(), panels * PANEL * cols, "packed_matmul: w shape");
     assert_eq!(x.len(), n * cols, "packed_matmul: x shape");
     assert_eq!(y.len(), n * rows, "packed_matmul: y shape");
-    let per = panels.div_ceil(threads.max(1) * 2).max(1);
+    assert!(
+        Isa::available().contains(&isa),
+        "packed_matmul: {isa:?} is not available on this CPU"
+    );
+    let (xp, stride) = pack_tokens(x, n, cols);
+    // Eight tasks per thread (at least four panels each): a slow or preempted core leaves
+    // little of the step to wait for.
+    let per = panels.div_ceil(threads.max(1) * 8).max(4);
     let out = OutPtr(y.as_mut_ptr());
+    let xp = &xp[..];
     (0..panels.div_ceil(per)).into_par_iter().for_each(|i| {
         // Capture the whole `OutPtr` (Send), not its raw-pointer field (edition 2021 closures
         // capture fields).
         #[allow(clippy::redundant_locals)]
         let out = out;
+        let mut accs = [[0f32; PANEL]; TOKEN_BLOCK];
         let (p0, p1) = (i * per, ((i + 1) * per).min(panels));
         let mut tb = 0;
         while tb < n {
@@ -317,103 +346,242 @@ pub fn packed_matmul(
                 let panel = &p[pi * PANEL * cols..(pi + 1) * PANEL * cols];
                 let r0 = pi * PANEL;
                 let valid = (rows - r0).min(PANEL);
+                let tokens = Tokens {
+                    xp,
+                    stride,
+                    cols,
+                    t0: tb,
+                    t1: te,
+                };
                 // SAFETY: this task alone writes columns r0..r0+valid of y (its own panels).
-                unsafe { panel_tokens(panel, cols, x, tb, te, out, rows, r0, valid) };
+                unsafe { panel_tokens(isa, panel, &tokens, &mut accs, out, rows, r0, valid) };
             }
             tb = te;
         }
     });
 }
 
-/// One panel against tokens `t0..t1` (at most [`TOKEN_BLOCK`]), 6 tokens at a time (then the
-/// tail), in chunks of [`KC`] input columns so that a chunk of the panel and of the tokens stays
-/// in L1. Partial sums are carried across chunks and each lane adds its products in `k` order,
-/// so the result does not depend on the chunking or on the batch.
+/// Tokens per group of the packed input (one AVX-512 micro-kernel call).
+const GROUP: usize = 8;
+
+/// `x` (`n × cols`, row-major) regrouped for the micro-kernels: groups of [`GROUP`] tokens
+/// (one group of `n` when `n < GROUP`), each stored k-major — for every input column `k`, the
+/// group's values side by side — so the kernel broadcasts from one cache line per `k`. The
+/// last group is padded with zeros. Returns the packed values and the group width.
+pub fn pack_tokens(x: &[f32], n: usize, cols: usize) -> (Vec<f32>, usize) {
+    let stride = n.clamp(1, GROUP);
+    let groups = n.div_ceil(stride);
+    let mut xp = vec![0f32; groups * stride * cols];
+    for (g, dst) in xp.chunks_exact_mut(stride * cols).enumerate() {
+        let rows: Vec<&[f32]> = x[g * stride * cols..]
+            .chunks_exact(cols)
+            .take(stride.min(n - g * stride))
+            .collect();
+        for (k, col) in dst.chunks_exact_mut(stride).enumerate() {
+            for (v, row) in col.iter_mut().zip(&rows) {
+                *v = row[k];
+            }
+        }
+    }
+    (xp, stride)
+}
+
+/// Tokens `t0..t1` of a [`pack_tokens`] result.
+struct Tokens<'a> {
+    xp: &'a [f32],
+    stride: usize,
+    cols: usize,
+    t0: usize,
+    t1: usize,
+}
+
+/// The instruction set the packed kernel runs on, detected once per call.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+    Scalar,
+}
+
+impl Isa {
+    /// The best this CPU has; `BROWNOUT_ISA=avx2|scalar` caps it (to measure, and to test the
+    /// other paths on an AVX-512 machine).
+    pub fn detect() -> Isa {
+        static I: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *I.get_or_init(|| {
+            let best = Isa::best();
+            match std::env::var("BROWNOUT_ISA").as_deref() {
+                Ok("scalar") => Isa::Scalar,
+                Ok("avx2") if best != Isa::Scalar => Isa::Avx2,
+                _ => best,
+            }
+        })
+    }
+
+    /// Every instruction set this CPU can run the kernel on, best first.
+    pub fn available() -> Vec<Isa> {
+        match Isa::best() {
+            Isa::Avx512 => vec![Isa::Avx512, Isa::Avx2, Isa::Scalar],
+            Isa::Avx2 => vec![Isa::Avx2, Isa::Scalar],
+            Isa::Scalar => vec![Isa::Scalar],
+        }
+    }
+
+    fn best() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if has_avx2_fma() {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+}
+
+/// One panel against `tokens` (at most [`TOKEN_BLOCK`]), a group at a time, in chunks of [`KC`]
+/// input columns so that a chunk of the panel and of the tokens stays in L1. Partial sums are
+/// carried across chunks and each lane adds its products in `k` order with one fused
+/// multiply-add each, so the result depends neither on the chunking, nor on the batch, nor on
+/// the instruction set.
 ///
 /// # Safety
 /// `out` must point at an `n × rows` output of which the caller owns columns
 /// `r0..r0 + valid` for tokens `t0..t1`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel_tokens(
+    isa: Isa,
     panel: &[f32],
-    cols: usize,
-    x: &[f32],
-    t0: usize,
-    t1: usize,
+    tk: &Tokens<'_>,
+    accs: &mut [[f32; PANEL]; TOKEN_BLOCK],
     out: OutPtr,
     rows: usize,
     r0: usize,
     valid: usize,
 ) {
-    const GROUPS: usize = TOKEN_BLOCK.div_ceil(6);
-    let groups = (t1 - t0).div_ceil(6);
+    let (cols, stride) = (tk.cols, tk.stride);
     assert!(
-        groups <= GROUPS,
-        "panel_tokens: more than TOKEN_BLOCK tokens"
+        tk.t1 - tk.t0 <= TOKEN_BLOCK && tk.t0.is_multiple_of(stride),
+        "panel_tokens: a block of at most TOKEN_BLOCK tokens starting a group"
     );
-    let mut accs = [[[0f32; PANEL]; 6]; GROUPS];
+    assert!(panel.len() >= cols * PANEL && tk.xp.len() >= tk.t1.div_ceil(stride) * stride * cols);
+    accs[..tk.t1 - tk.t0].fill([0.0; PANEL]);
     let mut k0 = 0;
     while k0 < cols {
         let k1 = (k0 + KC).min(cols);
-        for (g, acc) in accs.iter_mut().enumerate().take(groups) {
-            let t = t0 + g * 6;
-            let nt = (t1 - t).min(6);
-            #[cfg(target_arch = "x86_64")]
-            {
-                if has_avx2_fma() {
-                    // SAFETY: AVX2+FMA just detected; the slices bound every access.
-                    unsafe {
-                        match nt {
-                            6 => panel_avx2::<6>(panel, cols, x, t, k0, k1, acc),
-                            5 => panel_avx2::<5>(panel, cols, x, t, k0, k1, acc),
-                            4 => panel_avx2::<4>(panel, cols, x, t, k0, k1, acc),
-                            3 => panel_avx2::<3>(panel, cols, x, t, k0, k1, acc),
-                            2 => panel_avx2::<2>(panel, cols, x, t, k0, k1, acc),
-                            _ => panel_avx2::<1>(panel, cols, x, t, k0, k1, acc),
+        let mut t = tk.t0;
+        while t < tk.t1 {
+            let nt = (tk.t1 - t).min(stride);
+            let group = &tk.xp[t / stride * stride * cols..(t / stride + 1) * stride * cols];
+            let acc = &mut accs[t - tk.t0..t - tk.t0 + nt];
+            let ch = Chunk {
+                panel,
+                group,
+                stride,
+                k0,
+                k1,
+                prefetch: t == tk.t0 && prefetch_on(),
+            };
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX-512F was detected ([`Isa::detect`]).
+                Isa::Avx512 => unsafe {
+                    match nt {
+                        8 => panel_avx512::<8>(&ch, acc),
+                        7 => panel_avx512::<7>(&ch, acc),
+                        6 => panel_avx512::<6>(&ch, acc),
+                        5 => panel_avx512::<5>(&ch, acc),
+                        4 => panel_avx512::<4>(&ch, acc),
+                        3 => panel_avx512::<3>(&ch, acc),
+                        2 => panel_avx512::<2>(&ch, acc),
+                        _ => panel_avx512::<1>(&ch, acc),
+                    }
+                },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => {
+                    // Four tokens (eight accumulators) at a time: all 16 registers in use.
+                    for (q, acc) in acc.chunks_mut(4).enumerate() {
+                        let j0 = q * 4;
+                        // SAFETY: AVX2+FMA were detected ([`Isa::detect`]).
+                        unsafe {
+                            match acc.len() {
+                                4 => panel_avx2::<4>(&ch, j0, acc),
+                                3 => panel_avx2::<3>(&ch, j0, acc),
+                                2 => panel_avx2::<2>(&ch, j0, acc),
+                                _ => panel_avx2::<1>(&ch, j0, acc),
+                            }
                         }
                     }
-                } else {
-                    panel_scalar(panel, cols, x, t, nt, k0, k1, acc);
                 }
+                _ => panel_scalar(&ch, acc),
             }
-            #[cfg(not(target_arch = "x86_64"))]
-            panel_scalar(panel, cols, x, t, nt, k0, k1, acc);
+            t += nt;
         }
         k0 = k1;
     }
-    for (g, acc) in accs.iter().enumerate().take(groups) {
-        let t = t0 + g * 6;
-        let nt = (t1 - t).min(6);
-        for (j, a) in acc.iter().enumerate().take(nt) {
-            // SAFETY: row t + j of the output, columns r0..r0+valid: in bounds, owned by us.
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(out.0.add((t + j) * rows + r0), valid) };
-            dst.copy_from_slice(&a[..valid]);
+    for (j, a) in accs.iter().enumerate().take(tk.t1 - tk.t0) {
+        // SAFETY: row t0 + j of the output, columns r0..r0+valid: in bounds, owned by us.
+        unsafe {
+            let dst = out.0.add((tk.t0 + j) * rows + r0);
+            if valid == PANEL {
+                // A constant length: one vector store rather than a call.
+                std::ptr::copy_nonoverlapping(a.as_ptr(), dst, PANEL);
+            } else {
+                std::ptr::copy_nonoverlapping(a.as_ptr(), dst, valid);
+            }
         }
     }
 }
 
-/// Input columns per chunk of the packed kernel: 256 × 16 weights (16 KiB) plus six tokens'
-/// 1 KiB slices fit in a 32 KiB L1 with room to spare.
+/// Input columns per chunk of the packed kernel: 256 × 16 weights (16 KiB) plus a group's
+/// 8 KiB of tokens fit in a 32 KiB L1.
 const KC: usize = 256;
 
-/// Same arithmetic as the AVX2 kernel (one fused multiply-add per (row, token, k), in `k`
-/// order, continuing the sums in `acc`), for machines without AVX2+FMA.
-#[allow(clippy::too_many_arguments)]
-fn panel_scalar(
-    panel: &[f32],
-    cols: usize,
-    x: &[f32],
-    t: usize,
-    nt: usize,
+/// Columns `k0..k1` of one panel against one packed group of tokens.
+struct Chunk<'a> {
+    panel: &'a [f32],
+    /// `stride` values per column `k`.
+    group: &'a [f32],
+    stride: usize,
     k0: usize,
     k1: usize,
-    acc: &mut [[f32; PANEL]; 6],
-) {
-    for (j, a) in acc.iter_mut().enumerate().take(nt) {
-        let xr = &x[(t + j) * cols..(t + j + 1) * cols];
-        for (k, &xv) in xr.iter().enumerate().take(k1).skip(k0) {
-            let w = &panel[k * PANEL..(k + 1) * PANEL];
+    /// Ask for the panel's lines [`PREFETCH_K`] columns ahead (the first group of a chunk,
+    /// which reads the panel from memory; the other groups find it in L1).
+    prefetch: bool,
+}
+
+/// How far ahead (in input columns, one 64-byte line of a panel each) the kernel prefetches
+/// the weights: enough to cover a memory latency at a few cycles per column. The panels are
+/// contiguous, so this runs on into the next chunk and the next panel.
+const PREFETCH_K: usize = 64;
+
+fn prefetch_on() -> bool {
+    static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *P.get_or_init(|| std::env::var("BROWNOUT_PREFETCH").as_deref() != Ok("0"))
+}
+
+/// A prefetch hint for the cache line at `p` (which may lie past the end of the weights: a
+/// prefetch never faults).
+#[inline(always)]
+fn prefetch_line(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a hint only; no memory is accessed architecturally.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Same arithmetic as the SIMD kernels (one fused multiply-add per (row, token, k), in `k`
+/// order, continuing the sums in `acc`), for machines without AVX2+FMA.
+fn panel_scalar(ch: &Chunk<'_>, acc: &mut [[f32; PANEL]]) {
+    for (j, a) in acc.iter_mut().enumerate() {
+        for k in ch.k0..ch.k1 {
+            let xv = ch.group[k * ch.stride + j];
+            let w = &ch.panel[k * PANEL..(k + 1) * PANEL];
             for l in 0..PANEL {
                 a[l] = w[l].mul_add(xv, a[l]);
             }
@@ -421,44 +589,74 @@ fn panel_scalar(
     }
 }
 
+/// 16 rows (one register) × `NT` tokens, the token values broadcast from memory.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn panel_avx512<const NT: usize>(ch: &Chunk<'_>, acc: &mut [[f32; PANEL]]) {
+    use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps};
+    assert!(
+        acc.len() == NT
+            && NT <= ch.stride
+            && ch.k1 <= ch.panel.len() / PANEL
+            && ch.k1 * ch.stride <= ch.group.len()
+    );
+    // SAFETY (all): acc[j] holds 16 floats; panel[k * 16..+16] and group[k * stride + j] for
+    // k < k1, j < NT <= stride are in bounds (asserted above).
+    let mut a: [_; NT] = std::array::from_fn(|j| unsafe { _mm512_loadu_ps(acc[j].as_ptr()) });
+    let (wp, xp) = (ch.panel.as_ptr(), ch.group.as_ptr());
+    for k in ch.k0..ch.k1 {
+        if ch.prefetch {
+            prefetch_line(wp.wrapping_add((k + PREFETCH_K) * PANEL));
+        }
+        let w = unsafe { _mm512_loadu_ps(wp.add(k * PANEL)) };
+        let xk = unsafe { xp.add(k * ch.stride) };
+        for j in 0..NT {
+            a[j] = _mm512_fmadd_ps(w, _mm512_set1_ps(unsafe { *xk.add(j) }), a[j]);
+        }
+    }
+    for j in 0..NT {
+        unsafe { _mm512_storeu_ps(acc[j].as_mut_ptr(), a[j]) };
+    }
+}
+
+/// 16 rows (two registers) × `NT` tokens starting at token `j0` of the group.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-unsafe fn panel_avx2<const NT: usize>(
-    panel: &[f32],
-    cols: usize,
-    x: &[f32],
-    t: usize,
-    k0: usize,
-    k1: usize,
-    acc: &mut [[f32; PANEL]; 6],
-) {
+#[allow(clippy::needless_range_loop)]
+unsafe fn panel_avx2<const NT: usize>(ch: &Chunk<'_>, j0: usize, acc: &mut [[f32; PANEL]]) {
     use std::arch::x86_64::{
         _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_storeu_ps,
     };
-    assert!(panel.len() >= cols * PANEL && x.len() >= (t + NT) * cols && k1 <= cols);
-    let xs: [&[f32]; NT] = std::array::from_fn(|j| &x[(t + j) * cols..(t + j + 1) * cols]);
-    // SAFETY (both): acc[j] holds 16 floats.
+    assert!(
+        acc.len() == NT
+            && j0 + NT <= ch.stride
+            && ch.k1 <= ch.panel.len() / PANEL
+            && ch.k1 * ch.stride <= ch.group.len()
+    );
+    // SAFETY (all): as in panel_avx512.
     let mut a0: [_; NT] = std::array::from_fn(|j| unsafe { _mm256_loadu_ps(acc[j].as_ptr()) });
     let mut a1: [_; NT] =
         std::array::from_fn(|j| unsafe { _mm256_loadu_ps(acc[j].as_ptr().add(8)) });
-    let wp = panel.as_ptr();
-    for k in k0..k1 {
-        // SAFETY: k * 16 + 16 <= cols * 16 <= panel.len() (asserted above).
+    let (wp, xp) = (ch.panel.as_ptr(), ch.group.as_ptr());
+    for k in ch.k0..ch.k1 {
+        if ch.prefetch && j0 == 0 {
+            prefetch_line(wp.wrapping_add((k + PREFETCH_K) * PANEL));
+        }
         let (w0, w1) = unsafe {
             (
                 _mm256_loadu_ps(wp.add(k * PANEL)),
                 _mm256_loadu_ps(wp.add(k * PANEL + 8)),
             )
         };
+        let xk = unsafe { xp.add(k * ch.stride + j0) };
         for j in 0..NT {
-            let xb = _mm256_broadcast_ss(&xs[j][k]);
+            let xb = unsafe { _mm256_broadcast_ss(&*xk.add(j)) };
             a0[j] = _mm256_fmadd_ps(w0, xb, a0[j]);
             a1[j] = _mm256_fmadd_ps(w1, xb, a1[j]);
         }
     }
     for j in 0..NT {
-        // SAFETY: acc[j] holds 16 floats.
         unsafe {
             _mm256_storeu_ps(acc[j].as_mut_ptr(), a0[j]);
             _mm256_storeu_ps(acc[j].as_mut_ptr().add(8), a1[j]);
@@ -756,7 +954,8 @@ fn rows_task_impl<const FMA: bool>(
     }
 }
 
-/// Tokens per cache block of `x` in the tiled kernel (a multiple of 3).
+/// Tokens per cache block of `x` in the tiled and packed kernels (a multiple of 3 and of
+/// [`GROUP`]).
 const TOKEN_BLOCK: usize = 48;
 
 /// `out[r][t] = w[r] · x[t]` for the rows of `w`, in 8-row × 1-token register tiles (the
@@ -1051,23 +1250,6 @@ fn dot_row_tokens<const FMA: bool>(row: &[f32], x: &[f32], n: usize, out: &mut [
         out[t] = s;
         t += 1;
     }
-}
-
-/// Same result as [`dot_row_tokens`] for one token (used by attention).
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let main = a.len() / 8 * 8;
-    for (ca, cb) in a[..main].chunks_exact(8).zip(b[..main].chunks_exact(8)) {
-        for l in 0..8 {
-            acc[l] += ca[l] * cb[l];
-        }
-    }
-    let mut s = hsum(&acc);
-    for i in main..a.len() {
-        s += a[i] * b[i];
-    }
-    s
 }
 
 /// Benchmark hook: the f32 tiled matmul with another register-tile shape (`rows`, `tokens`) ∈

@@ -416,6 +416,297 @@ pub(crate) fn validate_chunks(
     Ok(())
 }
 
+/// `out = silu(g) · u = g / (1 + e^-g) · u`, element-wise, with [`exp_approx`]: eight lanes
+/// at a time on AVX2+FMA, the same operations one at a time elsewhere (and for the tail), so
+/// every element gets the same value whatever path computed it.
+pub fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
+    assert!(
+        g.len() == u.len() && g.len() == out.len(),
+        "silu_mul: lengths"
+    );
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the features the function is compiled for were just detected.
+            done = unsafe { silu_mul_avx2(g, u, out) };
+        }
+    }
+    for ((o, &gv), &uv) in out[done..].iter_mut().zip(&g[done..]).zip(&u[done..]) {
+        *o = gv / (1.0 + exp_approx(-gv)) * uv;
+    }
+}
+
+/// Cephes' single-precision `exp` (range reduction by ln 2 in two parts, a degree-5
+/// polynomial; within 2 ulp of the exact value), input clamped to where the result is a normal
+/// finite float. Written with fused multiply-adds in the order the AVX2 version uses.
+#[inline(always)]
+pub fn exp_approx(x: f32) -> f32 {
+    let x = x.clamp(EXP_LO, EXP_HI);
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = n.mul_add(-EXP_C1, x);
+    let r = n.mul_add(-EXP_C2, r);
+    let mut p = EXP_P[0];
+    for &c in &EXP_P[1..] {
+        p = p.mul_add(r, c);
+    }
+    let y = p.mul_add(r * r, r) + 1.0;
+    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+const EXP_LO: f32 = -87.3;
+const EXP_HI: f32 = 88.3;
+const EXP_C1: f32 = 0.693_359_4;
+const EXP_C2: f32 = -2.121_944_4e-4;
+const EXP_P: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    0.166_666_65,
+    0.5,
+];
+
+/// [`silu_mul`]'s eight-lane part; returns how many elements it wrote.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_mul_avx2(g: &[f32], u: &[f32], out: &mut [f32]) -> usize {
+    use std::arch::x86_64::*;
+    let main = g.len() / 8 * 8;
+    let one = _mm256_set1_ps(1.0);
+    for i in (0..main).step_by(8) {
+        // SAFETY: i + 8 <= main <= every length (asserted by the caller).
+        unsafe {
+            let gv = _mm256_loadu_ps(g.as_ptr().add(i));
+            let x = _mm256_sub_ps(_mm256_setzero_ps(), gv);
+            let x = _mm256_min_ps(
+                _mm256_max_ps(x, _mm256_set1_ps(EXP_LO)),
+                _mm256_set1_ps(EXP_HI),
+            );
+            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            );
+            let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_C1), x);
+            let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_C2), r);
+            let mut p = _mm256_set1_ps(EXP_P[0]);
+            for &c in &EXP_P[1..] {
+                p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+            }
+            let y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), one);
+            let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(n),
+                _mm256_set1_epi32(127),
+            )));
+            let e = _mm256_mul_ps(y, pow2);
+            let s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+            let o = _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(i)));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), o);
+        }
+    }
+    main
+}
+
+/// The attention geometry [`attend`] needs.
+struct AttnShape {
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+    scale: f32,
+}
+
+/// One token's attention over positions `0..=pos` of its sequence, read from the paged K/V
+/// (`[block][slot][kv head][dim]`). Positions are visited in order and each position's K (then
+/// V) row is read whole, for every head at once, so the cache is read sequentially within a
+/// block (and prefetched a few positions ahead) instead of once per head. `out` gets the
+/// `num_heads × head_dim` result; `scores` is scratch.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    sh: &AttnShape,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    table: &[u32],
+    pos: usize,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if sh.head_dim.is_multiple_of(8)
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the features the function is compiled for were just detected, and
+            // head_dim is a multiple of 8 (checked above).
+            unsafe { attend_avx2(sh, q, kc, vc, table, pos, out, scores) };
+            return;
+        }
+    }
+    attend_impl::<false>(sh, q, kc, vc, table, pos, out, scores);
+}
+
+/// [`attend_impl`] with AVX2+FMA dot products and updates.
+///
+/// # Safety
+/// AVX2 and FMA must be available and `head_dim` a multiple of 8.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_avx2(
+    sh: &AttnShape,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    table: &[u32],
+    pos: usize,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    attend_impl::<true>(sh, q, kc, vc, table, pos, out, scores);
+}
+
+/// Positions ahead of the one being read whose K/V row is prefetched.
+const PREFETCH_AHEAD: usize = 4;
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_impl<const AVX: bool>(
+    sh: &AttnShape,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    table: &[u32],
+    pos: usize,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    let (hd, bs, nh) = (sh.head_dim, sh.block_size, sh.num_heads);
+    let group = nh / sh.num_kv_heads;
+    let kvd = sh.num_kv_heads * hd;
+    let n = pos + 1;
+    scores.clear();
+    scores.resize(nh * n, 0.0);
+    let row = |j: usize| (table[j / bs] as usize * bs + j % bs) * kvd;
+    for j in 0..n {
+        if j + PREFETCH_AHEAD < n {
+            prefetch(&kc[row(j + PREFETCH_AHEAD)..row(j + PREFETCH_AHEAD) + kvd]);
+        }
+        let k = &kc[row(j)..row(j) + kvd];
+        for (h, qh) in q.chunks_exact(hd).enumerate() {
+            let kh = &k[h / group * hd..(h / group + 1) * hd];
+            scores[h * n + j] = dot::<AVX>(qh, kh) * sh.scale;
+        }
+    }
+    for s in scores.chunks_exact_mut(n) {
+        let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for v in s.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        let inv = 1.0 / sum;
+        for v in s.iter_mut() {
+            *v *= inv;
+        }
+    }
+    out.fill(0.0);
+    for j in 0..n {
+        if j + PREFETCH_AHEAD < n {
+            prefetch(&vc[row(j + PREFETCH_AHEAD)..row(j + PREFETCH_AHEAD) + kvd]);
+        }
+        let v = &vc[row(j)..row(j) + kvd];
+        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+            let vh = &v[h / group * hd..(h / group + 1) * hd];
+            axpy::<AVX>(scores[h * n + j], vh, oh);
+        }
+    }
+}
+
+/// Asks for the cache lines of `row` ahead of use (a hint; nothing on other architectures).
+#[inline(always)]
+fn prefetch(row: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in row.chunks(16) {
+        // SAFETY: a prefetch hint on an address inside a live slice; it never faults.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast::<i8>(),
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
+}
+
+/// `Σ a·b`. With `AVX` (caller compiled for AVX2+FMA, length a multiple of 8): two 8-lane
+/// fused accumulators; otherwise in order.
+#[inline(always)]
+fn dot<const AVX: bool>(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if AVX {
+        use std::arch::x86_64::*;
+        assert!(a.len() == b.len() && a.len().is_multiple_of(8));
+        // SAFETY: AVX2+FMA are enabled in every caller with AVX = true; every load is of
+        // 8 floats at i < len, len a multiple of 8 (asserted).
+        unsafe {
+            let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            while i + 16 <= a.len() {
+                s0 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i)),
+                    _mm256_loadu_ps(b.as_ptr().add(i)),
+                    s0,
+                );
+                s1 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i + 8)),
+                    _mm256_loadu_ps(b.as_ptr().add(i + 8)),
+                    s1,
+                );
+                i += 16;
+            }
+            if i < a.len() {
+                s0 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i)),
+                    _mm256_loadu_ps(b.as_ptr().add(i)),
+                    s0,
+                );
+            }
+            let s = _mm256_add_ps(s0, s1);
+            let h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            let h = _mm_add_ss(h, _mm_shuffle_ps::<1>(h, h));
+            return _mm_cvtss_f32(h);
+        }
+    }
+    a.iter().zip(b).fold(0f32, |s, (&x, &y)| x.mul_add(y, s))
+}
+
+/// `o += p·v`. With `AVX`: 8 lanes at a time (caller compiled for AVX2+FMA, length a multiple
+/// of 8); the same fused multiply-adds either way.
+#[inline(always)]
+fn axpy<const AVX: bool>(p: f32, v: &[f32], o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX {
+        use std::arch::x86_64::*;
+        assert!(v.len() == o.len() && v.len().is_multiple_of(8));
+        // SAFETY: as in `dot`.
+        unsafe {
+            let pv = _mm256_set1_ps(p);
+            for i in (0..v.len()).step_by(8) {
+                let acc = _mm256_loadu_ps(o.as_ptr().add(i));
+                let r = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v.as_ptr().add(i)), acc);
+                _mm256_storeu_ps(o.as_mut_ptr().add(i), r);
+            }
+        }
+        return;
+    }
+    for (o, &vv) in o.iter_mut().zip(v) {
+        *o = p.mul_add(vv, *o);
+    }
+}
+
 /// Runs one step over all chunks; returns the logits of each chunk's last position.
 ///
 /// # Errors
@@ -460,7 +751,6 @@ pub fn forward(
     let mut act = vec![0f32; n * hp.ffn_size];
     let bs = kv.block_size;
     let nkv = hp.num_kv_heads;
-    let group = hp.num_heads / nkv;
     let scale = 1.0 / (hd as f32).sqrt();
     for (l, layer) in w.layers.iter().enumerate() {
         for i in 0..n {
@@ -487,37 +777,20 @@ pub fn forward(
         let (kc, vc) = (&*kc, &*vc);
         let qkv_ref = &qkv;
         let tok_ref = &tok;
-        att.par_chunks_mut(qd).enumerate().for_each(|(i, out)| {
-            let (ci, pos) = tok_ref[i];
-            let table = chunks[ci].block_table;
-            let q_all = &qkv_ref[i * qkv_w..i * qkv_w + qd];
-            let mut scores = vec![0f32; pos + 1];
-            for head in 0..hp.num_heads {
-                let kvh = head / group;
-                let q = &q_all[head * hd..(head + 1) * hd];
-                let mut max = f32::NEG_INFINITY;
-                for (j, s) in scores.iter_mut().enumerate() {
-                    let base = (table[j / bs] as usize * bs + j % bs) * kvd + kvh * hd;
-                    *s = cpu::dot(q, &kc[base..base + hd]) * scale;
-                    max = max.max(*s);
-                }
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let inv = 1.0 / sum;
-                let oh = &mut out[head * hd..(head + 1) * hd];
-                oh.fill(0.0);
-                for (j, &p) in scores.iter().enumerate() {
-                    let base = (table[j / bs] as usize * bs + j % bs) * kvd + kvh * hd;
-                    let p = p * inv;
-                    for (ov, &vv) in oh.iter_mut().zip(&vc[base..base + hd]) {
-                        *ov += p * vv;
-                    }
-                }
-            }
-        });
+        let shape = AttnShape {
+            num_heads: hp.num_heads,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            block_size: bs,
+            scale,
+        };
+        att.par_chunks_mut(qd)
+            .enumerate()
+            .for_each_init(Vec::new, |scores, (i, out)| {
+                let (ci, pos) = tok_ref[i];
+                let q = &qkv_ref[i * qkv_w..i * qkv_w + qd];
+                attend(&shape, q, kc, vc, chunks[ci].block_table, pos, out, scores);
+            });
         cpu::matmul(&att, n, &layer.wo, &mut o);
         for (xv, ov) in x.iter_mut().zip(&o) {
             *xv += ov;
@@ -532,12 +805,13 @@ pub fn forward(
         }
         cpu::matmul(&hbuf, n, &layer.w_gate_up, &mut gu);
         let f = hp.ffn_size;
-        for i in 0..n {
-            let (g, u) = gu[i * 2 * f..(i + 1) * 2 * f].split_at(f);
-            for ((a, &gv), &uv) in act[i * f..(i + 1) * f].iter_mut().zip(g).zip(u) {
-                *a = gv / (1.0 + (-gv).exp()) * uv;
-            }
-        }
+        act.par_chunks_mut(f)
+            .zip(gu.par_chunks(2 * f))
+            .with_min_len(4)
+            .for_each(|(a, gu)| {
+                let (g, u) = gu.split_at(f);
+                silu_mul(g, u, a);
+            });
         cpu::matmul(&act, n, &layer.w_down, &mut o);
         for (xv, ov) in x.iter_mut().zip(&o) {
             *xv += ov;
