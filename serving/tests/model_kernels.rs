@@ -2,7 +2,7 @@
 //! property that batching never changes a result bit.
 
 use brownout_serving::model::cpu::{
-    Isa, Kernel, MatData, Matrix, matmul_with, pack_tokens, packed_matmul_on,
+    Isa, Kernel, MatData, Matrix, WeightBuf, matmul_with, pack_tokens, packed_matmul_on,
 };
 use brownout_serving::model::gguf::GgmlType;
 use brownout_serving::model::llama::{exp_approx, silu_mul};
@@ -311,4 +311,27 @@ fn silu_mul_is_the_same_on_the_vector_and_scalar_paths() {
     silu_mul(&[-1000.0, 1000.0], &[1.0, 1.0], &mut o);
     assert!(o[0] <= 0.0 && o[0] > -1e-30, "{}", o[0]);
     assert_eq!(o[1], 1000.0);
+}
+
+#[test]
+fn weight_buffers_are_zeroed_huge_page_aligned_and_clone_deeply() {
+    let mut b = WeightBuf::zeroed(1_000_003);
+    assert_eq!(b.len(), 1_000_003);
+    assert!(b.iter().all(|&v| v == 0.0));
+    assert_eq!(
+        b.as_ptr() as usize % (2 << 20),
+        0,
+        "starts on a 2 MiB boundary"
+    );
+    b[0] = 1.5;
+    b[1_000_002] = -2.0;
+    let c = b.clone();
+    b[0] = 9.0;
+    assert_eq!((c[0], c[1_000_002], b[0]), (1.5, -2.0, 9.0));
+    assert!(WeightBuf::zeroed(0).is_empty());
+    // Many maps and unmaps: each buffer gives its mapping back when dropped.
+    for _ in 0..200 {
+        let t = WeightBuf::zeroed(3 << 20);
+        assert_eq!(t[t.len() - 1], 0.0);
+    }
 }

@@ -74,8 +74,35 @@ pub fn cpu_seconds() -> Option<f64> {
     Some((utime + stime) / 100.0)
 }
 
+/// Rounds the decode measurement is split into (see [`bench_model`]).
+pub const BENCH_ROUNDS: usize = 8;
+
+/// One batch size's sequences, KV and figures while [`bench_model`] runs.
+struct DecodeRun {
+    batch: usize,
+    kv: super::KvTensors,
+    tables: Vec<Vec<u32>>,
+    next: Vec<u32>,
+    pos: usize,
+    tok_per_s: Vec<f64>,
+    tokens: usize,
+    cpu: f64,
+}
+
+/// The middle value (mean of the two middle ones for an even count); 0 for none.
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
 /// Measures decode throughput at each batch size (each sequence a distinct 16-token prompt,
-/// `decode_steps` steps after prefill) and the TTFT of one `ttft_prompt_len`-token prompt.
+/// about `decode_steps` steps after prefill, in [`BENCH_ROUNDS`] interleaved rounds) and the
+/// TTFT of one `ttft_prompt_len`-token prompt.
 ///
 /// # Errors
 /// As [`LoadedModel::forward`].
@@ -98,8 +125,17 @@ pub fn bench_model(
             value: model.weight_bytes(route) as f64 / (1 << 20) as f64,
             unit: "MiB",
         });
+        // Every batch size gets its own sequences and KV, then the sizes take turns, a round
+        // of steps each, so that each size sees the same machine: on a shared host the speed
+        // drifts by tens of percent over seconds, and measuring batch 1 and batch 32 minutes
+        // apart made their ratio swing with it. Each figure is the median over rounds; the
+        // batch-N / batch-1 ratio is the median of the per-round ratios.
+        let rounds = BENCH_ROUNDS.min(decode_steps.max(1));
+        let steps_per_round = decode_steps.div_ceil(rounds).max(1);
+        let total = rounds * steps_per_round;
+        let per_seq = (prompt_len + total + 1).div_ceil(bs);
+        let mut runs: Vec<DecodeRun> = Vec::new();
         for &b in batches {
-            let per_seq = (prompt_len + decode_steps + 1).div_ceil(bs);
             let mut kv = model.new_kv(per_seq * b, bs);
             let tables: Vec<Vec<u32>> = (0..b)
                 .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
@@ -118,33 +154,76 @@ pub fn bench_model(
                     block_table: &tables[s],
                 })
                 .collect();
-            let mut logits = model.forward(route, &chunks, &mut kv)?;
-            let t0 = Instant::now();
-            let c0 = cpu_seconds();
-            for step in 0..decode_steps {
-                let next: Vec<u32> = logits.iter().map(|l| argmax(l)).collect();
-                let chunks: Vec<SeqChunk<'_>> = (0..b)
-                    .map(|s| SeqChunk {
-                        tokens: std::slice::from_ref(&next[s]),
-                        start_pos: prompt_len + step,
-                        block_table: &tables[s],
-                    })
-                    .collect();
-                logits = model.forward(route, &chunks, &mut kv)?;
+            let logits = model.forward(route, &chunks, &mut kv)?;
+            let next = logits.iter().map(|l| argmax(l)).collect();
+            runs.push(DecodeRun {
+                batch: b,
+                kv,
+                tables,
+                next,
+                pos: prompt_len,
+                tok_per_s: Vec::new(),
+                tokens: 0,
+                cpu: 0.0,
+            });
+        }
+        for _ in 0..rounds {
+            for run in &mut runs {
+                let t0 = Instant::now();
+                let c0 = cpu_seconds();
+                for _ in 0..steps_per_round {
+                    let chunks: Vec<SeqChunk<'_>> = (0..run.batch)
+                        .map(|s| SeqChunk {
+                            tokens: std::slice::from_ref(&run.next[s]),
+                            start_pos: run.pos,
+                            block_table: &run.tables[s],
+                        })
+                        .collect();
+                    let logits = model.forward(route, &chunks, &mut run.kv)?;
+                    run.next = logits.iter().map(|l| argmax(l)).collect();
+                    run.pos += 1;
+                }
+                let secs = t0.elapsed().as_secs_f64();
+                run.tok_per_s
+                    .push((run.batch * steps_per_round) as f64 / secs);
+                run.tokens += run.batch * steps_per_round;
+                if let (Some(c0), Some(c1)) = (c0, cpu_seconds()) {
+                    run.cpu += c1 - c0;
+                }
             }
-            let secs = t0.elapsed().as_secs_f64();
+        }
+        let base = runs
+            .iter()
+            .find(|r| r.batch == 1)
+            .map(|r| r.tok_per_s.clone());
+        for run in &runs {
+            let b = run.batch;
             rows.push(BenchRow {
                 route: r,
                 what: format!("decode batch {b}"),
-                value: (b * decode_steps) as f64 / secs,
+                value: median(&run.tok_per_s),
                 unit: "tokens/s",
             });
-            if let (Some(c0), Some(c1)) = (c0, cpu_seconds()) {
+            if run.cpu > 0.0 {
                 rows.push(BenchRow {
                     route: r,
                     what: format!("decode batch {b}, per CPU-second"),
-                    value: (b * decode_steps) as f64 / (c1 - c0).max(0.01),
+                    value: run.tokens as f64 / run.cpu.max(0.01),
                     unit: "tokens/CPU-s",
+                });
+            }
+            if let Some(base) = base.as_ref().filter(|_| b > 1) {
+                let ratios: Vec<f64> = run
+                    .tok_per_s
+                    .iter()
+                    .zip(base)
+                    .map(|(n, one)| n / one)
+                    .collect();
+                rows.push(BenchRow {
+                    route: r,
+                    what: format!("decode batch {b} / batch 1 (median of {rounds} paired rounds)"),
+                    value: median(&ratios),
+                    unit: "×",
                 });
             }
         }
@@ -237,4 +316,49 @@ pub fn bench_matmul(rows: usize, cols: usize, batches: &[usize], reps: usize) ->
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Device;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
+
+    #[test]
+    fn interleaved_rounds_report_every_batch_and_the_ratio_to_batch_1() {
+        let model = LoadedModel::load("tiny-random", Device::Cpu).expect("tiny-random loads");
+        let report = bench_model(&model, &[Route::Primary], &[1, 4], 10, 8).expect("bench runs");
+        let one = report
+            .get("primary", "decode batch 1")
+            .expect("batch 1 row");
+        let four = report
+            .get("primary", "decode batch 4")
+            .expect("batch 4 row");
+        assert!(one > 0.0 && four > 0.0, "{one} {four}");
+        // 10 steps in 8 rounds: 2 steps a round, 16 per batch size, all within the KV made for
+        // them (a step past it would be an error, not a row).
+        let ratio = report
+            .get(
+                "primary",
+                &format!("decode batch 4 / batch 1 (median of {BENCH_ROUNDS} paired rounds)"),
+            )
+            .expect("ratio row");
+        assert!(ratio > 0.0 && ratio.is_finite(), "{ratio}");
+        assert!(
+            report
+                .get(
+                    "primary",
+                    &format!("decode batch 1 / batch 1 (median of {BENCH_ROUNDS} paired rounds)")
+                )
+                .is_none(),
+            "no ratio of batch 1 to itself"
+        );
+        assert!(report.get("primary", "TTFT 8-token prompt").is_some());
+    }
 }

@@ -37,7 +37,7 @@ pub enum MatData {
     /// f32 packed for the [`Kernel::Packed`] micro-kernel: panels of [`PANEL`] rows (the last
     /// padded with zeros), each stored k-major: for every input column `k`, the panel's
     /// [`PANEL`] weights of that column side by side.
-    Packed(Vec<f32>),
+    Packed(WeightBuf),
 }
 
 /// Rows per packed panel: two AVX2 registers of f32.
@@ -172,7 +172,7 @@ impl Matrix {
         };
         let (rows, cols) = (self.rows, self.cols);
         let panels = rows.div_ceil(PANEL);
-        let mut p = vec![0f32; panels * PANEL * cols];
+        let mut p = WeightBuf::zeroed(panels * PANEL * cols);
         for r in 0..rows {
             let base = r / PANEL * PANEL * cols + r % PANEL;
             for (k, &w) in v[r * cols..(r + 1) * cols].iter().enumerate() {
@@ -248,6 +248,111 @@ impl Matrix {
             }
         };
         Matrix { rows, cols, data }
+    }
+}
+
+/// Zeroed floats for weights that are streamed whole every step, in their own anonymous
+/// mapping that starts on a 2 MiB boundary and is untouched until written, which the kernel
+/// is asked (Linux `madvise(MADV_HUGEPAGE)`) to back with transparent huge pages: one TLB
+/// entry then covers 512 × more of the stream, and the page walks that stalled the weight
+/// loads go away (docs/BENCHMARKS.md). A heap `Vec` could not do this: its start is not
+/// aligned and its pages may already be touched. Where huge pages are off this is an ordinary
+/// mapping.
+pub struct WeightBuf {
+    ptr: std::ptr::NonNull<f32>,
+    len: usize,
+    /// Bytes mapped at `ptr` (len × 4 rounded up to a page, at least one page).
+    bytes: usize,
+}
+
+// SAFETY: WeightBuf owns its mapping exclusively, like a Vec<f32>.
+unsafe impl Send for WeightBuf {}
+// SAFETY: as above; shared access is read-only.
+unsafe impl Sync for WeightBuf {}
+
+impl WeightBuf {
+    /// `len` zeros.
+    ///
+    /// # Panics
+    /// If the system cannot map the memory (as a `Vec` would abort).
+    pub fn zeroed(len: usize) -> WeightBuf {
+        const PAGE: usize = 4096;
+        const HUGE: usize = 2 << 20;
+        let bytes = (len * std::mem::size_of::<f32>())
+            .max(1)
+            .next_multiple_of(PAGE);
+        let map_len = bytes + HUGE;
+        // SAFETY: a fresh private anonymous mapping; only its own parts are unmapped below.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert!(
+                p != libc::MAP_FAILED,
+                "cannot map {map_len} bytes for weights: {}",
+                std::io::Error::last_os_error()
+            );
+            let base = p as usize;
+            let start = base.next_multiple_of(HUGE);
+            if start > base {
+                libc::munmap(p, start - base);
+            }
+            let end = start + bytes;
+            if base + map_len > end {
+                libc::munmap(end as *mut libc::c_void, base + map_len - end);
+            }
+            #[cfg(target_os = "linux")]
+            libc::madvise(start as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
+            WeightBuf {
+                ptr: std::ptr::NonNull::new(start as *mut f32).expect("mmap gave a null address"),
+                len,
+                bytes,
+            }
+        }
+    }
+}
+
+impl Drop for WeightBuf {
+    fn drop(&mut self) {
+        // SAFETY: exactly the range `zeroed` kept mapped; nothing borrows it any more.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast::<libc::c_void>(), self.bytes);
+        }
+    }
+}
+
+impl std::ops::Deref for WeightBuf {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        // SAFETY: the mapping is page-aligned, holds at least len f32s, and lives as long as
+        // self; zeroed bytes are valid f32s.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for WeightBuf {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as in deref, and &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Clone for WeightBuf {
+    fn clone(&self) -> WeightBuf {
+        let mut c = WeightBuf::zeroed(self.len);
+        c.copy_from_slice(self);
+        c
+    }
+}
+
+impl std::fmt::Debug for WeightBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WeightBuf({} floats)", self.len)
     }
 }
 
@@ -327,18 +432,20 @@ pub fn packed_matmul_on(
         "packed_matmul: {isa:?} is not available on this CPU"
     );
     let (xp, stride) = pack_tokens(x, n, cols);
-    // Eight tasks per thread (at least four panels each): a slow or preempted core leaves
-    // little of the step to wait for.
-    let per = panels.div_ceil(threads.max(1) * 8).max(4);
+    // Up to eight tasks per thread, at least four panels each, a multiple of the thread
+    // count, panels spread evenly: a slow or preempted core leaves little of the step to wait
+    // for, and no thread gets a task more than another.
+    let threads = threads.max(1);
+    let tasks = ((panels / 4).min(threads * 8) / threads * threads).max(1);
     let out = OutPtr(y.as_mut_ptr());
     let xp = &xp[..];
-    (0..panels.div_ceil(per)).into_par_iter().for_each(|i| {
+    (0..tasks).into_par_iter().for_each(|i| {
         // Capture the whole `OutPtr` (Send), not its raw-pointer field (edition 2021 closures
         // capture fields).
         #[allow(clippy::redundant_locals)]
         let out = out;
         let mut accs = [[0f32; PANEL]; TOKEN_BLOCK];
-        let (p0, p1) = (i * per, ((i + 1) * per).min(panels));
+        let (p0, p1) = (i * panels / tasks, (i + 1) * panels / tasks);
         let mut tb = 0;
         while tb < n {
             let te = (tb + TOKEN_BLOCK).min(n);
@@ -482,7 +589,11 @@ unsafe fn panel_tokens(
                 stride,
                 k0,
                 k1,
-                prefetch: t == tk.t0 && prefetch_on(),
+                prefetch: match (t == tk.t0, tk.t1 - tk.t0 > stride) {
+                    (false, _) => Prefetch::None,
+                    (true, false) => Prefetch::Near,
+                    (true, true) => Prefetch::NextChunk,
+                },
             };
             match isa {
                 #[cfg(target_arch = "x86_64")]
@@ -547,32 +658,55 @@ struct Chunk<'a> {
     stride: usize,
     k0: usize,
     k1: usize,
-    /// Ask for the panel's lines [`PREFETCH_K`] columns ahead (the first group of a chunk,
-    /// which reads the panel from memory; the other groups find it in L1).
-    prefetch: bool,
+    /// Whether and how far ahead this pass asks for the panel's lines (only the first group
+    /// of a chunk does: it reads the panel from memory, the other groups find it in L1).
+    prefetch: Prefetch,
 }
 
-/// How far ahead (in input columns, one 64-byte line of a panel each) the kernel prefetches
-/// the weights: enough to cover a memory latency at a few cycles per column. The panels are
-/// contiguous, so this runs on into the next chunk and the next panel.
-const PREFETCH_K: usize = 64;
-
-fn prefetch_on() -> bool {
-    static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *P.get_or_init(|| std::env::var("BROWNOUT_PREFETCH").as_deref() != Ok("0"))
+/// How the weights are prefetched, one 64-byte line (one input column of a panel) per column
+/// processed. The panels are contiguous, so this runs on into the next chunk and panel.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Prefetch {
+    None,
+    /// One group of tokens (batch ≤ 8): the panel is used once, so stream it into L1
+    /// [`PREFETCH_NEAR`] columns ahead.
+    Near,
+    /// Several groups reuse each chunk from L1: ask for the next chunk ([`KC`] columns ahead)
+    /// into L2 only, so it is there when needed without evicting the chunk in use. Measured:
+    /// 64–72 ms per batch-32 SmolLM2 step against 68–83 ms with [`Prefetch::Near`]
+    /// (docs/BENCHMARKS.md).
+    NextChunk,
 }
+
+impl Prefetch {
+    fn distance(self) -> usize {
+        match self {
+            Prefetch::Near => PREFETCH_NEAR,
+            Prefetch::NextChunk => KC,
+            Prefetch::None => 0,
+        }
+    }
+}
+
+/// Columns ahead for [`Prefetch::Near`]: a memory latency at a few cycles per column.
+const PREFETCH_NEAR: usize = 64;
 
 /// A prefetch hint for the cache line at `p` (which may lie past the end of the weights: a
-/// prefetch never faults).
+/// prefetch never faults): into L1 for [`Prefetch::Near`], L2 for [`Prefetch::NextChunk`].
 #[inline(always)]
-fn prefetch_line(p: *const f32) {
+fn prefetch_line(p: *const f32, how: Prefetch) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a hint only; no memory is accessed architecturally.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>());
+        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
+        match how {
+            Prefetch::Near => _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>()),
+            Prefetch::NextChunk => _mm_prefetch::<_MM_HINT_T1>(p.cast::<i8>()),
+            Prefetch::None => {}
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+    let _ = (p, how);
 }
 
 /// Same arithmetic as the SIMD kernels (one fused multiply-add per (row, token, k), in `k`
@@ -606,8 +740,11 @@ unsafe fn panel_avx512<const NT: usize>(ch: &Chunk<'_>, acc: &mut [[f32; PANEL]]
     let mut a: [_; NT] = std::array::from_fn(|j| unsafe { _mm512_loadu_ps(acc[j].as_ptr()) });
     let (wp, xp) = (ch.panel.as_ptr(), ch.group.as_ptr());
     for k in ch.k0..ch.k1 {
-        if ch.prefetch {
-            prefetch_line(wp.wrapping_add((k + PREFETCH_K) * PANEL));
+        if ch.prefetch != Prefetch::None {
+            prefetch_line(
+                wp.wrapping_add((k + ch.prefetch.distance()) * PANEL),
+                ch.prefetch,
+            );
         }
         let w = unsafe { _mm512_loadu_ps(wp.add(k * PANEL)) };
         let xk = unsafe { xp.add(k * ch.stride) };
@@ -640,8 +777,11 @@ unsafe fn panel_avx2<const NT: usize>(ch: &Chunk<'_>, j0: usize, acc: &mut [[f32
         std::array::from_fn(|j| unsafe { _mm256_loadu_ps(acc[j].as_ptr().add(8)) });
     let (wp, xp) = (ch.panel.as_ptr(), ch.group.as_ptr());
     for k in ch.k0..ch.k1 {
-        if ch.prefetch && j0 == 0 {
-            prefetch_line(wp.wrapping_add((k + PREFETCH_K) * PANEL));
+        if ch.prefetch != Prefetch::None && j0 == 0 {
+            prefetch_line(
+                wp.wrapping_add((k + ch.prefetch.distance()) * PANEL),
+                ch.prefetch,
+            );
         }
         let (w0, w1) = unsafe {
             (
