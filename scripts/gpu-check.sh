@@ -8,8 +8,9 @@
 #
 # Needs libcuda (the driver) and libnvrtc.so.13 (CUDA 13 toolkit, or the PyPI wheel
 # nvidia-cuda-nvrtc unpacked somewhere; point NVRTC_DIR at the folder holding libnvrtc.so.13).
-# There is no model benchmark with a device flag yet (examples/bench_model.rs runs on the CPU),
-# so this only runs the tests; SmolLM2 is compared too when it was fetched (scripts/fetch-model.sh).
+# Then, when the tests pass and SmolLM2 was fetched (scripts/fetch-model.sh), the model
+# benchmark on the GPU (BENCH_DEVICE=cuda examples/bench_model.rs: decode batch 1/8/32, TTFT of
+# a 512-token prompt, the start-up health check on both routes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +38,16 @@ main() {
     cargo test -p brownout-serving --release --test model_cuda -- --nocapture --test-threads=1
     local rc=$?
     echo "== model_cuda: exit $rc after $((SECONDS - t0)) s"
+    [ $rc -eq 0 ] || return $rc
+    if [ -e "${BROWNOUT_MODEL_DIR:-$HOME/.cache/brownout/models}/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+        t0=$SECONDS
+        BENCH_DEVICE=cuda cargo run -p brownout-serving --release --example bench_model -- \
+            smollm2 32 1,8,32 512
+        rc=$?
+        echo "== bench_model (cuda): exit $rc after $((SECONDS - t0)) s"
+    else
+        echo "== bench_model skipped: SmolLM2 not fetched (scripts/fetch-model.sh)"
+    fi
     return $rc
 }
 

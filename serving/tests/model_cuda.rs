@@ -483,6 +483,21 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[test]
+fn the_start_up_health_check_runs_on_the_gpu_and_matches_the_cpu() {
+    let Some((model, mut gpu)) = cuda_tiny(64, 16) else {
+        return;
+    };
+    let on_gpu = gpu.health_check().expect("healthy on the GPU");
+    let on_cpu = ModelRunner::cpu(model, 64, 16)
+        .health_check()
+        .expect("healthy on the CPU");
+    for (g, c) in on_gpu.iter().zip(&on_cpu) {
+        eprintln!("{:?}: gpu {:?} cpu {:?}", g.route, g.generated, c.generated);
+        assert_eq!((g.route, &g.tokens), (c.route, &c.tokens));
+    }
+}
+
+#[test]
 fn greedy_generation_on_cuda_matches_the_cpu_tokens() {
     let Some((model, mut gpu)) = cuda_tiny(64, 16) else {
         return;

@@ -4,7 +4,7 @@
 
 use brownout_serving::model::gguf::Gguf;
 use brownout_serving::model::{
-    Device, KvTensors, LoadedModel, ModelError, Route, SeqChunk, quant, tiny,
+    Device, KvTensors, LoadedModel, ModelError, ModelRunner, Route, SeqChunk, quant, tiny,
 };
 
 /// A deliberately plain Llama: one token at a time, contiguous K/V, naive loops.
@@ -242,6 +242,35 @@ fn tiny_random_health_check_passes_on_both_routes() {
         assert!(!r.tokens.is_empty(), "{:?} generated nothing", r.route);
     }
     assert_eq!(m.config().num_kv_heads, tiny::KV_HEADS);
+}
+
+#[test]
+fn the_runner_health_check_runs_both_routes_through_its_own_kv_memory() {
+    // What `brownout-serve` runs at start on the device that will serve: the same tokens as
+    // the model's own check when the chat-templated prompt fits, "Hello" alone when the pool
+    // is smaller than the template, and an error naming the route when not even that fits.
+    let m = std::sync::Arc::new(tiny());
+    let own = m.health_check().expect("healthy");
+    let mut runner = ModelRunner::cpu(m.clone(), 64, 16);
+    let via_runner = runner.health_check().expect("healthy through the runner");
+    assert_eq!(via_runner.len(), 2);
+    for (a, b) in own.iter().zip(&via_runner) {
+        assert_eq!((a.route, &a.tokens), (b.route, &b.tokens));
+    }
+    let templated = m.encode_chat(&[brownout_serving::model::ChatMessage::new("user", "Hello")]);
+    let plain = m.tokenizer().encode("Hello");
+    assert!(templated.len() > 16 && plain.len() + 4 <= 8);
+    let mut small = ModelRunner::cpu(m.clone(), 2, 4);
+    let h = small.health_check().expect("plain Hello fits 8 positions");
+    assert_eq!(h.len(), 2);
+    let mut tiny_pool = ModelRunner::cpu(m, 1, 2);
+    match tiny_pool.health_check() {
+        Err(ModelError::Unhealthy { route, reason }) => {
+            assert_eq!(route, "primary");
+            assert!(reason.contains("KV blocks"), "{reason}");
+        }
+        other => panic!("expected Unhealthy, got {other:?}"),
+    }
 }
 
 #[test]

@@ -132,10 +132,7 @@ pub async fn build_state(
                 ModelChoice::Toy => unreachable!("handled above"),
             };
             let model = tokio::task::spawn_blocking(move || -> anyhow::Result<LoadedModel> {
-                let m = LoadedModel::load(&spec, device)
-                    .with_context(|| format!("loading model {spec}"))?;
-                m.warm_up().context("model health check")?;
-                Ok(m)
+                LoadedModel::load(&spec, device).with_context(|| format!("loading model {spec}"))
             })
             .await
             .context("model loader thread")??;
@@ -177,8 +174,17 @@ pub async fn build_state(
             Some(control.clone()),
         ),
         Some(m) => {
-            let runner = ModelRunner::with_device(m.clone(), opts.num_blocks, opts.block_size, device)
-                .context("placing the model and its K/V blocks")?;
+            let (m, blocks, bs) = (m.clone(), opts.num_blocks, opts.block_size);
+            // Placed on its device, then the start-up health check runs there: both routes
+            // generate from "Hello" before the engine (and so `/health`) can go ready.
+            let runner = tokio::task::spawn_blocking(move || -> anyhow::Result<ModelRunner> {
+                let mut runner = ModelRunner::with_device(m, blocks, bs, device)
+                    .context("placing the model and its K/V blocks")?;
+                runner.health_check().context("model health check")?;
+                Ok(runner)
+            })
+            .await
+            .context("model health check thread")??;
             tracing::info!(device = %runner.device_name(), cuda = runner.is_cuda(), "model runner ready");
             spawn_engine(
                 cfg,

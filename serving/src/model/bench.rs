@@ -8,7 +8,7 @@ use super::cpu::{Kernel, MatData, Matrix, matmul_with};
 use super::gguf::GgmlType;
 use super::loaded::argmax;
 use super::quant;
-use super::{LoadedModel, ModelError, Route, SeqChunk};
+use super::{ModelError, ModelRunner, Route, SeqChunk};
 
 /// One measured figure.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -80,7 +80,6 @@ pub const BENCH_ROUNDS: usize = 8;
 /// One batch size's sequences, KV and figures while [`bench_model`] runs.
 struct DecodeRun {
     batch: usize,
-    kv: super::KvTensors,
     tables: Vec<Vec<u32>>,
     next: Vec<u32>,
     pos: usize,
@@ -100,23 +99,54 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// Measures decode throughput at each batch size (each sequence a distinct 16-token prompt,
-/// about `decode_steps` steps after prefill, in [`BENCH_ROUNDS`] interleaved rounds) and the
-/// TTFT of one `ttft_prompt_len`-token prompt.
+/// Positions per KV block in [`bench_model`].
+pub const BENCH_BLOCK: usize = 16;
+/// Prompt tokens of each decoding sequence in [`bench_model`].
+const BENCH_PROMPT: usize = 16;
+
+/// KV blocks (of [`BENCH_BLOCK`] positions) a [`ModelRunner`] needs for
+/// [`bench_model`]`(…, batches, decode_steps, ttft_prompt_len)`: each batch size's sequences
+/// and the long prompt get blocks of their own.
+pub fn bench_blocks(batches: &[usize], decode_steps: usize, ttft_prompt_len: usize) -> usize {
+    let (rounds, per_round) = bench_rounds(decode_steps);
+    let per_seq = (BENCH_PROMPT + rounds * per_round + 1).div_ceil(BENCH_BLOCK);
+    let decode: usize = batches.iter().map(|b| b * per_seq).sum();
+    decode.max(ttft_prompt_len.div_ceil(BENCH_BLOCK)).max(1)
+}
+
+/// Rounds and steps per round for about `decode_steps` steps.
+fn bench_rounds(decode_steps: usize) -> (usize, usize) {
+    let rounds = BENCH_ROUNDS.min(decode_steps.max(1));
+    (rounds, decode_steps.div_ceil(rounds).max(1))
+}
+
+/// Measures, on the runner's device, decode throughput at each batch size (each sequence a
+/// distinct 16-token prompt, about `decode_steps` steps after prefill, in [`BENCH_ROUNDS`]
+/// interleaved rounds) and the TTFT of one `ttft_prompt_len`-token prompt. The runner needs
+/// [`bench_blocks`] blocks of [`BENCH_BLOCK`] positions.
 ///
 /// # Errors
-/// As [`LoadedModel::forward`].
+/// As [`ModelRunner::forward`]; [`ModelError::InvalidInput`] when the runner's KV memory is
+/// too small or has another block size.
 pub fn bench_model(
-    model: &LoadedModel,
+    runner: &mut ModelRunner,
     routes: &[Route],
     batches: &[usize],
     decode_steps: usize,
     ttft_prompt_len: usize,
 ) -> Result<BenchReport, ModelError> {
+    let need = bench_blocks(batches, decode_steps, ttft_prompt_len);
+    let (have, block) = runner.kv_shape();
+    if have < need || block != BENCH_BLOCK {
+        return Err(ModelError::InvalidInput(format!(
+            "the benchmark needs {need} KV blocks of {BENCH_BLOCK}; the runner has {have} of {block}"
+        )));
+    }
+    let model = runner.model.clone();
     let mut rows = Vec::new();
     let vocab = model.config().vocab_size as u32;
-    let bs = 16;
-    let prompt_len = 16;
+    let bs = BENCH_BLOCK;
+    let prompt_len = BENCH_PROMPT;
     for &route in routes {
         let r = route.as_str();
         rows.push(BenchRow {
@@ -130,16 +160,19 @@ pub fn bench_model(
         // drifts by tens of percent over seconds, and measuring batch 1 and batch 32 minutes
         // apart made their ratio swing with it. Each figure is the median over rounds; the
         // batch-N / batch-1 ratio is the median of the per-round ratios.
-        let rounds = BENCH_ROUNDS.min(decode_steps.max(1));
-        let steps_per_round = decode_steps.div_ceil(rounds).max(1);
+        let (rounds, steps_per_round) = bench_rounds(decode_steps);
         let total = rounds * steps_per_round;
         let per_seq = (prompt_len + total + 1).div_ceil(bs);
         let mut runs: Vec<DecodeRun> = Vec::new();
+        let mut first_block = 0;
         for &b in batches {
-            let mut kv = model.new_kv(per_seq * b, bs);
             let tables: Vec<Vec<u32>> = (0..b)
-                .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
+                .map(|s| {
+                    let s0 = first_block + s * per_seq;
+                    (s0 as u32..(s0 + per_seq) as u32).collect()
+                })
                 .collect();
+            first_block += b * per_seq;
             let prompts: Vec<Vec<u32>> = (0..b)
                 .map(|s| {
                     (0..prompt_len)
@@ -154,11 +187,10 @@ pub fn bench_model(
                     block_table: &tables[s],
                 })
                 .collect();
-            let logits = model.forward(route, &chunks, &mut kv)?;
+            let logits = runner.forward(route, &chunks)?;
             let next = logits.iter().map(|l| argmax(l)).collect();
             runs.push(DecodeRun {
                 batch: b,
-                kv,
                 tables,
                 next,
                 pos: prompt_len,
@@ -179,7 +211,7 @@ pub fn bench_model(
                             block_table: &run.tables[s],
                         })
                         .collect();
-                    let logits = model.forward(route, &chunks, &mut run.kv)?;
+                    let logits = runner.forward(route, &chunks)?;
                     run.next = logits.iter().map(|l| argmax(l)).collect();
                     run.pos += 1;
                 }
@@ -231,17 +263,15 @@ pub fn bench_model(
             let prompt: Vec<u32> = (0..ttft_prompt_len)
                 .map(|i| ((i * 104_729 + 3) as u32) % vocab)
                 .collect();
-            let mut kv = model.new_kv(ttft_prompt_len.div_ceil(bs), bs);
-            let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+            let table: Vec<u32> = (0..ttft_prompt_len.div_ceil(bs) as u32).collect();
             let t0 = Instant::now();
-            model.forward(
+            runner.forward(
                 route,
                 &[SeqChunk {
                     tokens: &prompt,
                     start_pos: 0,
                     block_table: &table,
                 }],
-                &mut kv,
             )?;
             rows.push(BenchRow {
                 route: r,
@@ -261,7 +291,7 @@ pub fn bench_model(
     }
     Ok(BenchReport {
         model: model.config().name.clone(),
-        device: model.device_name().to_string(),
+        device: runner.device_name(),
         threads: rayon::current_num_threads(),
         rows,
     })
@@ -321,7 +351,7 @@ pub fn bench_matmul(rows: usize, cols: usize, batches: &[usize], reps: usize) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Device;
+    use crate::model::{Device, LoadedModel};
 
     #[test]
     fn median_of_odd_even_and_empty() {
@@ -333,7 +363,15 @@ mod tests {
     #[test]
     fn interleaved_rounds_report_every_batch_and_the_ratio_to_batch_1() {
         let model = LoadedModel::load("tiny-random", Device::Cpu).expect("tiny-random loads");
-        let report = bench_model(&model, &[Route::Primary], &[1, 4], 10, 8).expect("bench runs");
+        let need = bench_blocks(&[1, 4], 10, 8);
+        // 16 prompt + 16 steps + 1 = 33 positions: 3 blocks a sequence, 5 sequences.
+        assert_eq!(need, 15);
+        let mut small = ModelRunner::cpu(std::sync::Arc::new(model), need - 1, BENCH_BLOCK);
+        let err = bench_model(&mut small, &[Route::Primary], &[1, 4], 10, 8).unwrap_err();
+        assert!(err.to_string().contains("needs 15 KV blocks"), "{err}");
+        let mut runner = ModelRunner::cpu(small.model.clone(), need, BENCH_BLOCK);
+        let report =
+            bench_model(&mut runner, &[Route::Primary], &[1, 4], 10, 8).expect("bench runs");
         let one = report
             .get("primary", "decode batch 1")
             .expect("batch 1 row");

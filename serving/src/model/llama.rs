@@ -174,6 +174,16 @@ impl RouteWeights {
         quantized: bool,
     ) -> Result<RouteWeights, ModelError> {
         let h = hp.hidden_size;
+        // Each matrix is finished as soon as it is read, so that only one dequantised f32
+        // copy is alive at a time (its heap space is reused by the next one, and the packed
+        // copies live in their own mappings): quantised matrices get their scales converted
+        // once for the integer kernel; f32 ones are packed for the CPU micro-kernel (unless
+        // BROWNOUT_MATMUL picks another kernel).
+        let pack = cpu::Kernel::from_env() == cpu::Kernel::Packed;
+        let finish = |m: Matrix| {
+            let m = m.prepared();
+            if pack { m.packed() } else { m }
+        };
         let mat =
             |name: &str, rows: usize, cols: usize| load_matrix(g, name, rows, cols, quantized);
         let vec = |name: &str, len: usize| load_vector(g, name, len);
@@ -182,53 +192,31 @@ impl RouteWeights {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
             layers.push(Layer {
                 attn_norm: vec(&p("attn_norm"), h)?,
-                wqkv: Matrix::concat_rows(vec![
+                wqkv: finish(Matrix::concat_rows(vec![
                     mat(&p("attn_q"), hp.q_dim(), h)?,
                     mat(&p("attn_k"), hp.kv_dim(), h)?,
                     mat(&p("attn_v"), hp.kv_dim(), h)?,
-                ]),
-                wo: mat(&p("attn_output"), h, hp.q_dim())?,
+                ])),
+                wo: finish(mat(&p("attn_output"), h, hp.q_dim())?),
                 ffn_norm: vec(&p("ffn_norm"), h)?,
-                w_gate_up: Matrix::concat_rows(vec![
+                w_gate_up: finish(Matrix::concat_rows(vec![
                     mat(&p("ffn_gate"), hp.ffn_size, h)?,
                     mat(&p("ffn_up"), hp.ffn_size, h)?,
-                ]),
-                w_down: mat(&p("ffn_down"), h, hp.ffn_size)?,
+                ])),
+                w_down: finish(mat(&p("ffn_down"), h, hp.ffn_size)?),
             });
         }
         let head = if g.tensor("output.weight").is_some() {
-            Some(mat("output.weight", hp.vocab_size, h)?)
+            Some(finish(mat("output.weight", hp.vocab_size, h)?))
         } else {
             None
         };
-        // Quantised matrices get their scales converted once, here, for the integer kernel.
-        for l in &mut layers {
-            for m in [&mut l.wqkv, &mut l.wo, &mut l.w_gate_up, &mut l.w_down] {
-                *m = std::mem::replace(m, Matrix::f32(0, 0, Vec::new())).prepared();
-            }
-        }
-        let mut w = RouteWeights {
-            embed: mat("token_embd.weight", hp.vocab_size, h)?.prepared(),
+        let w = RouteWeights {
+            embed: finish(mat("token_embd.weight", hp.vocab_size, h)?),
             layers,
             out_norm: vec("output_norm.weight", h)?,
-            head: head.map(Matrix::prepared),
+            head,
         };
-        // f32 matrices are packed once for the CPU micro-kernel (unless BROWNOUT_MATMUL picks
-        // another kernel); quantised ones are left alone.
-        if cpu::Kernel::from_env() == cpu::Kernel::Packed {
-            let take = |m: &mut Matrix| {
-                *m = std::mem::replace(m, Matrix::f32(0, 0, Vec::new())).packed();
-            };
-            for l in &mut w.layers {
-                for m in [&mut l.wqkv, &mut l.wo, &mut l.w_gate_up, &mut l.w_down] {
-                    take(m);
-                }
-            }
-            take(&mut w.embed);
-            if let Some(hd) = w.head.as_mut() {
-                take(hd);
-            }
-        }
         Ok(w)
     }
 

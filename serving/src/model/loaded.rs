@@ -153,6 +153,44 @@ impl KvTensors {
     }
 }
 
+/// Tokens the start-up health check generates on each route.
+pub const HEALTH_TOKENS: usize = 4;
+
+/// Greedy decoding of `prompt` for up to `max_new` tokens (stopping after an EOS token) through
+/// `forward`, one sequence over the blocks of `table`; `check` sees every step's logits first.
+fn greedy_with(
+    eos: &[u32],
+    prompt: &[u32],
+    max_new: usize,
+    table: &[u32],
+    mut forward: impl FnMut(&[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError>,
+    mut check: impl FnMut(&[f32]) -> Result<(), ModelError>,
+) -> Result<Vec<u32>, ModelError> {
+    let mut out = Vec::new();
+    let mut logits = forward(&[SeqChunk {
+        tokens: prompt,
+        start_pos: 0,
+        block_table: table,
+    }])?;
+    for step in 0..max_new {
+        let last = logits.first().ok_or_else(|| {
+            ModelError::InvalidInput("the forward pass returned no logits".into())
+        })?;
+        check(last)?;
+        let next = argmax(last);
+        out.push(next);
+        if eos.contains(&next) || step + 1 == max_new {
+            break;
+        }
+        logits = forward(&[SeqChunk {
+            tokens: &[next],
+            start_pos: prompt.len() + step,
+            block_table: table,
+        }])?;
+    }
+    Ok(out)
+}
+
 /// Result of one route's start-up health check.
 #[derive(Debug, Clone)]
 pub struct RouteHealth {
@@ -387,42 +425,56 @@ impl LoadedModel {
         let total = prompt.len() + max_new;
         let mut kv = self.new_kv(total.div_ceil(bs).max(1), bs);
         let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
-        let mut out = Vec::new();
-        let mut logits = self.forward(
-            route,
-            &[SeqChunk {
-                tokens: prompt,
-                start_pos: 0,
-                block_table: &table,
-            }],
-            &mut kv,
-        )?;
-        for step in 0..max_new {
-            let next = argmax(&logits[0]);
-            out.push(next);
-            if self.config.eos_token_ids.contains(&next) || step + 1 == max_new {
-                break;
-            }
-            logits = self.forward(
-                route,
-                &[SeqChunk {
-                    tokens: &[next],
-                    start_pos: prompt.len() + step,
-                    block_table: &table,
-                }],
-                &mut kv,
-            )?;
-        }
-        Ok(out)
+        greedy_with(
+            &self.config.eos_token_ids,
+            prompt,
+            max_new,
+            &table,
+            |c| self.forward(route, c, &mut kv),
+            |_| Ok(()),
+        )
     }
 
-    /// Start-up health check: generates from "Hello" on each route; every logit must be finite.
+    /// Start-up health check, in this model's own CPU KV memory: generates from "Hello" on
+    /// each route; every logit of every step must be finite. ([`ModelRunner::health_check`]
+    /// does the same on the device that will serve.)
     ///
     /// # Errors
     /// [`ModelError::Unhealthy`] naming the route that failed.
     pub fn health_check(&self) -> Result<Vec<RouteHealth>, ModelError> {
+        self.check_routes(usize::MAX, |route, ids, check| {
+            let bs = 16;
+            let mut kv = self.new_kv((ids.len() + HEALTH_TOKENS).div_ceil(bs).max(1), bs);
+            let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+            greedy_with(
+                &self.config.eos_token_ids,
+                ids,
+                HEALTH_TOKENS,
+                &table,
+                |c| self.forward(route, c, &mut kv),
+                check,
+            )
+        })
+    }
+
+    /// Runs `generate(route, prompt ids, logits check)` from "Hello" on each resident route
+    /// and turns its result into a [`RouteHealth`] or an [`ModelError::Unhealthy`]. The prompt
+    /// is "Hello" in the chat template when it and the generated tokens fit in `max_positions`,
+    /// else "Hello" alone (a KV pool configured smaller than the template).
+    fn check_routes(
+        &self,
+        max_positions: usize,
+        mut generate: impl FnMut(
+            Route,
+            &[u32],
+            &mut dyn FnMut(&[f32]) -> Result<(), ModelError>,
+        ) -> Result<Vec<u32>, ModelError>,
+    ) -> Result<Vec<RouteHealth>, ModelError> {
         let prompt = "Hello";
-        let ids = self.encode_chat(&[ChatMessage::new("user", prompt)]);
+        let mut ids = self.encode_chat(&[ChatMessage::new("user", prompt)]);
+        if ids.len() + HEALTH_TOKENS > max_positions {
+            ids = self.tokenizer.encode(prompt);
+        }
         let mut out = Vec::new();
         for route in self.routes_resident() {
             let t0 = Instant::now();
@@ -430,26 +482,15 @@ impl LoadedModel {
                 route: route.as_str(),
                 reason,
             };
-            let bs = 16;
-            let mut kv = self.new_kv((ids.len() + 8).div_ceil(bs), bs);
-            let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
-            let logits = self
-                .forward(
-                    route,
-                    &[SeqChunk {
-                        tokens: &ids,
-                        start_pos: 0,
-                        block_table: &table,
-                    }],
-                    &mut kv,
-                )
-                .map_err(|e| unhealthy(e.to_string()))?;
-            if let Some(i) = logits[0].iter().position(|v| !v.is_finite()) {
-                return Err(unhealthy(format!("logit {i} is {}", logits[0][i])));
-            }
-            let tokens = self
-                .generate_greedy(route, &ids, 4)
-                .map_err(|e| unhealthy(e.to_string()))?;
+            let mut finite = |logits: &[f32]| match logits.iter().position(|v| !v.is_finite()) {
+                Some(i) => Err(ModelError::InvalidInput(format!(
+                    "logit {i} is {}",
+                    logits[i]
+                ))),
+                None => Ok(()),
+            };
+            let tokens =
+                generate(route, &ids, &mut finite).map_err(|e| unhealthy(e.to_string()))?;
             if tokens.is_empty() {
                 return Err(unhealthy("generated no token".into()));
             }
@@ -569,6 +610,8 @@ enum RunnerBackend {
 pub struct ModelRunner {
     pub model: std::sync::Arc<LoadedModel>,
     backend: RunnerBackend,
+    num_blocks: usize,
+    block_size: usize,
 }
 
 // The engine thread owns its runner: it must stay `Send` (CUDA handles included).
@@ -588,6 +631,8 @@ impl ModelRunner {
                     return ModelRunner {
                         model,
                         backend: RunnerBackend::Cuda(Box::new(r)),
+                        num_blocks,
+                        block_size,
                     };
                 }
                 Err(reason) => tracing::warn!(reason, "CUDA runner unavailable; using the CPU"),
@@ -602,6 +647,8 @@ impl ModelRunner {
         ModelRunner {
             model,
             backend: RunnerBackend::Cpu(kv),
+            num_blocks,
+            block_size,
         }
     }
 
@@ -626,9 +673,50 @@ impl ModelRunner {
                 Ok(ModelRunner {
                     model,
                     backend: RunnerBackend::Cuda(Box::new(r)),
+                    num_blocks,
+                    block_size,
                 })
             }
         }
+    }
+
+    /// The start-up health check on the device that will serve (the primary route on the GPU
+    /// when this runner is on CUDA, the fallback on the CPU): generates from "Hello" on each
+    /// route through [`ModelRunner::forward`], in the first blocks of this runner's KV memory,
+    /// and every logit of every step must be finite. Run it before the engine takes the runner:
+    /// it writes those blocks (the engine writes every position before reading it).
+    ///
+    /// # Errors
+    /// [`ModelError::Unhealthy`] naming the route and the reason (a CUDA error, a non-finite
+    /// logit, too few blocks for the check).
+    pub fn health_check(&mut self) -> Result<Vec<RouteHealth>, ModelError> {
+        let model = self.model.clone();
+        let (num_blocks, bs) = (self.num_blocks, self.block_size);
+        let device = self.device_name();
+        let report = model.check_routes(num_blocks * bs, |route, ids, check| {
+            let need = (ids.len() + HEALTH_TOKENS).div_ceil(bs);
+            if need > num_blocks {
+                return Err(ModelError::InvalidInput(format!(
+                    "the check needs {need} KV blocks of {bs}, the runner has {num_blocks}"
+                )));
+            }
+            let table: Vec<u32> = (0..need as u32).collect();
+            greedy_with(
+                &model.config.eos_token_ids,
+                ids,
+                HEALTH_TOKENS,
+                &table,
+                |c| self.forward(route, c),
+                check,
+            )
+        })?;
+        tracing::info!(device, "health check passed on both routes");
+        Ok(report)
+    }
+
+    /// KV blocks of this runner, and positions per block.
+    pub fn kv_shape(&self) -> (usize, usize) {
+        (self.num_blocks, self.block_size)
     }
 
     /// Whether the primary route runs on a CUDA device.

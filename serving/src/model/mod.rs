@@ -27,7 +27,10 @@ pub mod quant;
 pub mod tiny;
 pub mod tokenizer;
 
-pub use bench::{BenchReport, BenchRow, bench_matmul, bench_model, cpu_seconds, resident_bytes};
+pub use bench::{
+    BENCH_BLOCK, BenchReport, BenchRow, bench_blocks, bench_matmul, bench_model, cpu_seconds,
+    resident_bytes,
+};
 pub use chat::{ChatMessage, DEFAULT_SYSTEM_PROMPT};
 pub use fetch::{MODEL_FILE, fetch_model, model_dir};
 pub use loaded::{Device, KvTensors, LoadedModel, ModelError, ModelRunner, RouteHealth, argmax};
