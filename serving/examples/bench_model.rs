@@ -26,7 +26,12 @@ fn main() -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let model = Arc::new(LoadedModel::load(spec, device)?);
     eprintln!("loaded {} in {:.2?}", model.source(), t0.elapsed());
-    let blocks = bench_blocks(&batches, steps, ttft);
+    let routes: Vec<Route> = match std::env::var("BENCH_ROUTES").as_deref() {
+        Ok("primary") => vec![Route::Primary],
+        Ok("fallback") => vec![Route::Fallback],
+        _ => vec![Route::Primary, Route::Fallback],
+    };
+    let blocks = bench_blocks(routes.len(), &batches, steps, ttft);
     let mut runner = ModelRunner::with_device(model, blocks, BENCH_BLOCK, device)?;
     eprintln!("device: {}", runner.device_name());
     for h in runner.health_check()? {
@@ -35,11 +40,6 @@ fn main() -> anyhow::Result<()> {
             h.route, h.generated, h.elapsed_ms
         );
     }
-    let routes: Vec<Route> = match std::env::var("BENCH_ROUTES").as_deref() {
-        Ok("primary") => vec![Route::Primary],
-        Ok("fallback") => vec![Route::Fallback],
-        _ => vec![Route::Primary, Route::Fallback],
-    };
     let mut report = bench_model(&mut runner, &routes, &batches, steps, ttft)?;
     if std::env::var_os("BENCH_MATMUL").is_some() {
         // SmolLM2's gate+up matrix: 3072 × 576.

@@ -2,7 +2,8 @@
 //! property that batching never changes a result bit.
 
 use brownout_serving::model::cpu::{
-    Isa, Kernel, MatData, Matrix, WeightBuf, matmul_with, pack_tokens, packed_matmul_on,
+    Isa, Kernel, MatData, Matrix, QuantPath, WeightBuf, matmul_with, pack_tokens, packed_matmul_on,
+    quant_matmul_on,
 };
 use brownout_serving::model::gguf::GgmlType;
 use brownout_serving::model::llama::{exp_approx, silu_mul};
@@ -333,5 +334,36 @@ fn weight_buffers_are_zeroed_huge_page_aligned_and_clone_deeply() {
     for _ in 0..200 {
         let t = WeightBuf::zeroed(3 << 20);
         assert_eq!(t[t.len() - 1], 0.0);
+    }
+}
+
+#[test]
+fn the_quantised_kernel_gives_the_same_bits_on_every_path() {
+    // Row by row (AVX2 dot_row), tiles of 4 rows × 4 tokens with maddubs+madd, and the same
+    // tiles with AVX-512 VNNI: the same integer lanes and float operations per (row, token),
+    // so the fallback route's tokens depend neither on the batch nor on the CPU's extensions.
+    // Row and token counts leave remainders on both tile edges.
+    let paths = QuantPath::available();
+    println!("quantised paths on this CPU: {paths:?}");
+    for ty in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
+        for &(rows, cols) in &[(37, 96), (64, 576)] {
+            let w = seeded(rows * cols, 21);
+            let m = Matrix {
+                rows,
+                cols,
+                data: MatData::Quant(ty, quantize(ty, &w)),
+            }
+            .prepared();
+            for n in [1, 3, 4, 5, 9] {
+                let x = seeded(n * cols, 40 + n as u64);
+                let mut want = vec![0f32; n * rows];
+                quant_matmul_on(QuantPath::RowWise, &x, n, &m, &mut want);
+                for &path in &paths {
+                    let mut y = vec![f32::NAN; n * rows];
+                    quant_matmul_on(path, &x, n, &m, &mut y);
+                    assert_eq!(y, want, "{ty:?} {path:?} {rows}x{cols} n={n}");
+                }
+            }
+        }
     }
 }

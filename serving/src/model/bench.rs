@@ -79,6 +79,7 @@ pub const BENCH_ROUNDS: usize = 8;
 
 /// One batch size's sequences, KV and figures while [`bench_model`] runs.
 struct DecodeRun {
+    route: Route,
     batch: usize,
     tables: Vec<Vec<u32>>,
     next: Vec<u32>,
@@ -104,13 +105,17 @@ pub const BENCH_BLOCK: usize = 16;
 /// Prompt tokens of each decoding sequence in [`bench_model`].
 const BENCH_PROMPT: usize = 16;
 
-/// KV blocks (of [`BENCH_BLOCK`] positions) a [`ModelRunner`] needs for
-/// [`bench_model`]`(…, batches, decode_steps, ttft_prompt_len)`: each batch size's sequences
-/// and the long prompt get blocks of their own.
-pub fn bench_blocks(batches: &[usize], decode_steps: usize, ttft_prompt_len: usize) -> usize {
-    let (rounds, per_round) = bench_rounds(decode_steps);
-    let per_seq = (BENCH_PROMPT + rounds * per_round + 1).div_ceil(BENCH_BLOCK);
-    let decode: usize = batches.iter().map(|b| b * per_seq).sum();
+/// KV blocks (of [`BENCH_BLOCK`] positions) a [`ModelRunner`] needs for [`bench_model`] over
+/// `routes` routes: each (route, batch size)'s sequences get blocks of their own; the long
+/// prompt reuses the first ones afterwards.
+pub fn bench_blocks(
+    routes: usize,
+    batches: &[usize],
+    decode_steps: usize,
+    ttft_prompt_len: usize,
+) -> usize {
+    let per_seq = bench_positions(decode_steps).div_ceil(BENCH_BLOCK);
+    let decode: usize = routes * batches.iter().map(|b| b * per_seq).sum::<usize>();
     decode.max(ttft_prompt_len.div_ceil(BENCH_BLOCK)).max(1)
 }
 
@@ -120,10 +125,24 @@ fn bench_rounds(decode_steps: usize) -> (usize, usize) {
     (rounds, decode_steps.div_ceil(rounds).max(1))
 }
 
-/// Measures, on the runner's device, decode throughput at each batch size (each sequence a
-/// distinct 16-token prompt, about `decode_steps` steps after prefill, in [`BENCH_ROUNDS`]
-/// interleaved rounds) and the TTFT of one `ttft_prompt_len`-token prompt. The runner needs
-/// [`bench_blocks`] blocks of [`BENCH_BLOCK`] positions.
+/// Positions each decoding sequence of [`bench_model`] uses: the prompt, then per round one
+/// untimed step and the timed ones.
+fn bench_positions(decode_steps: usize) -> usize {
+    let (rounds, per_round) = bench_rounds(decode_steps);
+    BENCH_PROMPT + rounds * (per_round + 1)
+}
+
+/// Measures, on the runner's device, decode throughput of each route at each batch size (each
+/// sequence a distinct 16-token prompt, about `decode_steps` timed steps after prefill) and the
+/// TTFT of one `ttft_prompt_len`-token prompt. The runner needs [`bench_blocks`] blocks of
+/// [`BENCH_BLOCK`] positions.
+///
+/// Every (route, batch size) gets its own sequences, then they all take turns, a round of steps
+/// each ([`BENCH_ROUNDS`] rounds, one untimed step at the start of each), so that every figure
+/// sees the same machine: on a shared host the speed drifts by tens of percent over seconds,
+/// and measuring batch 1 and batch 32, or the two routes, minutes apart made their ratios swing
+/// with it. Each throughput is the median over rounds; each ratio (batch N / batch 1 of a
+/// route, fallback / primary at batch 1) is the median of the per-round ratios.
 ///
 /// # Errors
 /// As [`ModelRunner::forward`]; [`ModelError::InvalidInput`] when the runner's KV memory is
@@ -135,7 +154,7 @@ pub fn bench_model(
     decode_steps: usize,
     ttft_prompt_len: usize,
 ) -> Result<BenchReport, ModelError> {
-    let need = bench_blocks(batches, decode_steps, ttft_prompt_len);
+    let need = bench_blocks(routes.len(), batches, decode_steps, ttft_prompt_len);
     let (have, block) = runner.kv_shape();
     if have < need || block != BENCH_BLOCK {
         return Err(ModelError::InvalidInput(format!(
@@ -143,28 +162,13 @@ pub fn bench_model(
         )));
     }
     let model = runner.model.clone();
-    let mut rows = Vec::new();
     let vocab = model.config().vocab_size as u32;
     let bs = BENCH_BLOCK;
-    let prompt_len = BENCH_PROMPT;
+    let (rounds, steps_per_round) = bench_rounds(decode_steps);
+    let per_seq = bench_positions(decode_steps).div_ceil(bs);
+    let mut runs: Vec<DecodeRun> = Vec::new();
+    let mut first_block = 0;
     for &route in routes {
-        let r = route.as_str();
-        rows.push(BenchRow {
-            route: r,
-            what: "weights".into(),
-            value: model.weight_bytes(route) as f64 / (1 << 20) as f64,
-            unit: "MiB",
-        });
-        // Every batch size gets its own sequences and KV, then the sizes take turns, a round
-        // of steps each, so that each size sees the same machine: on a shared host the speed
-        // drifts by tens of percent over seconds, and measuring batch 1 and batch 32 minutes
-        // apart made their ratio swing with it. Each figure is the median over rounds; the
-        // batch-N / batch-1 ratio is the median of the per-round ratios.
-        let (rounds, steps_per_round) = bench_rounds(decode_steps);
-        let total = rounds * steps_per_round;
-        let per_seq = (prompt_len + total + 1).div_ceil(bs);
-        let mut runs: Vec<DecodeRun> = Vec::new();
-        let mut first_block = 0;
         for &b in batches {
             let tables: Vec<Vec<u32>> = (0..b)
                 .map(|s| {
@@ -175,7 +179,7 @@ pub fn bench_model(
             first_block += b * per_seq;
             let prompts: Vec<Vec<u32>> = (0..b)
                 .map(|s| {
-                    (0..prompt_len)
+                    (0..BENCH_PROMPT)
                         .map(|i| ((s * 7919 + i * 104_729 + 17) as u32) % vocab)
                         .collect()
                 })
@@ -188,47 +192,35 @@ pub fn bench_model(
                 })
                 .collect();
             let logits = runner.forward(route, &chunks)?;
-            let next = logits.iter().map(|l| argmax(l)).collect();
             runs.push(DecodeRun {
+                route,
                 batch: b,
                 tables,
-                next,
-                pos: prompt_len,
+                next: logits.iter().map(|l| argmax(l)).collect(),
+                pos: BENCH_PROMPT,
                 tok_per_s: Vec::new(),
                 tokens: 0,
                 cpu: 0.0,
             });
         }
-        for _ in 0..rounds {
-            for run in &mut runs {
-                let t0 = Instant::now();
-                let c0 = cpu_seconds();
-                for _ in 0..steps_per_round {
-                    let chunks: Vec<SeqChunk<'_>> = (0..run.batch)
-                        .map(|s| SeqChunk {
-                            tokens: std::slice::from_ref(&run.next[s]),
-                            start_pos: run.pos,
-                            block_table: &run.tables[s],
-                        })
-                        .collect();
-                    let logits = runner.forward(route, &chunks)?;
-                    run.next = logits.iter().map(|l| argmax(l)).collect();
-                    run.pos += 1;
-                }
-                let secs = t0.elapsed().as_secs_f64();
-                run.tok_per_s
-                    .push((run.batch * steps_per_round) as f64 / secs);
-                run.tokens += run.batch * steps_per_round;
-                if let (Some(c0), Some(c1)) = (c0, cpu_seconds()) {
-                    run.cpu += c1 - c0;
-                }
-            }
+    }
+    for _ in 0..rounds {
+        for run in &mut runs {
+            run.round(runner, steps_per_round)?;
         }
-        let base = runs
-            .iter()
-            .find(|r| r.batch == 1)
-            .map(|r| r.tok_per_s.clone());
-        for run in &runs {
+    }
+    let mut rows = Vec::new();
+    for &route in routes {
+        let r = route.as_str();
+        rows.push(BenchRow {
+            route: r,
+            what: "weights".into(),
+            value: model.weight_bytes(route) as f64 / (1 << 20) as f64,
+            unit: "MiB",
+        });
+        let mine: Vec<&DecodeRun> = runs.iter().filter(|x| x.route == route).collect();
+        let base = mine.iter().find(|x| x.batch == 1);
+        for run in &mine {
             let b = run.batch;
             rows.push(BenchRow {
                 route: r,
@@ -244,17 +236,24 @@ pub fn bench_model(
                     unit: "tokens/CPU-s",
                 });
             }
-            if let Some(base) = base.as_ref().filter(|_| b > 1) {
-                let ratios: Vec<f64> = run
-                    .tok_per_s
-                    .iter()
-                    .zip(base)
-                    .map(|(n, one)| n / one)
-                    .collect();
+            if let Some(base) = base.filter(|_| b > 1) {
                 rows.push(BenchRow {
                     route: r,
                     what: format!("decode batch {b} / batch 1 (median of {rounds} paired rounds)"),
-                    value: median(&ratios),
+                    value: paired_ratio(run, base),
+                    unit: "×",
+                });
+            }
+        }
+        if route == Route::Fallback {
+            let one = |rt: Route| runs.iter().find(|x| x.route == rt && x.batch == 1);
+            if let (Some(f), Some(p)) = (one(Route::Fallback), one(Route::Primary)) {
+                rows.push(BenchRow {
+                    route: r,
+                    what: format!(
+                        "decode batch 1 / primary batch 1 (median of {rounds} paired rounds)"
+                    ),
+                    value: paired_ratio(f, p),
                     unit: "×",
                 });
             }
@@ -295,6 +294,47 @@ pub fn bench_model(
         threads: rayon::current_num_threads(),
         rows,
     })
+}
+
+/// The median of `a`'s per-round throughput over `b`'s in the same rounds.
+fn paired_ratio(a: &DecodeRun, b: &DecodeRun) -> f64 {
+    let ratios: Vec<f64> = a
+        .tok_per_s
+        .iter()
+        .zip(&b.tok_per_s)
+        .map(|(x, y)| x / y)
+        .collect();
+    median(&ratios)
+}
+
+impl DecodeRun {
+    /// One untimed step (the previous round, another route or batch size, left the caches,
+    /// the TLB and the idle worker threads in its own state), then `steps` timed ones.
+    fn round(&mut self, runner: &mut ModelRunner, steps: usize) -> Result<(), ModelError> {
+        let (mut t0, mut c0) = (Instant::now(), cpu_seconds());
+        for step in 0..=steps {
+            if step == 1 {
+                (t0, c0) = (Instant::now(), cpu_seconds());
+            }
+            let chunks: Vec<SeqChunk<'_>> = (0..self.batch)
+                .map(|s| SeqChunk {
+                    tokens: std::slice::from_ref(&self.next[s]),
+                    start_pos: self.pos,
+                    block_table: &self.tables[s],
+                })
+                .collect();
+            let logits = runner.forward(self.route, &chunks)?;
+            self.next = logits.iter().map(|l| argmax(l)).collect();
+            self.pos += 1;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        self.tok_per_s.push((self.batch * steps) as f64 / secs);
+        self.tokens += self.batch * steps;
+        if let (Some(c0), Some(c1)) = (c0, cpu_seconds()) {
+            self.cpu += c1 - c0;
+        }
+        Ok(())
+    }
 }
 
 /// GFLOP/s of one `rows × cols` matmul at batch `n` for each kernel and representation: the
@@ -363,8 +403,9 @@ mod tests {
     #[test]
     fn interleaved_rounds_report_every_batch_and_the_ratio_to_batch_1() {
         let model = LoadedModel::load("tiny-random", Device::Cpu).expect("tiny-random loads");
-        let need = bench_blocks(&[1, 4], 10, 8);
-        // 16 prompt + 16 steps + 1 = 33 positions: 3 blocks a sequence, 5 sequences.
+        let need = bench_blocks(1, &[1, 4], 10, 8);
+        // 16 prompt + 8 rounds × (2 timed + 1 untimed) = 40 positions: 3 blocks a sequence,
+        // 5 sequences.
         assert_eq!(need, 15);
         let mut small = ModelRunner::cpu(std::sync::Arc::new(model), need - 1, BENCH_BLOCK);
         let err = bench_model(&mut small, &[Route::Primary], &[1, 4], 10, 8).unwrap_err();
@@ -379,8 +420,8 @@ mod tests {
             .get("primary", "decode batch 4")
             .expect("batch 4 row");
         assert!(one > 0.0 && four > 0.0, "{one} {four}");
-        // 10 steps in 8 rounds: 2 steps a round, 16 per batch size, all within the KV made for
-        // them (a step past it would be an error, not a row).
+        // 10 steps in 8 rounds: 2 timed steps and an untimed one a round, all within the KV
+        // made for them (a step past it would be an error, not a row).
         let ratio = report
             .get(
                 "primary",

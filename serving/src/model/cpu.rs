@@ -962,37 +962,111 @@ pub fn matmul_with(kernel: Kernel, x: &[f32], n: usize, w: &Matrix, y: &mut [f32
         (_, Kernel::Gemm | Kernel::Packed) => Kernel::Tiled,
         (_, k) => k,
     };
-    // Enough tasks to balance, rows per task a multiple of 8, at least 16.
-    let per = (w.rows.div_ceil(threads * 4)).max(16).div_ceil(8) * 8;
-    let qx = match (&w.data, kernel) {
-        (MatData::Quant(..) | MatData::Prepared(_), Kernel::Tiled) => {
-            Some(Q8Act::quantize(x, n, w.cols))
-        }
-        _ => None,
-    };
-    // Raw blocks are prepared on the fly (the model prepares its matrices once, at load).
-    let tmp;
-    let w = match (&w.data, kernel) {
-        (MatData::Quant(..), Kernel::Tiled) => {
-            tmp = w.clone().prepared();
-            &tmp
-        }
-        _ => w,
-    };
+    if matches!(w.data, MatData::Quant(..) | MatData::Prepared(_)) && kernel == Kernel::Tiled {
+        quant_matmul_on(QuantPath::detect(), x, n, w, y);
+        return;
+    }
     // Computed transposed ([row][token]) so each task owns a contiguous slice, then transposed.
+    let per = rows_per_task(w.rows, threads);
     let mut yt = vec![0f32; n * w.rows];
     yt.par_chunks_mut(per * n).enumerate().for_each(|(i, out)| {
         let r0 = i * per;
         let r1 = (r0 + per).min(w.rows);
-        match &qx {
-            Some(q) => quant_rows_task(q, w, r0, r1, out),
-            None => rows_task(kernel, x, n, w, r0, r1, out),
-        }
+        rows_task(kernel, x, n, w, r0, r1, out);
     });
-    for r in 0..w.rows {
+    transpose_into(&yt, n, w.rows, y);
+}
+
+/// Enough tasks to balance, rows per task a multiple of 8, at least 16.
+fn rows_per_task(rows: usize, threads: usize) -> usize {
+    (rows.div_ceil(threads * 4)).max(16).div_ceil(8) * 8
+}
+
+/// `y[t][r] = yt[r][t]`.
+fn transpose_into(yt: &[f32], n: usize, rows: usize, y: &mut [f32]) {
+    for r in 0..rows {
         for t in 0..n {
-            y[t * w.rows + r] = yt[r * n + t];
+            y[t * rows + r] = yt[r * n + t];
         }
+    }
+}
+
+/// How the quantised (integer) kernel runs: one (row, token) at a time, or in tiles of rows ×
+/// tokens with `maddubs`+`madd` (AVX2) or `vpdpbusd` (AVX-512 VNNI). All give the same bits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum QuantPath {
+    /// Per (row, token): AVX2 `dot_row`, or the scalar loop without AVX2.
+    RowWise,
+    Tiles,
+    TilesVnni,
+}
+
+impl QuantPath {
+    /// The fastest this CPU has; `BROWNOUT_ISA=avx2` leaves out VNNI, `scalar` the tiles.
+    pub fn detect() -> QuantPath {
+        static Q: std::sync::OnceLock<QuantPath> = std::sync::OnceLock::new();
+        *Q.get_or_init(|| {
+            let mut best = QuantPath::available()[0];
+            match std::env::var("BROWNOUT_ISA").as_deref() {
+                Ok("scalar") => best = QuantPath::RowWise,
+                Ok("avx2") if best == QuantPath::TilesVnni => best = QuantPath::Tiles,
+                _ => {}
+            }
+            best
+        })
+    }
+
+    /// Every path this CPU can run, fastest first.
+    pub fn available() -> Vec<QuantPath> {
+        match (has_avx2_fma(), has_avx512_vnni()) {
+            (true, true) => vec![QuantPath::TilesVnni, QuantPath::Tiles, QuantPath::RowWise],
+            (true, false) => vec![QuantPath::Tiles, QuantPath::RowWise],
+            _ => vec![QuantPath::RowWise],
+        }
+    }
+}
+
+/// The quantised matmul (activations quantised to 8 bits per block) on a chosen path; `w`
+/// quantised (raw blocks are prepared on the fly: the model prepares its matrices at load).
+///
+/// # Panics
+/// If the shapes do not match, `w` is not quantised, or `path` is not available.
+pub fn quant_matmul_on(path: QuantPath, x: &[f32], n: usize, w: &Matrix, y: &mut [f32]) {
+    assert!(
+        QuantPath::available().contains(&path),
+        "quant_matmul_on: {path:?} is not available on this CPU"
+    );
+    assert_eq!(x.len(), n * w.cols, "matmul: x shape");
+    assert_eq!(y.len(), n * w.rows, "matmul: y shape");
+    let tmp;
+    let w = match &w.data {
+        MatData::Quant(..) => {
+            tmp = w.clone().prepared();
+            &tmp
+        }
+        MatData::Prepared(_) => w,
+        _ => panic!("quant_matmul_on: {} matrix", w.type_name()),
+    };
+    let qx = Q8Act::quantize(x, n, w.cols);
+    let per = rows_per_task(w.rows, rayon::current_num_threads().max(1));
+    let mut yt = vec![0f32; n * w.rows];
+    yt.par_chunks_mut(per * n).enumerate().for_each(|(i, out)| {
+        let r0 = i * per;
+        let r1 = (r0 + per).min(w.rows);
+        quant_rows_task(&qx, w, r0, r1, out, path);
+    });
+    transpose_into(&yt, n, w.rows, y);
+}
+
+fn has_avx512_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -1198,7 +1272,7 @@ impl Q8Act {
     }
 }
 
-fn quant_rows_task(qx: &Q8Act, w: &Matrix, r0: usize, r1: usize, out: &mut [f32]) {
+fn quant_rows_task(qx: &Q8Act, w: &Matrix, r0: usize, r1: usize, out: &mut [f32], path: QuantPath) {
     let MatData::Prepared(p) = &w.data else {
         unreachable!("quant_rows_task on a matrix that is not prepared")
     };
@@ -1206,6 +1280,15 @@ fn quant_rows_task(qx: &Q8Act, w: &Matrix, r0: usize, r1: usize, out: &mut [f32]
     let ql = p.qlen();
     let n = qx.n;
     let avx2 = has_avx2_fma();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if path != QuantPath::RowWise {
+            // SAFETY: the path is one of QuantPath::available(): AVX2+FMA, and AVX-512
+            // VNNI+VL for TilesVnni, were detected.
+            unsafe { simd::quant_tiles(p, qx, r0, r1, out, path == QuantPath::TilesVnni) };
+            return;
+        }
+    }
     for r in r0..r1 {
         let qs = &p.qs[r * bpr * ql..(r + 1) * bpr * ql];
         let wd = &p.d[r * bpr..(r + 1) * bpr];
@@ -1265,6 +1348,187 @@ mod simd {
     use std::arch::x86_64::*;
 
     use super::GgmlType;
+
+    /// The quantised matmul for rows `r0..r1` (into `out[(r - r0) * n + t]`), in tiles of
+    /// rows × tokens so that each block of weights is unpacked once per tile rather than once
+    /// per token. Each (row, token) gets exactly [`dot_row`]'s operations in its order — the
+    /// same eight i32 lanes per block (AVX-512 VNNI's `vpdpbusd` sums the same four products
+    /// per lane as `maddubs`+`madd`, and no sum of Q4/Q8 products saturates either), the same
+    /// float multiply-adds, the same final sum — so the result is bit-identical whatever the
+    /// tile, the batch or the instruction set.
+    ///
+    /// # Safety
+    /// AVX2+FMA must be available, and AVX-512 VNNI+VL when `vnni`.
+    pub unsafe fn quant_tiles(
+        p: &super::Prepared,
+        qx: &super::Q8Act,
+        r0: usize,
+        r1: usize,
+        out: &mut [f32],
+        vnni: bool,
+    ) {
+        let n = qx.n;
+        assert!(out.len() >= (r1 - r0) * n, "quant_tiles: out");
+        let mut r = r0;
+        while r < r1 {
+            let rr = if r1 - r >= 4 { 4 } else { 1 };
+            let mut t = 0;
+            while t < n {
+                let tt = if n - t >= 4 { 4 } else { 1 };
+                // SAFETY: the caller guarantees the features; tiles stay within r0..r1 × 0..n.
+                unsafe {
+                    match (vnni, rr, tt) {
+                        (true, 4, 4) => tile_vnni::<4, 4>(p, qx, r, t, r0, out),
+                        (true, 4, _) => tile_vnni::<4, 1>(p, qx, r, t, r0, out),
+                        (true, _, 4) => tile_vnni::<1, 4>(p, qx, r, t, r0, out),
+                        (true, _, _) => tile_vnni::<1, 1>(p, qx, r, t, r0, out),
+                        (false, 4, 4) => tile_avx2::<4, 4>(p, qx, r, t, r0, out),
+                        (false, 4, _) => tile_avx2::<4, 1>(p, qx, r, t, r0, out),
+                        (false, _, 4) => tile_avx2::<1, 4>(p, qx, r, t, r0, out),
+                        (false, _, _) => tile_avx2::<1, 1>(p, qx, r, t, r0, out),
+                    }
+                }
+                t += tt;
+            }
+            r += rr;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,avx512vl,avx512vnni")]
+    unsafe fn tile_vnni<const R: usize, const T: usize>(
+        p: &super::Prepared,
+        qx: &super::Q8Act,
+        r: usize,
+        t: usize,
+        r0: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: forwarded from the caller; the features are enabled here.
+        unsafe { tile::<R, T, true>(p, qx, r, t, r0, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile_avx2<const R: usize, const T: usize>(
+        p: &super::Prepared,
+        qx: &super::Q8Act,
+        r: usize,
+        t: usize,
+        r0: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: forwarded from the caller; the features are enabled here.
+        unsafe { tile::<R, T, false>(p, qx, r, t, r0, out) }
+    }
+
+    /// How many row tiles ahead [`tile`] prefetches the weights.
+    const QUANT_PREFETCH_TILES: usize = 4;
+
+    /// Rows `r..r + R` × tokens `t..t + T`.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn tile<const R: usize, const T: usize, const VNNI: bool>(
+        p: &super::Prepared,
+        qx: &super::Q8Act,
+        r: usize,
+        t: usize,
+        r0: usize,
+        out: &mut [f32],
+    ) {
+        let ty = p.ty;
+        let nb = qx.blocks_per_row;
+        let ql = if ty == GgmlType::Q8_0 { 32 } else { 16 };
+        let n = qx.n;
+        assert!(
+            p.qs.len() >= (r + R) * nb * ql
+                && p.d.len() >= (r + R) * nb
+                && qx.q.len() >= (t + T) * nb * 32
+                && qx.d.len() >= (t + T) * nb
+                && out.len() >= (r + R - r0) * n,
+            "quant tile sizes"
+        );
+        // SAFETY: every load below is inside the slices checked above; the features are
+        // enabled by the caller (VNNI only in tile_vnni).
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let low = _mm_set1_epi8(0x0f);
+            let eight = _mm256_set1_epi8(8);
+            let mut acc = [[_mm256_setzero_ps(); T]; R];
+            // The weights of the tile QUANT_PREFETCH_TILES ahead, spread over the blocks: the
+            // rows are short (cols / 2 bytes) and the hardware prefetcher stays too close.
+            let tile_bytes = R * nb * ql;
+            let ahead =
+                p.qs.as_ptr()
+                    .wrapping_add((r + R * QUANT_PREFETCH_TILES) * nb * ql);
+            for b in 0..nb {
+                let mut line = b * tile_bytes / nb / 64 * 64;
+                while line < (b + 1) * tile_bytes / nb {
+                    // A hint: never faults, even past the end of the weights.
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast::<i8>());
+                    line += 64;
+                }
+                let xv: [__m256i; T] = std::array::from_fn(|j| {
+                    _mm256_loadu_si256(qx.q.as_ptr().add(((t + j) * nb + b) * 32).cast())
+                });
+                for i in 0..R {
+                    let base = ((r + i) * nb + b) * ql;
+                    let wv = match ty {
+                        GgmlType::Q8_0 => _mm256_loadu_si256(p.qs.as_ptr().add(base).cast()),
+                        _ => {
+                            let raw = _mm_loadu_si128(p.qs.as_ptr().add(base).cast());
+                            let lo = _mm_and_si128(raw, low);
+                            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+                            let v = _mm256_set_m128i(hi, lo);
+                            if ty == GgmlType::Q4_0 {
+                                _mm256_sub_epi8(v, eight)
+                            } else {
+                                v
+                            }
+                        }
+                    };
+                    // maddubs / dpbusd want unsigned × signed: Q4_1's nibbles are unsigned
+                    // already; otherwise |w| × (x with w's sign).
+                    let wa = if ty == GgmlType::Q4_1 {
+                        wv
+                    } else {
+                        _mm256_sign_epi8(wv, wv)
+                    };
+                    let wd = p.d[(r + i) * nb + b];
+                    for j in 0..T {
+                        let xb = if ty == GgmlType::Q4_1 {
+                            xv[j]
+                        } else {
+                            _mm256_sign_epi8(xv[j], wv)
+                        };
+                        let p32 = if VNNI {
+                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), wa, xb)
+                        } else {
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xb), ones)
+                        };
+                        let pf = _mm256_cvtepi32_ps(p32);
+                        let scale = wd * qx.d[(t + j) * nb + b];
+                        acc[i][j] = _mm256_fmadd_ps(pf, _mm256_set1_ps(scale), acc[i][j]);
+                    }
+                }
+            }
+            for i in 0..R {
+                for j in 0..T {
+                    let a = acc[i][j];
+                    let lo = _mm256_castps256_ps128(a);
+                    let hi = _mm256_extractf128_ps(a, 1);
+                    let s = _mm_add_ps(lo, hi);
+                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0b01));
+                    let mut v = _mm_cvtss_f32(s);
+                    if ty == GgmlType::Q4_1 {
+                        let xs = &qx.sum[(t + j) * nb..(t + j + 1) * nb];
+                        let wm = &p.m[(r + i) * nb..(r + i + 1) * nb];
+                        v += wm.iter().zip(xs).map(|(m, x)| m * x).sum::<f32>();
+                    }
+                    out[(r + i - r0) * n + t + j] = v;
+                }
+            }
+        }
+    }
 
     /// AVX2 version of [`super::dot_row_scalar`] (same value up to float summation order).
     #[target_feature(enable = "avx2,fma")]
