@@ -162,6 +162,7 @@ pub fn bench_model(
         )));
     }
     let model = runner.model.clone();
+    let rss_before = resident_bytes();
     let vocab = model.config().vocab_size as u32;
     let bs = BENCH_BLOCK;
     let (rounds, steps_per_round) = bench_rounds(decode_steps);
@@ -280,11 +281,21 @@ pub fn bench_model(
             });
         }
     }
-    if let Some(rss) = resident_bytes() {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    if let Some(rss) = rss_before {
         rows.push(BenchRow {
             route: "both",
-            what: "resident memory (RSS)".into(),
-            value: rss as f64 / (1 << 20) as f64,
+            what: "resident memory (RSS) loaded and health-checked".into(),
+            value: mib(rss),
+            unit: "MiB",
+        });
+    }
+    if let Some(rss) = resident_bytes() {
+        let seqs: usize = runs.iter().map(|r| r.batch).sum();
+        rows.push(BenchRow {
+            route: "both",
+            what: format!("resident memory (RSS) after, with the K/V of {seqs} sequences"),
+            value: mib(rss),
             unit: "MiB",
         });
     }

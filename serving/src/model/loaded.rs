@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::chat::{self, ChatMessage};
+use super::cpu;
 use super::gguf::{Gguf, GgufError, MetaValue};
 use super::llama::{self, HyperParams, RopeTable, RouteWeights};
 use super::tokenizer::{Tokenizer, TokenizerError};
@@ -549,20 +550,19 @@ pub fn argmax(v: &[f32]) -> u32 {
 }
 
 fn cpu_name() -> String {
-    let mut feats = Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            feats.push("avx2+fma");
-        }
-    }
+    // What the kernels actually run on (after BROWNOUT_ISA).
+    let f32_isa = match cpu::Isa::detect() {
+        cpu::Isa::Avx512 => "f32 avx512",
+        cpu::Isa::Avx2 => "f32 avx2+fma",
+        cpu::Isa::Scalar => "f32 scalar",
+    };
+    let quant = match cpu::QuantPath::detect() {
+        cpu::QuantPath::TilesVnni => "int8 avx512-vnni",
+        cpu::QuantPath::Tiles => "int8 avx2",
+        cpu::QuantPath::RowWise => "int8 row-wise",
+    };
     let threads = rayon::current_num_threads();
-    if feats.is_empty() {
-        format!("cpu ({threads} threads)")
-    } else {
-        format!("cpu ({threads} threads, {})", feats.join(","))
-    }
+    format!("cpu ({threads} threads, {f32_isa}, {quant})")
 }
 
 fn pick_device(device: Device) -> Result<String, ModelError> {
