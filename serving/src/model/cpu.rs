@@ -502,7 +502,7 @@ struct Tokens<'a> {
     t1: usize,
 }
 
-/// The instruction set the packed kernel runs on, detected once per call.
+/// The instruction set the packed kernel runs on ([`Isa::detect`]: once per process).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Isa {
     Avx512,
