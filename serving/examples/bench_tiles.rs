@@ -20,7 +20,9 @@ fn fma_peak() -> Vec<(&'static str, f64)> {
             }
         }
         // Every chain feeds the result, so none is dead code.
-        let s = a.iter().fold(_mm256_setzero_ps(), |s, &r| _mm256_add_ps(s, r));
+        let s = a
+            .iter()
+            .fold(_mm256_setzero_ps(), |s, &r| _mm256_add_ps(s, r));
         let mut o = [0f32; 8];
         // SAFETY: o holds 8 floats.
         unsafe { _mm256_storeu_ps(o.as_mut_ptr(), s) };
@@ -43,13 +45,19 @@ fn fma_peak() -> Vec<(&'static str, f64)> {
         let t = std::time::Instant::now();
         // SAFETY: AVX2+FMA detected.
         std::hint::black_box(unsafe { avx2(iters) });
-        out.push(("avx2", (iters * 12 * 8 * 2) as f64 / t.elapsed().as_secs_f64() / 1e9));
+        out.push((
+            "avx2",
+            (iters * 12 * 8 * 2) as f64 / t.elapsed().as_secs_f64() / 1e9,
+        ));
     }
     if is_x86_feature_detected!("avx512f") {
         let t = std::time::Instant::now();
         // SAFETY: AVX-512F detected.
         std::hint::black_box(unsafe { avx512(iters) });
-        out.push(("avx512", (iters * 12 * 16 * 2) as f64 / t.elapsed().as_secs_f64() / 1e9));
+        out.push((
+            "avx512",
+            (iters * 12 * 16 * 2) as f64 / t.elapsed().as_secs_f64() / 1e9,
+        ));
     }
     out
 }

@@ -4,6 +4,7 @@
 //! ```text
 //! brownout-serve [--model tiny-random|smollm2|toy|PATH] [--port 8000] [--device cpu|cuda] ...
 //! brownout-serve bench kv        replay a long-tailed trace through paged and contiguous KV
+//! brownout-serve bench model     decode tokens/s at batch 1/8/32 on each route, TTFT, memory
 //! brownout-serve fetch-model     download SmolLM2-135M-Instruct into the local model cache
 //! ```
 
@@ -47,6 +48,34 @@ enum Cmd {
 enum BenchWhat {
     /// Replays one long-tailed trace through the paged and the contiguous allocator.
     Kv(BenchKvArgs),
+    /// Decode tokens/s of each route at each batch size (interleaved rounds, medians, paired
+    /// ratios), TTFT of a long prompt, resident memory; on the device `--device` picks.
+    Model(BenchModelArgs),
+}
+
+#[derive(Args, Debug)]
+struct BenchModelArgs {
+    /// smollm2, tiny-random, or a path to a GGUF file.
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// cpu, cuda or auto.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Timed decode steps per (route, batch size), split into 8 rounds.
+    #[arg(long, default_value_t = 64)]
+    steps: usize,
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    batches: Vec<usize>,
+    /// Routes, comma-separated: primary, fallback.
+    #[arg(long, value_delimiter = ',', default_value = "primary,fallback")]
+    routes: Vec<String>,
+    /// Prompt length for the time-to-first-token figure (0: skip it).
+    #[arg(long, default_value_t = 512)]
+    ttft_prompt: usize,
+    /// Print the report as JSON instead of a Markdown table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -126,6 +155,9 @@ fn main() -> anyhow::Result<()> {
         Some(Cmd::Bench {
             what: BenchWhat::Kv(a),
         }) => bench_kv(&a),
+        Some(Cmd::Bench {
+            what: BenchWhat::Model(a),
+        }) => bench_model(&a),
         Some(Cmd::FetchModel) => {
             let path = brownout_serving::model::fetch_model()?;
             println!("{}", path.display());
@@ -199,6 +231,35 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     .context("server")?;
     // Flush buffered spans; the exporter may block, so off the async workers.
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    Ok(())
+}
+
+fn bench_model(a: &BenchModelArgs) -> anyhow::Result<()> {
+    use brownout_serving::model::{BenchSpec, Route, bench_spec};
+    let routes = a
+        .routes
+        .iter()
+        .map(|r| match r.as_str() {
+            "primary" => Ok(Route::Primary),
+            "fallback" => Ok(Route::Fallback),
+            other => anyhow::bail!("--routes takes primary and fallback (got {other:?})"),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let spec = BenchSpec {
+        model: a.model.clone(),
+        device: a.device.parse().map_err(|e: String| anyhow::anyhow!(e))?,
+        routes,
+        batches: a.batches.clone(),
+        decode_steps: a.steps,
+        ttft_prompt_len: a.ttft_prompt,
+    };
+    let report = bench_spec(&spec, &mut |line| eprintln!("[bench model] {line}"))
+        .with_context(|| format!("benchmarking model {}", a.model))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{}", report.to_markdown());
+    }
     Ok(())
 }
 

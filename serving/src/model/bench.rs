@@ -154,6 +154,28 @@ pub fn bench_model(
     decode_steps: usize,
     ttft_prompt_len: usize,
 ) -> Result<BenchReport, ModelError> {
+    bench_model_with_progress(
+        runner,
+        routes,
+        batches,
+        decode_steps,
+        ttft_prompt_len,
+        &mut |_| {},
+    )
+}
+
+/// [`bench_model`], calling `progress` with a line as each phase starts and each round ends.
+///
+/// # Errors
+/// As [`bench_model`].
+pub fn bench_model_with_progress(
+    runner: &mut ModelRunner,
+    routes: &[Route],
+    batches: &[usize],
+    decode_steps: usize,
+    ttft_prompt_len: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BenchReport, ModelError> {
     let need = bench_blocks(routes.len(), batches, decode_steps, ttft_prompt_len);
     let (have, block) = runner.kv_shape();
     if have < need || block != BENCH_BLOCK {
@@ -169,6 +191,10 @@ pub fn bench_model(
     let per_seq = bench_positions(decode_steps).div_ceil(bs);
     let mut runs: Vec<DecodeRun> = Vec::new();
     let mut first_block = 0;
+    progress(&format!(
+        "prefill: {} sequences of {BENCH_PROMPT} tokens",
+        routes.len() * batches.iter().sum::<usize>()
+    ));
     for &route in routes {
         for &b in batches {
             let tables: Vec<Vec<u32>> = (0..b)
@@ -205,10 +231,22 @@ pub fn bench_model(
             });
         }
     }
-    for _ in 0..rounds {
+    for i in 0..rounds {
         for run in &mut runs {
             run.round(runner, steps_per_round)?;
         }
+        let last: Vec<String> = runs
+            .iter()
+            .map(|r| {
+                let v = r.tok_per_s.last().copied().unwrap_or(0.0);
+                format!("{} b{} {v:.0}", r.route.as_str(), r.batch)
+            })
+            .collect();
+        progress(&format!(
+            "decode round {}/{rounds} (tokens/s): {}",
+            i + 1,
+            last.join(", ")
+        ));
     }
     let mut rows = Vec::new();
     for &route in routes {
@@ -260,6 +298,7 @@ pub fn bench_model(
             }
         }
         if ttft_prompt_len > 0 {
+            progress(&format!("{r}: TTFT of a {ttft_prompt_len}-token prompt"));
             let prompt: Vec<u32> = (0..ttft_prompt_len)
                 .map(|i| ((i * 104_729 + 3) as u32) % vocab)
                 .collect();
@@ -397,6 +436,66 @@ pub fn bench_matmul(rows: usize, cols: usize, batches: &[usize], reps: usize) ->
         }
     }
     out
+}
+
+/// What [`bench_spec`] measures.
+#[derive(Debug, Clone)]
+pub struct BenchSpec {
+    /// `smollm2`, `tiny-random` or a `.gguf` path.
+    pub model: String,
+    pub device: super::Device,
+    pub routes: Vec<Route>,
+    pub batches: Vec<usize>,
+    pub decode_steps: usize,
+    pub ttft_prompt_len: usize,
+}
+
+/// Loads the model, places it on the device with as many KV blocks as the run needs, runs the
+/// start-up health check there, then [`bench_model_with_progress`]. For `brownout-serve bench
+/// model` and the `bench_model` example.
+///
+/// # Errors
+/// Loading, placing, the health check, or the benchmark.
+pub fn bench_spec(
+    spec: &BenchSpec,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BenchReport, ModelError> {
+    if spec.batches.is_empty() || spec.batches.contains(&0) || spec.routes.is_empty() {
+        return Err(ModelError::InvalidInput(
+            "the benchmark needs at least one route and batch sizes of at least 1".into(),
+        ));
+    }
+    let t0 = Instant::now();
+    let model = std::sync::Arc::new(super::LoadedModel::load(&spec.model, spec.device)?);
+    progress(&format!(
+        "loaded {} in {:.2} s",
+        model.source(),
+        t0.elapsed().as_secs_f64()
+    ));
+    let blocks = bench_blocks(
+        spec.routes.len(),
+        &spec.batches,
+        spec.decode_steps,
+        spec.ttft_prompt_len,
+    );
+    let mut runner = ModelRunner::with_device(model, blocks, BENCH_BLOCK, spec.device)?;
+    progress(&format!("device: {}", runner.device_name()));
+    for h in runner.health_check()? {
+        progress(&format!(
+            "health check {}: {:?} ({:.0} ms)",
+            h.route.as_str(),
+            h.generated,
+            h.elapsed_ms
+        ));
+    }
+    bench_model_with_progress(
+        &mut runner,
+        &spec.routes,
+        &spec.batches,
+        spec.decode_steps,
+        spec.ttft_prompt_len,
+        progress,
+    )
 }
 
 #[cfg(test)]

@@ -504,22 +504,23 @@ struct AttnShape {
     scale: f32,
 }
 
+/// One token's query (`num_heads × head_dim`), its position, its sequence's block table, and
+/// one layer's K and V blocks.
+#[derive(Clone, Copy)]
+struct AttnInput<'a> {
+    q: &'a [f32],
+    kc: &'a [f32],
+    vc: &'a [f32],
+    table: &'a [u32],
+    pos: usize,
+}
+
 /// One token's attention over positions `0..=pos` of its sequence, read from the paged K/V
 /// (`[block][slot][kv head][dim]`). Positions are visited in order and each position's K (then
 /// V) row is read whole, for every head at once, so the cache is read sequentially within a
 /// block (and prefetched a few positions ahead) instead of once per head. `out` gets the
 /// `num_heads × head_dim` result; `scores` is scratch.
-#[allow(clippy::too_many_arguments)]
-fn attend(
-    sh: &AttnShape,
-    q: &[f32],
-    kc: &[f32],
-    vc: &[f32],
-    table: &[u32],
-    pos: usize,
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-) {
+fn attend(sh: &AttnShape, a: &AttnInput<'_>, out: &mut [f32], scores: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     {
         if sh.head_dim.is_multiple_of(8)
@@ -528,11 +529,11 @@ fn attend(
         {
             // SAFETY: the features the function is compiled for were just detected, and
             // head_dim is a multiple of 8 (checked above).
-            unsafe { attend_avx2(sh, q, kc, vc, table, pos, out, scores) };
+            unsafe { attend_avx2(sh, a, out, scores) };
             return;
         }
     }
-    attend_impl::<false>(sh, q, kc, vc, table, pos, out, scores);
+    attend_impl::<false>(sh, a, out, scores);
 }
 
 /// [`attend_impl`] with AVX2+FMA dot products and updates.
@@ -541,35 +542,27 @@ fn attend(
 /// AVX2 and FMA must be available and `head_dim` a multiple of 8.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_avx2(
-    sh: &AttnShape,
-    q: &[f32],
-    kc: &[f32],
-    vc: &[f32],
-    table: &[u32],
-    pos: usize,
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-) {
-    attend_impl::<true>(sh, q, kc, vc, table, pos, out, scores);
+unsafe fn attend_avx2(sh: &AttnShape, a: &AttnInput<'_>, out: &mut [f32], scores: &mut Vec<f32>) {
+    attend_impl::<true>(sh, a, out, scores);
 }
 
 /// Positions ahead of the one being read whose K/V row is prefetched.
 const PREFETCH_AHEAD: usize = 4;
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn attend_impl<const AVX: bool>(
     sh: &AttnShape,
-    q: &[f32],
-    kc: &[f32],
-    vc: &[f32],
-    table: &[u32],
-    pos: usize,
+    a: &AttnInput<'_>,
     out: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
+    let AttnInput {
+        q,
+        kc,
+        vc,
+        table,
+        pos,
+    } = *a;
     let (hd, bs, nh) = (sh.head_dim, sh.block_size, sh.num_heads);
     let group = nh / sh.num_kv_heads;
     let kvd = sh.num_kv_heads * hd;
@@ -777,7 +770,14 @@ pub fn forward(
             .for_each_init(Vec::new, |scores, (i, out)| {
                 let (ci, pos) = tok_ref[i];
                 let q = &qkv_ref[i * qkv_w..i * qkv_w + qd];
-                attend(&shape, q, kc, vc, chunks[ci].block_table, pos, out, scores);
+                let input = AttnInput {
+                    q,
+                    kc,
+                    vc,
+                    table: chunks[ci].block_table,
+                    pos,
+                };
+                attend(&shape, &input, out, scores);
             });
         cpu::matmul(&att, n, &layer.wo, &mut o);
         for (xv, ov) in x.iter_mut().zip(&o) {
