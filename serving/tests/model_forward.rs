@@ -274,6 +274,38 @@ fn the_runner_health_check_runs_both_routes_through_its_own_kv_memory() {
 }
 
 #[test]
+fn a_model_that_gives_non_finite_logits_fails_its_health_check() {
+    // The tiny model with one NaN in the final norm's weights: every logit is NaN, so both the
+    // model's own check and the runner's (what brownout-serve runs at start) must refuse it,
+    // naming the route and the logit, and the server would never report ready.
+    let mut bytes = tiny::gguf_bytes(tiny::SEED);
+    let at = {
+        let g = Gguf::parse(&bytes).expect("parses");
+        g.tensor("output_norm.weight")
+            .expect("has the final norm")
+            .offset
+    };
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("nan.gguf");
+    std::fs::write(&path, &bytes).expect("writes");
+    let m = LoadedModel::load(path.to_str().unwrap(), Device::Cpu).expect("loads");
+    let check = |r: Result<_, ModelError>| match r {
+        Err(ModelError::Unhealthy { route, reason }) => {
+            assert_eq!(route, "primary");
+            assert!(
+                reason.starts_with("logit ") && reason.ends_with("is NaN"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected Unhealthy, got {other:?}"),
+    };
+    check(m.health_check());
+    let mut runner = ModelRunner::cpu(std::sync::Arc::new(m), 64, 16);
+    check(runner.health_check());
+}
+
+#[test]
 fn primary_logits_match_reference_on_tiny_random() {
     let m = tiny();
     let r = Reference::new(&tiny::gguf_bytes(tiny::SEED));

@@ -484,14 +484,13 @@ impl LoadedModel {
                 reason,
             };
             let mut finite = |logits: &[f32]| match logits.iter().position(|v| !v.is_finite()) {
-                Some(i) => Err(ModelError::InvalidInput(format!(
-                    "logit {i} is {}",
-                    logits[i]
-                ))),
+                Some(i) => Err(unhealthy(format!("logit {i} is {}", logits[i]))),
                 None => Ok(()),
             };
-            let tokens =
-                generate(route, &ids, &mut finite).map_err(|e| unhealthy(e.to_string()))?;
+            let tokens = generate(route, &ids, &mut finite).map_err(|e| match e {
+                ModelError::Unhealthy { .. } => e,
+                other => unhealthy(other.to_string()),
+            })?;
             if tokens.is_empty() {
                 return Err(unhealthy("generated no token".into()));
             }
