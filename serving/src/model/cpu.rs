@@ -1243,8 +1243,6 @@ pub struct Q8Act {
     n: usize,
     blocks_per_row: usize,
     d: Vec<f32>,
-    /// `d` transposed, `[block][token]`: four tokens' scales of a block in one load.
-    dt: Vec<f32>,
     sum: Vec<f32>,
     q: Vec<i8>,
 }
@@ -1257,7 +1255,6 @@ impl Q8Act {
             n,
             blocks_per_row: bpr,
             d: vec![0.0; nb],
-            dt: vec![0.0; nb],
             sum: vec![0.0; nb],
             q: vec![0; nb * QK],
         };
@@ -1269,7 +1266,6 @@ impl Q8Act {
                 *q = (v * id).round().clamp(-127.0, 127.0) as i8;
             }
             a.d[b] = d;
-            a.dt[(b % bpr) * n + b / bpr] = d;
             a.sum[b] = blk.iter().sum();
         }
         a
@@ -1321,9 +1317,7 @@ fn quant_rows_task(qx: &Q8Act, w: &Matrix, r0: usize, r1: usize, out: &mut [f32]
 }
 
 /// Σ_b wd[b]·xd[b]·(Σ_j q_w[b,j]·q_x[b,j]) with q_w unsigned nibbles (Q4_1), nibbles − 8
-/// (Q4_0) or signed bytes (Q8_0): each block's integer sum is exact, then
-/// `s = isum·(wd·xd) + s` with one rounding, in block order — the arithmetic every SIMD path
-/// repeats bit for bit.
+/// (Q4_0) or signed bytes (Q8_0).
 fn dot_row_scalar(ty: GgmlType, qs: &[u8], wd: &[f32], xq: &[i8], xd: &[f32]) -> f32 {
     let mut s = 0f32;
     for b in 0..wd.len() {
@@ -1344,7 +1338,7 @@ fn dot_row_scalar(ty: GgmlType, qs: &[u8], wd: &[f32], xq: &[i8], xd: &[f32]) ->
                 }
             }
         }
-        s = (i as f32).mul_add(wd[b] * xd[b], s);
+        s += wd[b] * xd[b] * i as f32;
     }
     s
 }
@@ -1356,12 +1350,12 @@ mod simd {
     use super::GgmlType;
 
     /// The quantised matmul for rows `r0..r1` (into `out[(r - r0) * n + t]`), in tiles of
-    /// 4 rows × 4 tokens so that each block of weights is unpacked once per tile rather than
-    /// once per token. Each (row, token) gets exactly [`dot_row`]'s arithmetic: per block the
-    /// exact i32 dot product (AVX-512 VNNI's `vpdpbusd` or `maddubs`+`madd`, summed across
-    /// lanes in integers), converted to f32 and fused-multiply-added with `wd·xd` in block
-    /// order — so the result is bit-identical whatever the tile, the batch or the instruction
-    /// set.
+    /// rows × tokens so that each block of weights is unpacked once per tile rather than once
+    /// per token. Each (row, token) gets exactly [`dot_row`]'s operations in its order — the
+    /// same eight i32 lanes per block (AVX-512 VNNI's `vpdpbusd` sums the same four products
+    /// per lane as `maddubs`+`madd`, and no sum of Q4/Q8 products saturates either), the same
+    /// float multiply-adds, the same final sum — so the result is bit-identical whatever the
+    /// tile, the batch or the instruction set.
     ///
     /// # Safety
     /// AVX2+FMA must be available, and AVX-512 VNNI+VL when `vnni`.
@@ -1458,11 +1452,7 @@ mod simd {
             let ones = _mm256_set1_epi16(1);
             let low = _mm_set1_epi8(0x0f);
             let eight = _mm256_set1_epi8(8);
-            // Four tokens share one 4-lane accumulator per row (lane j = token t + j); a lone
-            // token has a scalar one. Either way each (row, token) gets, block by block, the
-            // exact i32 dot product as f32 times (wd·xd), fused-added in block order.
-            let mut acc4 = [_mm_setzero_ps(); R];
-            let mut acc1 = [0f32; R];
+            let mut acc = [[_mm256_setzero_ps(); T]; R];
             // The weights of the tile QUANT_PREFETCH_TILES ahead, spread over the blocks: the
             // rows are short (cols / 2 bytes) and the hardware prefetcher stays too close.
             // Bytes of the tile per block (R rows × ql); no division in the loop.
@@ -1480,11 +1470,6 @@ mod simd {
                 let xv: [__m256i; T] = std::array::from_fn(|j| {
                     _mm256_loadu_si256(qx.q.as_ptr().add(((t + j) * nb + b) * 32).cast())
                 });
-                let xd4 = if T == 4 {
-                    _mm_loadu_ps(qx.dt.as_ptr().add(b * n + t))
-                } else {
-                    _mm_setzero_ps()
-                };
                 for i in 0..R {
                     let base = ((r + i) * nb + b) * ql;
                     let wv = match ty {
@@ -1508,38 +1493,33 @@ mod simd {
                     } else {
                         _mm256_sign_epi8(wv, wv)
                     };
-                    let p32: [__m256i; T] = std::array::from_fn(|j| {
+                    let wd = p.d[(r + i) * nb + b];
+                    for j in 0..T {
                         let xb = if ty == GgmlType::Q4_1 {
                             xv[j]
                         } else {
                             _mm256_sign_epi8(xv[j], wv)
                         };
-                        if VNNI {
+                        let p32 = if VNNI {
                             _mm256_dpbusd_epi32(_mm256_setzero_si256(), wa, xb)
                         } else {
                             _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xb), ones)
-                        }
-                    });
-                    let wd = p.d[(r + i) * nb + b];
-                    if T == 4 {
-                        let sums = _mm_cvtepi32_ps(hsum4_epi32([p32[0], p32[1], p32[2], p32[3]]));
-                        let scale = _mm_mul_ps(_mm_set1_ps(wd), xd4);
-                        acc4[i] = _mm_fmadd_ps(sums, scale, acc4[i]);
-                    } else {
-                        let isum = hsum_epi32(p32[0]) as f32;
-                        acc1[i] = isum.mul_add(wd * qx.d[t * nb + b], acc1[i]);
+                        };
+                        let pf = _mm256_cvtepi32_ps(p32);
+                        let scale = wd * qx.d[(t + j) * nb + b];
+                        acc[i][j] = _mm256_fmadd_ps(pf, _mm256_set1_ps(scale), acc[i][j]);
                     }
                 }
             }
             for i in 0..R {
-                let mut lanes = [0f32; 4];
-                if T == 4 {
-                    _mm_storeu_ps(lanes.as_mut_ptr(), acc4[i]);
-                } else {
-                    lanes[0] = acc1[i];
-                }
-                for (j, &lane) in lanes.iter().enumerate().take(T) {
-                    let mut v = lane;
+                for j in 0..T {
+                    let a = acc[i][j];
+                    let lo = _mm256_castps256_ps128(a);
+                    let hi = _mm256_extractf128_ps(a, 1);
+                    let s = _mm_add_ps(lo, hi);
+                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0b01));
+                    let mut v = _mm_cvtss_f32(s);
                     if ty == GgmlType::Q4_1 {
                         let xs = &qx.sum[(t + j) * nb..(t + j + 1) * nb];
                         let wm = &p.m[(r + i) * nb..(r + i + 1) * nb];
@@ -1551,33 +1531,7 @@ mod simd {
         }
     }
 
-    /// The exact sum of the eight i32 lanes.
-    #[inline(always)]
-    unsafe fn hsum_epi32(v: __m256i) -> i32 {
-        // SAFETY: register-only AVX2 operations (the caller has AVX2).
-        unsafe {
-            let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-            _mm_cvtsi128_si32(s)
-        }
-    }
-
-    /// The exact lane sums of four vectors, as `[Σp0, Σp1, Σp2, Σp3]`.
-    #[inline(always)]
-    unsafe fn hsum4_epi32(p: [__m256i; 4]) -> __m128i {
-        // SAFETY: register-only AVX2 operations (the caller has AVX2).
-        unsafe {
-            // Per 128-bit half: [p0 pairs, p1 pairs], then [Σ4 p0, Σ4 p1, Σ4 p2, Σ4 p3].
-            let h01 = _mm256_hadd_epi32(p[0], p[1]);
-            let h23 = _mm256_hadd_epi32(p[2], p[3]);
-            let h = _mm256_hadd_epi32(h01, h23);
-            _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
-        }
-    }
-
-    /// AVX2 version of [`super::dot_row_scalar`]: the same value, bit for bit (exact i32 block
-    /// sums, then the same fused multiply-adds in block order).
+    /// AVX2 version of [`super::dot_row_scalar`] (same value up to float summation order).
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_row(ty: GgmlType, qs: &[u8], wd: &[f32], x: &[i8], xd: &[f32]) -> f32 {
         let nb = wd.len();
@@ -1591,7 +1545,7 @@ mod simd {
             let ones = _mm256_set1_epi16(1);
             let low = _mm_set1_epi8(0x0f);
             let eight = _mm256_set1_epi8(8);
-            let mut s = 0f32;
+            let mut acc = _mm256_setzero_ps();
             for b in 0..nb {
                 let xv = _mm256_loadu_si256(x.as_ptr().add(b * 32).cast());
                 let p16 = match ty {
@@ -1614,10 +1568,15 @@ mod simd {
                         _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
                     }
                 };
-                let isum = hsum_epi32(_mm256_madd_epi16(p16, ones)) as f32;
-                s = isum.mul_add(wd[b] * xd[b], s);
+                let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                acc = _mm256_fmadd_ps(p, _mm256_set1_ps(wd[b] * xd[b]), acc);
             }
-            s
+            let lo = _mm256_castps256_ps128(acc);
+            let hi = _mm256_extractf128_ps(acc, 1);
+            let s = _mm_add_ps(lo, hi);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0b01));
+            _mm_cvtss_f32(s)
         }
     }
 }
@@ -1769,40 +1728,5 @@ fn tiled_shape<const R: usize, const T: usize>(
             r += 1;
         }
         tb = te;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scalar_and_avx2_row_dots_agree_bit_for_bit() {
-        // The quantised kernel's reference (no SIMD) against the AVX2 row dot that every tiled
-        // path is tested against: the same exact block sums and fused multiply-adds.
-        if !has_avx2_fma() {
-            println!("skipped: no AVX2+FMA on this CPU");
-            return;
-        }
-        let cols = 256;
-        let w: Vec<f32> = (0..8 * cols)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
-            .collect();
-        let x: Vec<f32> = (0..cols)
-            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 30.0)
-            .collect();
-        let qx = Q8Act::quantize(&x, 1, cols);
-        for ty in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
-            let p = Prepared::from_raw(ty, &quant::quantize(ty, &w));
-            let (bpr, ql) = (cols / QK, p.qlen());
-            for r in 0..8 {
-                let qs = &p.qs[r * bpr * ql..(r + 1) * bpr * ql];
-                let wd = &p.d[r * bpr..(r + 1) * bpr];
-                let scalar = dot_row_scalar(ty, qs, wd, &qx.q, &qx.d);
-                // SAFETY: AVX2+FMA detected above.
-                let simd = unsafe { simd::dot_row(ty, qs, wd, &qx.q, &qx.d) };
-                assert_eq!(scalar.to_bits(), simd.to_bits(), "{ty:?} row {r}");
-            }
-        }
     }
 }
