@@ -330,10 +330,17 @@ fn weight_buffers_are_zeroed_huge_page_aligned_and_clone_deeply() {
     b[0] = 9.0;
     assert_eq!((c[0], c[1_000_002], b[0]), (1.5, -2.0, 9.0));
     assert!(WeightBuf::zeroed(0).is_empty());
-    // Many maps and unmaps: each buffer gives its mapping back when dropped.
+    // Many maps and drops: each buffer gives its mapping back. 200 × 12 MiB would add 2.4 GiB
+    // of address space if a mapping (or its 2 MiB alignment slack) leaked.
+    let before = vm_size_kib();
     for _ in 0..200 {
-        let t = WeightBuf::zeroed(3 << 20);
-        assert_eq!(t[t.len() - 1], 0.0);
+        let mut t = WeightBuf::zeroed(3 << 20);
+        let last = t.len() - 1;
+        t[last] = 1.0;
+        assert_eq!(t[last], 1.0);
+    }
+    if let (Some(a), Some(b)) = (before, vm_size_kib()) {
+        assert!(b < a + 256 * 1024, "address space grew from {a} to {b} KiB");
     }
 }
 
@@ -366,4 +373,15 @@ fn the_quantised_kernel_gives_the_same_bits_on_every_path() {
             }
         }
     }
+}
+
+/// This process's virtual size (`VmSize` in /proc/self/status), Linux only.
+fn vm_size_kib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines()
+        .find(|l| l.starts_with("VmSize:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }

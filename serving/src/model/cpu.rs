@@ -427,8 +427,9 @@ pub fn packed_matmul_on(
     assert_eq!(p.len(), panels * PANEL * cols, "packed_matmul: w shape");
     assert_eq!(x.len(), n * cols, "packed_matmul: x shape");
     assert_eq!(y.len(), n * rows, "packed_matmul: y shape");
+    // The detected ISA needs no check (and this is the hot path); another one must exist here.
     assert!(
-        Isa::available().contains(&isa),
+        isa == Isa::detect() || Isa::available().contains(&isa),
         "packed_matmul: {isa:?} is not available on this CPU"
     );
     let (xp, stride) = pack_tokens(x, n, cols);
@@ -480,13 +481,10 @@ pub fn pack_tokens(x: &[f32], n: usize, cols: usize) -> (Vec<f32>, usize) {
     let groups = n.div_ceil(stride);
     let mut xp = vec![0f32; groups * stride * cols];
     for (g, dst) in xp.chunks_exact_mut(stride * cols).enumerate() {
-        let rows: Vec<&[f32]> = x[g * stride * cols..]
-            .chunks_exact(cols)
-            .take(stride.min(n - g * stride))
-            .collect();
+        let tokens = &x[g * stride * cols..(g * stride + stride.min(n - g * stride)) * cols];
         for (k, col) in dst.chunks_exact_mut(stride).enumerate() {
-            for (v, row) in col.iter_mut().zip(&rows) {
-                *v = row[k];
+            for (v, &xv) in col.iter_mut().zip(tokens[k..].iter().step_by(cols)) {
+                *v = xv;
             }
         }
     }
@@ -1033,7 +1031,7 @@ impl QuantPath {
 /// If the shapes do not match, `w` is not quantised, or `path` is not available.
 pub fn quant_matmul_on(path: QuantPath, x: &[f32], n: usize, w: &Matrix, y: &mut [f32]) {
     assert!(
-        QuantPath::available().contains(&path),
+        path == QuantPath::detect() || QuantPath::available().contains(&path),
         "quant_matmul_on: {path:?} is not available on this CPU"
     );
     assert_eq!(x.len(), n * w.cols, "matmul: x shape");
