@@ -415,8 +415,7 @@ pub fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if cpu::Features::get().avx2_fma {
             // SAFETY: the features the function is compiled for were just detected.
             done = unsafe { silu_mul_avx2(g, u, out) };
         }
@@ -523,10 +522,7 @@ struct AttnInput<'a> {
 fn attend(sh: &AttnShape, a: &AttnInput<'_>, out: &mut [f32], scores: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     {
-        if sh.head_dim.is_multiple_of(8)
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
+        if sh.head_dim.is_multiple_of(8) && cpu::Features::get().avx2_fma {
             // SAFETY: the features the function is compiled for were just detected, and
             // head_dim is a multiple of 8 (checked above).
             unsafe { attend_avx2(sh, a, out, scores) };
