@@ -176,12 +176,13 @@ impl RouteWeights {
         let h = hp.hidden_size;
         // Each matrix is finished as soon as it is read, so that only one dequantised f32
         // copy is alive at a time (its heap space is reused by the next one, and the packed
-        // copies live in their own mappings): quantised matrices get their scales converted
-        // once for the integer kernel; f32 ones are packed for the CPU micro-kernel (unless
+        // copies live in their own mappings): quantised matrices are repacked once for the
+        // integer kernel (BROWNOUT_QUANT=tiles: only their scales converted, for the older one); f32 ones are packed for the CPU micro-kernel (unless
         // BROWNOUT_MATMUL picks another kernel).
         let pack = cpu::Kernel::from_env() == cpu::Kernel::Packed;
+        let repack = cpu::repack_quantised();
         let finish = |m: Matrix| {
-            let m = m.prepared();
+            let m = if repack { m.repacked() } else { m.prepared() };
             if pack { m.packed() } else { m }
         };
         let mat =

@@ -10,8 +10,11 @@ use std::sync::OnceLock;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Features {
     pub avx512f: bool,
+    pub avx512bw: bool,
     /// AVX2 and FMA (every AVX2 kernel needs both).
     pub avx2_fma: bool,
+    /// F16C (`vcvtph2ps`: the repacked kernel's f16 scales).
+    pub f16c: bool,
     /// AVX-512 VNNI with VL (`vpdpbusd` on 256-bit registers).
     pub avx512_vnni: bool,
 }
@@ -26,7 +29,9 @@ impl Features {
                 use std::arch::is_x86_feature_detected as has;
                 Features {
                     avx512f: has!("avx512f"),
+                    avx512bw: has!("avx512bw"),
                     avx2_fma: has!("avx2") && has!("fma"),
+                    f16c: has!("f16c"),
                     avx512_vnni: has!("avx512vnni") && has!("avx512vl"),
                 }
             }
@@ -34,7 +39,9 @@ impl Features {
             {
                 Features {
                     avx512f: false,
+                    avx512bw: false,
                     avx2_fma: false,
+                    f16c: false,
                     avx512_vnni: false,
                 }
             }
@@ -113,11 +120,16 @@ impl Isa {
     }
 }
 
-/// How the quantised (integer) kernel runs: one (row, token) at a time, or in tiles of rows ×
-/// tokens with `maddubs`+`madd` (AVX2) or `vpdpbusd` (AVX-512 VNNI). All give the same bits.
+/// How the quantised (integer) kernels run. All paths give the same bits.
+///
+/// Repacked weights (the default, `cpu/repacked.rs`): `TilesVnni` 16 rows × up to 8 tokens
+/// with AVX-512 VNNI `vpdpbusd` (needs AVX-512 F, BW, VNNI); `Tiles` 8 rows × up to 4 tokens
+/// with AVX2 `maddubs`+`madd` (AVX2, FMA, F16C); `RowWise` the scalar loop.
+/// Prepared GGUF blocks (`BROWNOUT_QUANT=tiles`, `cpu/quant.rs`): `TilesVnni` / `Tiles` 4 × 4
+/// tiles with `vpdpbusd` (256-bit) or `maddubs`; `RowWise` row by row (AVX2 `dot_row`, or
+/// scalar without AVX2).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum QuantPath {
-    /// Per (row, token): AVX2 `dot_row`, or the scalar loop without AVX2.
     RowWise,
     Tiles,
     TilesVnni,
@@ -140,7 +152,8 @@ impl QuantPath {
     /// Every path this CPU can run, fastest first.
     pub fn available() -> Vec<QuantPath> {
         let f = Features::get();
-        match (f.avx2_fma, f.avx512_vnni) {
+        let vnni = f.avx512_vnni && f.avx512f && f.avx512bw;
+        match (f.avx2_fma && f.f16c, vnni) {
             (true, true) => vec![QuantPath::TilesVnni, QuantPath::Tiles, QuantPath::RowWise],
             (true, false) => vec![QuantPath::Tiles, QuantPath::RowWise],
             _ => vec![QuantPath::RowWise],

@@ -1,6 +1,7 @@
 //! Weight matrices: f32 row-major, raw ggml blocks, blocks prepared for the integer kernel,
 //! or f32 packed into panels for the packed kernel.
 
+use super::repacked::Repacked;
 use super::weight_buf::WeightBuf;
 use crate::model::gguf::GgmlType;
 use crate::model::quant::{self, QK};
@@ -18,8 +19,10 @@ pub enum MatData {
     F32(Vec<f32>),
     /// Raw ggml blocks, `cols / 32` blocks per row.
     Quant(GgmlType, Vec<u8>),
-    /// Quantised blocks split for the integer kernel (see [`Prepared`]).
+    /// Quantised blocks split for the older integer kernel (see [`Prepared`]).
     Prepared(Box<Prepared>),
+    /// Quantised blocks repacked at load for the default integer kernel (see [`Repacked`]).
+    Repacked(Box<Repacked>),
     /// f32 packed for the [`Kernel::Packed`] micro-kernel: panels of [`PANEL`] rows (the last
     /// padded with zeros), each stored k-major: for every input column `k`, the panel's
     /// [`PANEL`] weights of that column side by side.
@@ -117,6 +120,7 @@ impl Matrix {
             MatData::Quant(_, v) => v.len(),
             MatData::Prepared(p) => p.qs.len() + (p.d.len() + p.m.len()) * 4,
             MatData::Packed(v) => v.len() * 4,
+            MatData::Repacked(p) => p.bytes(),
         }
     }
 
@@ -125,6 +129,7 @@ impl Matrix {
             MatData::F32(_) | MatData::Packed(_) => "F32",
             MatData::Quant(t, _) => t.name(),
             MatData::Prepared(p) => p.ty.name(),
+            MatData::Repacked(p) => p.ty.name(),
         }
     }
 
@@ -142,6 +147,7 @@ impl Matrix {
                     p.dequant_block(r * bpr + i, o);
                 }
             }
+            MatData::Repacked(p) => p.row_f32(r, out),
             MatData::Packed(v) => {
                 let panel = &v[r / PANEL * PANEL * self.cols..];
                 for (k, o) in out.iter_mut().enumerate() {
@@ -202,6 +208,21 @@ impl Matrix {
         }
     }
 
+    /// Quantised matrices repacked for the default integer kernel ([`Repacked`]); others
+    /// unchanged.
+    pub fn repacked(self) -> Matrix {
+        match self.data {
+            MatData::Quant(ty, raw) => Matrix {
+                rows: self.rows,
+                cols: self.cols,
+                data: MatData::Repacked(Box::new(Repacked::from_raw(
+                    ty, self.rows, self.cols, &raw,
+                ))),
+            },
+            data => Matrix { data, ..self },
+        }
+    }
+
     /// Stacks matrices with the same `cols` and representation (e.g. Q, K, V into one).
     pub fn concat_rows(parts: Vec<Matrix>) -> Matrix {
         let cols = parts[0].cols;
@@ -229,7 +250,7 @@ impl Matrix {
                 }
                 MatData::Quant(*t, v)
             }
-            MatData::Prepared(_) | MatData::Packed(_) => {
+            MatData::Prepared(_) | MatData::Packed(_) | MatData::Repacked(_) => {
                 panic!("concat_rows: concatenate before preparing or packing")
             }
         };

@@ -11,7 +11,9 @@
 //!  isa.rs         Features (detected once), BROWNOUT_ISA (read once), Isa, QuantPath
 //!  packed.rs      the packed f32 kernel (default): AVX-512, AVX2+FMA or scalar
 //!  tiled.rs       the f32 kernels kept to measure against: gemm crate, tiled, simple
-//!  quant.rs       the integer kernel of the quantised matrices (AVX2, AVX-512 VNNI, row-wise)
+//!  repacked.rs    the integer kernel (default) over weights repacked at load: AVX-512 VNNI,
+//!                 AVX2 or scalar, 16-row panels, activations quantised once per call
+//!  quant.rs       Q8Act; the older integer kernel over GGUF blocks (BROWNOUT_QUANT=tiles)
 //!  simd.rs        helpers shared by the kernels
 //! ```
 //!
@@ -35,6 +37,7 @@ mod isa;
 mod matrix;
 mod packed;
 mod quant;
+mod repacked;
 mod simd;
 mod tiled;
 mod weight_buf;
@@ -45,6 +48,7 @@ pub use isa::{Cap, Features, Isa, QuantPath};
 pub use matrix::{MatData, Matrix, PANEL, Prepared};
 pub use packed::{pack_tokens, packed_matmul, packed_matmul_on};
 pub use quant::{Q8Act, quant_matmul_on};
+pub use repacked::{RP, Repacked, repacked_matmul_on};
 pub use tiled::{gemm_f32, matmul_f32_shape};
 pub use weight_buf::WeightBuf;
 
@@ -84,6 +88,14 @@ impl Kernel {
     }
 }
 
+/// How quantised matrices are kept at load: `BROWNOUT_QUANT=tiles` keeps the GGUF blocks
+/// ([`MatData::Prepared`], the older 4 × 4-tile integer kernel, kept to measure against);
+/// otherwise (default) they are repacked ([`MatData::Repacked`]). Read once.
+pub fn repack_quantised() -> bool {
+    static R: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *R.get_or_init(|| std::env::var("BROWNOUT_QUANT").as_deref() != Ok("tiles"))
+}
+
 /// `y[n][w.rows] = x[n][w.cols] · wᵀ`.
 ///
 /// # Panics
@@ -105,6 +117,10 @@ pub fn matmul_with(kernel: Kernel, x: &[f32], n: usize, w: &Matrix, y: &mut [f32
     let threads = rayon::current_num_threads().max(1);
     if let MatData::Packed(p) = &w.data {
         packed_matmul(p, w.rows, w.cols, x, n, y, threads);
+        return;
+    }
+    if let MatData::Repacked(p) = &w.data {
+        repacked_matmul_on(QuantPath::detect(), p, x, n, y, threads);
         return;
     }
     let kernel = match (&w.data, kernel) {

@@ -45,11 +45,14 @@ pub fn quant_matmul_on(path: QuantPath, x: &[f32], n: usize, w: &Matrix, y: &mut
 
 /// Activations quantised to 8 bits per block of 32 (scale, float sum, values).
 pub struct Q8Act {
-    n: usize,
-    blocks_per_row: usize,
-    d: Vec<f32>,
-    sum: Vec<f32>,
-    q: Vec<i8>,
+    pub(super) n: usize,
+    pub(super) blocks_per_row: usize,
+    pub(super) d: Vec<f32>,
+    /// Σ of the block's f32 values (Q4_1's `m` term).
+    pub(super) sum: Vec<f32>,
+    /// Σ of the block's quantised values (the offset terms of the repacked kernel).
+    pub(super) isum: Vec<i32>,
+    pub(super) q: Vec<i8>,
 }
 
 impl Q8Act {
@@ -61,6 +64,7 @@ impl Q8Act {
             blocks_per_row: bpr,
             d: vec![0.0; nb],
             sum: vec![0.0; nb],
+            isum: vec![0; nb],
             q: vec![0; nb * QK],
         };
         for (b, blk) in x.chunks_exact(QK).enumerate() {
@@ -72,6 +76,10 @@ impl Q8Act {
             }
             a.d[b] = d;
             a.sum[b] = blk.iter().sum();
+            a.isum[b] = a.q[b * QK..(b + 1) * QK]
+                .iter()
+                .map(|&q| i32::from(q))
+                .sum();
         }
         a
     }

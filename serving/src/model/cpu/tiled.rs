@@ -177,6 +177,7 @@ fn rows_task_impl<const FMA: bool>(
     let cols = w.cols;
     match &w.data {
         MatData::Packed(_) => unreachable!("packed matrices go through packed_matmul"),
+        MatData::Repacked(_) => unreachable!("repacked matrices go through repacked_matmul_on"),
         MatData::F32(d) if kernel == Kernel::Tiled => {
             tiled_f32::<FMA>(&d[r0 * cols..r1 * cols], cols, x, n, out);
         }
