@@ -73,6 +73,10 @@ struct BenchModelArgs {
     /// Prompt length for the time-to-first-token figure (0: skip it).
     #[arg(long, default_value_t = 512)]
     ttft_prompt: usize,
+    /// Seconds of the closed-loop capacity measurement per route pair, calls/s and flows/s as
+    /// `brownout bench overload` calibrates them (0: skip it).
+    #[arg(long, default_value_t = 30.0)]
+    capacity_secs: f64,
     /// Print the report as JSON instead of a Markdown table.
     #[arg(long)]
     json: bool,
@@ -252,6 +256,7 @@ fn bench_model(a: &BenchModelArgs) -> anyhow::Result<()> {
         batches: a.batches.clone(),
         decode_steps: a.steps,
         ttft_prompt_len: a.ttft_prompt,
+        capacity_secs: a.capacity_secs,
     };
     let report = bench_spec(&spec, &mut |line| eprintln!("[bench model] {line}"))
         .with_context(|| format!("benchmarking model {}", a.model))?;
