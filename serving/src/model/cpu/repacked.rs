@@ -216,7 +216,7 @@ pub fn repacked_matmul_on(
     if n == 0 || w.rows == 0 {
         return;
     }
-    let qx = Q8Act::quantize(x, n, w.cols);
+    let qx = Q8Act::quantize_on(path, x, n, w.cols);
     let panels = w.rows.div_ceil(RP);
     let threads = threads.max(1);
     // As the packed kernel: up to eight tasks per thread, a multiple of the thread count.
