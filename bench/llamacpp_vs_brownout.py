@@ -16,7 +16,7 @@ stdout line is JSON.
 
   python3 bench/llamacpp_vs_brownout.py [--threads 2] [--rounds 5] [--steps 64]
       [--model ~/.cache/brownout/models/SmolLM2-135M-Instruct.Q4_1.gguf]
-      [--brownout target/release/brownout-serve]
+      [--brownout target/release/brownout-serve] [--omp-wait-policy passive|active]
 """
 
 import argparse
@@ -56,6 +56,10 @@ def ours(args):
 
 class LlamaCpp:
     def __init__(self, args):
+        # ggml's OpenMP threads spin at barriers by default; on a shared, oversubscribed machine
+        # that collapses llama.cpp (measured: 4 tok/s active against 23 passive, same minute),
+        # so the default here is passive. Read by OpenMP when the library loads.
+        os.environ.setdefault("OMP_WAIT_POLICY", args.omp_wait_policy)
         import numpy as np
         from llama_cpp import Llama
 
@@ -103,6 +107,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--omp-wait-policy", default="passive",
+                    help="OMP_WAIT_POLICY for llama.cpp unless set in the environment "
+                         "(active: spin at barriers, ggml's default)")
     args = ap.parse_args()
     for path, what in [(args.model, "model (scripts/fetch-model.sh)"),
                        (args.brownout, "brownout-serve (cargo build --release -p brownout-serving)")]:
@@ -136,6 +143,7 @@ def main():
     summary = {
         "threads": args.threads, "rounds": args.rounds, "steps": args.steps,
         "prompt": args.prompt, "model": os.path.basename(args.model), "brownout_device": device,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "ours_decode_tok_s": med("ours_decode"), "llama_decode_tok_s": med("llama_decode"),
         "decode_ratio_median": med("decode_ratio"),
         "decode_ratio_range": [min(r["decode_ratio"] for r in rounds),

@@ -485,6 +485,52 @@ fn the_repacked_kernel_gives_the_same_bits_on_every_path_and_batch() {
 }
 
 #[test]
+fn the_repacked_kernel_is_exact_at_the_largest_products() {
+    // Every nibble 15 (Q4_1, Q4_0) or ±127/−128 byte (Q8_0) against activations that quantise
+    // to ±127: the integer sums reach their bounds (the AVX2 path adds Q4 products in i16).
+    let (rows, cols, n) = (16, 64, 3);
+    let x: Vec<f32> = (0..n * cols)
+        .map(|i| if (i / 7) % 2 == 0 { 1.0 } else { -1.0 })
+        .collect();
+    let mut x_pos = x.clone();
+    x_pos.iter_mut().for_each(|v| *v = 1.0);
+    for ty in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
+        let bb = ty.block_bytes();
+        let mut raw = Vec::new();
+        for i in 0..rows * cols / 32 {
+            let mut b = vec![0u8; bb];
+            b[..2].copy_from_slice(&h(0.5));
+            match ty {
+                GgmlType::Q4_1 => {
+                    b[2..4].copy_from_slice(&h(-0.25));
+                    b[4..].fill(0xff);
+                }
+                GgmlType::Q4_0 => b[2..].fill(if i % 2 == 0 { 0xff } else { 0x00 }),
+                _ => b[2..].fill(if i % 2 == 0 { 0x7f } else { 0x80 }),
+            }
+            raw.extend(b);
+        }
+        let mut deq = vec![0f32; rows * cols];
+        dequantize(ty, &raw, &mut deq);
+        let rp = Repacked::from_raw(ty, rows, cols, &raw);
+        for xs in [&x, &x_pos] {
+            // ±1 quantise exactly to ±127 with d = 1/127: the products are exact.
+            let want = reference(xs, n, &deq, rows, cols);
+            for path in QuantPath::available() {
+                let mut y = vec![f32::NAN; n * rows];
+                repacked_matmul_on(path, &rp, xs, n, &mut y, 1);
+                for (a, b) in y.iter().zip(&want) {
+                    assert!(
+                        (f64::from(*a) - b).abs() < 1e-3 * (1.0 + b.abs()),
+                        "{ty:?} {path:?}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn matmul_runs_repacked_matrices_with_the_detected_path() {
     let (rows, cols, n) = (40, 64, 6);
     let w = seeded(rows * cols, 5);

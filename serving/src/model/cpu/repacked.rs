@@ -532,18 +532,26 @@ mod x86 {
                 for j in 0..T {
                     let xb = (t0 + j) * nb + b;
                     let mut is = _mm256_setzero_si256();
-                    for c in 0..8 {
-                        let o = if c < 4 { 4 * c } else { 16 + 4 * (c - 4) };
-                        let x = bcast4_256(qx, xb, o);
-                        let p16 = if K == 2 {
-                            _mm256_maddubs_epi16(
+                    if K == 2 {
+                        for c in 0..8 {
+                            let o = if c < 4 { 4 * c } else { 16 + 4 * (c - 4) };
+                            let x = bcast4_256(qx, xb, o);
+                            let p16 = _mm256_maddubs_epi16(
                                 _mm256_sign_epi8(wv[c], wv[c]),
                                 _mm256_sign_epi8(x, wv[c]),
-                            )
-                        } else {
-                            _mm256_maddubs_epi16(wv[c], x)
-                        };
-                        is = _mm256_add_epi32(is, _mm256_madd_epi16(p16, ones));
+                            );
+                            is = _mm256_add_epi32(is, _mm256_madd_epi16(p16, ones));
+                        }
+                    } else {
+                        // Nibbles: each i16 of a maddubs is at most 2 · 15 · 127 in magnitude,
+                        // so the eight chunks add up in i16 (≤ 30 480) before one madd.
+                        let mut p16 = _mm256_setzero_si256();
+                        for c in 0..8 {
+                            let o = if c < 4 { 4 * c } else { 16 + 4 * (c - 4) };
+                            let x = bcast4_256(qx, xb, o);
+                            p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(wv[c], x));
+                        }
+                        is = _mm256_madd_epi16(p16, ones);
                     }
                     if K == 0 {
                         is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * qx.isum[xb]));
