@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use brownout_serving::api::{self, ModelChoice, ServeOptions};
 use brownout_serving::control::{self, ControlHandle, FeatureCatalog, SubscriberConfig};
+use brownout_serving::gate::GateConfig;
 use brownout_serving::kvcache::sim::{long_tailed_trace, replay};
 use brownout_serving::kvcache::{AllocMode, BlockPool};
 use brownout_serving::telemetry::{Telemetry, TelemetryConfig};
@@ -137,8 +138,24 @@ struct ServeArgs {
     redis_url: Option<String>,
     #[arg(long)]
     cluster: Option<String>,
-    #[arg(long)]
+    /// The id commands address this instance by (`instances` keys) and its acks field
+    /// (default `brownout-serve-<port>`; 1-128 visible ASCII characters).
+    #[arg(long, env = "BROWNOUT_INSTANCE_ID")]
     instance_id: Option<String>,
+    /// fcfs (arrival order only, no criticality anywhere: the plain-vLLM baseline) or priority.
+    #[arg(long, default_value = "priority")]
+    scheduling_policy: String,
+    /// Share of sequence slots and KV blocks only critical requests may take, in [0, 1)
+    /// (ignored under fcfs).
+    #[arg(long, default_value_t = 0.2)]
+    critical_reserve_ratio: f64,
+    /// Most agent requests (tools or x-brownout-conversation) one user may have in flight
+    /// (0: no cap); limits.user_concurrency of the command can only lower it.
+    #[arg(long, default_value_t = 3)]
+    user_concurrency: u32,
+    /// Users the per-user table tracks (bounded LRU).
+    #[arg(long, default_value_t = 16_384)]
+    max_tracked_users: usize,
 }
 
 fn parse_mode(s: &str) -> anyhow::Result<AllocMode> {
@@ -194,18 +211,35 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         served_model_name: a.served_model_name.clone(),
         max_body_bytes: a.max_body_bytes,
         max_queue_wait: Duration::from_secs(a.max_queue_wait_secs),
+        scheduling_policy: a
+            .scheduling_policy
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--scheduling-policy: {e}"))?,
+        critical_reserve_ratio: a.critical_reserve_ratio,
+        gate: GateConfig {
+            user_concurrency: a.user_concurrency,
+            max_tracked_users: a.max_tracked_users.max(1),
+            ..GateConfig::default()
+        },
     };
+    anyhow::ensure!(
+        (0.0..1.0).contains(&a.critical_reserve_ratio),
+        "--critical-reserve-ratio must be in [0, 1) (got {})",
+        a.critical_reserve_ratio
+    );
     let instance = a
         .instance_id
         .clone()
         .unwrap_or_else(|| format!("brownout-serve-{}", a.port));
+    control::validate_instance_id(&instance)
+        .map_err(|e| anyhow::anyhow!("--instance-id {instance:?}: {e}"))?;
     let sub = SubscriberConfig::from_env(a.redis_url.clone(), a.cluster.clone(), None, &instance)
         .context("degradation subscriber config")?;
     let cluster = sub.as_ref().map_or_else(
         || a.cluster.clone().unwrap_or_else(|| "default".into()),
         |s| s.cluster.clone(),
     );
-    let handle = ControlHandle::new(&cluster);
+    let handle = ControlHandle::with_instance(&cluster, &instance);
     let _subscriber = match sub {
         Some(cfg) => Some(control::spawn_subscriber(handle.clone(), cfg).await),
         None => {
@@ -222,7 +256,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    tracing::info!(%addr, model = state.model_name(), "serving");
+    tracing::info!(
+        %addr, model = state.model_name(), instance = %instance,
+        scheduling_policy = %a.scheduling_policy, critical_reserve_ratio = a.critical_reserve_ratio,
+        "serving"
+    );
     let features = control::http::router(handle, FeatureCatalog::seed_default());
     api::run_server(state, Some(features), listener, async {
         let _ = tokio::signal::ctrl_c().await;

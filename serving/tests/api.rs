@@ -463,6 +463,7 @@ async fn degradation_tiers_are_obeyed() {
     t2.limits = Limits {
         max_tokens_cap: Some(8),
         max_num_seqs: Some(4),
+        ..Limits::default()
     };
     control.apply(t2, 2).unwrap();
     let (s, h, v) = post_json(&app, "/v1/completions", &[], prompt.clone()).await;

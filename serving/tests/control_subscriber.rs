@@ -69,6 +69,7 @@ fn command(cluster: &str, epoch: u64, version: u64, tier: Tier, lease_ms: u64) -
         c.limits = Limits {
             max_tokens_cap: Some(64),
             max_num_seqs: Some(4),
+            ..Limits::default()
         };
     }
     if tier == Tier::T3 {
@@ -163,6 +164,7 @@ async fn applies_newer_commands_acks_them_and_reads_state_on_start() {
             epoch: 1,
             version: 2,
             applied_at_ms,
+            ..
         }) = ack_of(&mut conn, &keys, "i1").await
         {
             assert!(applied_at_ms >= c2.issued_at_ms);
@@ -398,7 +400,7 @@ async fn features_endpoint_and_sse_stream_follow_the_state() {
     let states: BTreeMap<&str, FeatureState> = v
         .features
         .iter()
-        .map(|f| (f.name.as_str(), f.state))
+        .map(|f| (f.name.as_str(), f.state.clone()))
         .collect();
     assert_eq!(states["pdf_analysis"], FeatureState::Disabled);
     assert_eq!(states["basic_qa"], FeatureState::Enabled);

@@ -20,6 +20,7 @@ fn cfg(max_queue_wait: Duration) -> EngineConfig {
             max_num_seqs: 4,
             max_num_batched_tokens: 64,
             max_model_len: 128,
+            ..SchedulerConfig::default()
         },
         kv: KvConfig {
             num_blocks: 32,

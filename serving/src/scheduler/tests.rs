@@ -18,6 +18,7 @@ fn sched(num_blocks: usize, block_size: usize, max_num_seqs: usize, budget: usiz
             max_num_seqs,
             max_num_batched_tokens: budget,
             max_model_len: 1024,
+            ..SchedulerConfig::default()
         },
         kv,
     )
