@@ -1,5 +1,6 @@
 //! The admission token bucket (`admit_rps`): `rate` tokens per second, at most `max(1, rate)`
-//! held (a burst of one second's worth), one token per admitted non-critical request. Time comes
+//! held (a burst of one second's worth; none at rate 0), one token per admitted non-critical
+//! request. Time comes
 //! from the caller, so tests drive it with a logical clock.
 
 use std::time::Instant;
@@ -39,8 +40,9 @@ impl TokenBucket {
         self.rate
     }
 
+    /// The burst: one second's worth, at least one token (none at rate 0).
     fn capacity(rate: f64) -> f64 {
-        rate.max(1.0)
+        if rate > 0.0 { rate.max(1.0) } else { 0.0 }
     }
 
     fn refill(&mut self, now: Instant) {

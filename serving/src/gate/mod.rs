@@ -279,7 +279,10 @@ impl Policy {
         let c = &applied.command;
         let instance = c.instance_entry(instance_id);
         let (user_cap, from_limits) = match c.limits.user_concurrency {
-            Some(l) if cfg.user_concurrency == 0 || l < cfg.user_concurrency => (l, true),
+            // 0 from the command is ignored (the cap is switched off only by the flag).
+            Some(l) if l > 0 && (cfg.user_concurrency == 0 || l < cfg.user_concurrency) => {
+                (l, true)
+            }
             _ => (cfg.user_concurrency, false),
         };
         let mut abort_conversations = HashMap::new();
@@ -784,7 +787,7 @@ impl Gate {
             "instance_entry": entry,
             "admission": {
                 "admit_rps": rate,
-                "burst": rate.map(|r| r.max(1.0)),
+                "burst": rate.map(|r| if r > 0.0 { r.max(1.0) } else { 0.0 }),
                 "tokens": tokens,
                 "throttled_total": throttled,
             },
