@@ -797,6 +797,7 @@ impl Gate {
                 "applies_to": "non-critical agent requests (tools or x-brownout-conversation) with a user",
                 "tracked_users": users.len(),
                 "active_users": users.active(),
+                "in_flight_requests": users.in_flight_total(),
                 "capacity": users.capacity(),
                 "evicted_total": users.evicted_total,
                 "untracked_total": users.untracked_total,

@@ -98,6 +98,14 @@ impl UserTable {
             .count()
     }
 
+    /// Agent requests in flight over all tracked users.
+    pub fn in_flight_total(&self) -> u64 {
+        self.index
+            .values()
+            .map(|&i| u64::from(self.nodes[i as usize].in_flight))
+            .sum()
+    }
+
     /// The in-flight count of `user` (0 when untracked).
     pub fn in_flight(&self, user: &str) -> u32 {
         self.index
