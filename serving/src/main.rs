@@ -5,6 +5,7 @@
 //! brownout-serve [--model tiny-random|smollm2|toy|PATH] [--port 8000] [--device cpu|cuda] ...
 //! brownout-serve bench kv        replay a long-tailed trace through paged and contiguous KV
 //! brownout-serve bench model     decode tokens/s at batch 1/8/32 on each route, TTFT, memory
+//! brownout-serve bench gate      per-user table memory under millions of distinct users
 //! brownout-serve fetch-model     download SmolLM2-135M-Instruct into the local model cache
 //! ```
 
@@ -52,6 +53,25 @@ enum BenchWhat {
     /// Decode tokens/s of each route at each batch size (interleaved rounds, medians, paired
     /// ratios), TTFT of a long prompt, resident memory; on the device `--device` picks.
     Model(BenchModelArgs),
+    /// Memory of the admission gate's per-user table under millions of distinct users (resident
+    /// set size at checkpoints), against an unbounded per-user map with `--peer`.
+    Gate(BenchGateArgs),
+}
+
+#[derive(Args, Debug)]
+struct BenchGateArgs {
+    /// Distinct users sent through (each one agent request, admitted and finished).
+    #[arg(long, default_value_t = 2_000_000)]
+    users: u64,
+    /// Size of the bounded per-user table.
+    #[arg(long, default_value_t = 16_384)]
+    max_tracked_users: usize,
+    /// Bytes of each user id (ids are padded with odd Unicode to this length).
+    #[arg(long, default_value_t = 64)]
+    id_bytes: usize,
+    /// Run the naive peer instead: an unbounded map from user id to in-flight count.
+    #[arg(long)]
+    peer: bool,
 }
 
 #[derive(Args, Debug)]
@@ -175,6 +195,9 @@ fn main() -> anyhow::Result<()> {
         Some(Cmd::Bench {
             what: BenchWhat::Model(a),
         }) => bench_model(&a),
+        Some(Cmd::Bench {
+            what: BenchWhat::Gate(a),
+        }) => bench_gate(&a),
         Some(Cmd::FetchModel) => {
             let path = brownout_serving::model::fetch_model()?;
             println!("{}", path.display());
@@ -269,6 +292,103 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     .context("server")?;
     // Flush buffered spans; the exporter may block, so off the async workers.
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    Ok(())
+}
+
+/// Resident set size of this process (KiB), from /proc/self/status.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn bench_gate(a: &BenchGateArgs) -> anyhow::Result<()> {
+    use brownout_serving::gate::{Gate, RequestMeta};
+    anyhow::ensure!(a.users > 0, "--users must be positive");
+    anyhow::ensure!(
+        (16..=256).contains(&a.id_bytes),
+        "--id-bytes must be in 16..=256 (the gate refuses longer ids)"
+    );
+    let control = ControlHandle::with_instance("bench", "bench-0");
+    let gate = Gate::new(
+        control,
+        GateConfig {
+            max_tracked_users: a.max_tracked_users.max(1),
+            ..GateConfig::default()
+        },
+    );
+    let mut peer: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+    let id = |i: u64| {
+        let mut s = format!("user-{i}-");
+        while s.len() + 4 <= a.id_bytes {
+            s.push('𝕏');
+        }
+        while s.len() < a.id_bytes {
+            s.push('_');
+        }
+        s
+    };
+    let what = if a.peer {
+        "unbounded map (peer)"
+    } else {
+        "gate"
+    };
+    let rss0 = rss_kib();
+    let mut max_rss = rss0;
+    let step = (a.users / 10).max(1);
+    let t = Instant::now();
+    let mut meta = RequestMeta {
+        conversation: Some("bench".into()),
+        ..RequestMeta::default()
+    };
+    for i in 0..a.users {
+        let u = id(i);
+        if a.peer {
+            *peer.entry(u).or_insert(0) += 1;
+        } else {
+            meta.user = Some(u);
+            let admitted = gate
+                .admit(&meta)
+                .map_err(|r| anyhow::anyhow!("refused: {}", r.message))?;
+            drop(admitted); // the request finished: its slot goes back
+        }
+        if (i + 1) % step == 0 {
+            let r = rss_kib();
+            max_rss = max_rss.max(r);
+            eprintln!(
+                "[bench gate] {what}: {} users, rss {} KiB (+{} KiB)",
+                i + 1,
+                r,
+                r.saturating_sub(rss0)
+            );
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let tracked = if a.peer {
+        peer.len()
+    } else {
+        gate.debug()["user_concurrency"]["tracked_users"]
+            .as_u64()
+            .unwrap_or(0) as usize
+    };
+    let out = serde_json::json!({
+        "table": if a.peer { "unbounded" } else { "gate" },
+        "users": a.users,
+        "id_bytes": a.id_bytes,
+        "max_tracked_users": a.max_tracked_users,
+        "tracked_users": tracked,
+        "rss_start_kib": rss0,
+        "rss_end_kib": rss_kib(),
+        "rss_max_kib": max_rss,
+        "rss_growth_kib": max_rss.saturating_sub(rss0),
+        "ns_per_request": secs * 1e9 / a.users as f64,
+    });
+    println!("{out}");
     Ok(())
 }
 
