@@ -1037,7 +1037,9 @@ async fn hostile_users_tools_and_conversations_are_bounded_and_escaped() {
         }
         b
     };
-    let bad: Vec<(Vec<(&str, String)>, Value, &str, Option<&str>)> = vec![
+    // (headers, body, code, param)
+    type Case<'a> = (Vec<(&'a str, String)>, Value, &'a str, Option<&'a str>);
+    let bad: Vec<Case> = vec![
         (
             vec![("x-brownout-user", "u".repeat(257))],
             chat(json!({})),

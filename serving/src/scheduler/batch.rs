@@ -134,7 +134,7 @@ impl NcBlocks {
 
 /// `round(n × ratio)`, leaving at least one to the rest (0 when `n` < 2).
 fn reserve_of(n: usize, ratio: f64) -> usize {
-    if !(ratio > 0.0) {
+    if ratio.is_nan() || ratio <= 0.0 {
         return 0;
     }
     let r = (n as f64 * ratio.min(1.0)).round() as usize;
