@@ -2,7 +2,7 @@
 //! Every request passes the admission gate ([`crate::gate`]) first: the tier rules (T1 feature
 //! grey-out, T2 route and caps, T3 shedding), the stop-bleed actions of this instance's
 //! `instances` entry (drain, admission rate) and the agent guards (loop kill, tool breakers,
-//! per-user cap). The engine applies `max_num_seqs` (the instance entry's, else
+//! per-user cap; docs/ARCHITECTURE.md §3, docs/REQUIREMENTS.md R4, R5). The engine applies `max_num_seqs` (the instance entry's, else
 //! `limits.max_num_seqs`) and the critical reserve.
 
 pub mod error;
