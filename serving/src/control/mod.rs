@@ -250,10 +250,17 @@ fn stepped_down(cmd: &Command, now_ms: u64) -> Command {
     }
     c.reason = Reason {
         trigger: "lease_expired".into(),
-        detail: format!(
-            "command {}:{} expired without a refresh; stepped down from {} to {}",
-            cmd.epoch, cmd.version, cmd.tier, c.tier
-        ),
+        detail: if cmd.tier == Tier::T0 {
+            format!(
+                "command {}:{} expired without a refresh; its instance entries, breakers and limits were dropped",
+                cmd.epoch, cmd.version
+            )
+        } else {
+            format!(
+                "command {}:{} expired without a refresh; stepped down from {} to {}",
+                cmd.epoch, cmd.version, cmd.tier, c.tier
+            )
+        },
         ..Reason::default()
     };
     c
