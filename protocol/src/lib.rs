@@ -27,7 +27,9 @@ pub mod redis_conn;
 pub use redis_conn::{RedisTls, redis_client, redis_client_with};
 
 pub use command::{
-    Command, Criticality, FeatureState, FeatureStatus, Limits, Reason, Shed, Tier, TierParseError,
+    ALL_INSTANCES, AbortEntry, AbortKind, Command, Criticality, DEFAULT_PROBE_RATIO, EntryApplied,
+    FeatureState, FeatureStatus, InstanceEntry, Limits, MAX_ABORT_ENTRIES, MAX_ABORT_ID_BYTES,
+    Reason, ResolvedInstance, Shed, TOOL_FEATURE_PREFIX, Tier, TierParseError,
 };
 pub use failure::{Category, FailureEvent, FailureParseError};
 pub use keys::{
