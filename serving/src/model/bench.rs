@@ -605,6 +605,7 @@ pub fn capacity(
             max_num_seqs: spec.concurrency.max(1),
             max_num_batched_tokens: spec.max_num_batched_tokens,
             max_model_len: c.max_model_len,
+            ..Default::default()
         },
         kv: crate::kvcache::KvConfig {
             num_blocks: spec.num_blocks,
