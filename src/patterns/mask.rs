@@ -42,21 +42,35 @@ pub fn mask_line(line: &str, out: &mut String) -> usize {
         if pos >= bytes.len() {
             break;
         }
+        // One pass finds the token's end and whether it can hold a variable (see `is_plain`).
         let start = pos;
-        while pos < bytes.len() && !bytes[pos].is_ascii_whitespace() {
+        let (mut plain, mut letters) = (true, 0u32);
+        while pos < bytes.len() {
+            let b = bytes[pos];
+            if b.is_ascii_whitespace() {
+                break;
+            }
+            match CLASS[b as usize] {
+                1 => letters += 1,
+                2 => plain = false,
+                _ => {
+                    plain &= letters != 4 && letters != 5;
+                    letters = 0;
+                }
+            }
             pos += 1;
         }
+        plain &= letters != 4 && letters != 5;
         let tok = &body[start..pos];
         if n > 0 {
             out.push(' ');
         }
         n += 1;
         let b0 = bytes[start];
-        if b0.is_ascii_alphanumeric()
+        if plain
             && CLASS[b0 as usize] == 1
-            && is_plain(tok.as_bytes())
-            && !could_be_time(tok)
-            && !(b0.is_ascii_uppercase() && tok.len() <= 8)
+            && !(b0.is_ascii_uppercase()
+                && (is_month(tok) || is_weekday(tok) || http_method(tok).is_some()))
         {
             out.push_str(tok);
             continue;
@@ -224,10 +238,41 @@ fn mask_token(token: &str, out: &mut String) {
     while i < bytes.len() {
         if is_run_byte(bytes[i]) {
             let start = i;
-            while i < bytes.len() && is_run_byte(bytes[i]) {
+            let mut word = true;
+            let mut colon_or_backslash = false;
+            while i < bytes.len() {
+                let b = bytes[i];
+                match CLASS[b as usize] {
+                    0 => break,
+                    1 => {}
+                    _ => {
+                        word = false;
+                        colon_or_backslash |= b == b':' || b == b'\\';
+                    }
+                }
                 i += 1;
             }
-            mask_compound(&token[start..i], out);
+            let c = &token[start..i];
+            let cb = c.as_bytes();
+            if word {
+                // Letters and `_` only: a word, unless `true`, `false` or `null`.
+                if (cb.len() == 4 || cb.len() == 5) && is_bool_or_null(c) {
+                    out.push_str(WILDCARD);
+                } else {
+                    out.push_str(c);
+                }
+            } else if cb[0].is_ascii_digit() && !colon_or_backslash {
+                // A number, an address, a date, an id.
+                let keep = cb.len()
+                    - cb.iter()
+                        .rev()
+                        .take_while(|&&x| matches!(x, b'.' | b'/'))
+                        .count();
+                out.push_str(WILDCARD);
+                out.push_str(&c[keep..]);
+            } else {
+                mask_compound(c, out);
+            }
         } else {
             // Punctuation is copied; a multi-byte char is copied whole.
             let start = i;
@@ -252,6 +297,12 @@ fn utf8_len(b: u8) -> usize {
     }
 }
 
+fn is_bool_or_null(c: &str) -> bool {
+    c.eq_ignore_ascii_case("true")
+        || c.eq_ignore_ascii_case("false")
+        || c.eq_ignore_ascii_case("null")
+}
+
 /// Masks one compound (a run of [`is_run_byte`] characters).
 fn mask_compound(c: &str, out: &mut String) {
     let b = c.as_bytes();
@@ -266,6 +317,18 @@ fn mask_compound(c: &str, out: &mut String) {
         } else {
             out.push_str(c);
         }
+        return;
+    }
+    // A number, an address, a date, an id: a value, unless glued to a word by a colon
+    // (`10.250.10.6:50010:Got`).
+    if b[0].is_ascii_digit() && !b.contains(&b':') && !b.contains(&b'\\') {
+        let keep = b.len()
+            - b.iter()
+                .rev()
+                .take_while(|&&x| matches!(x, b'.' | b'/'))
+                .count();
+        out.push_str(WILDCARD);
+        out.push_str(&c[keep..]);
         return;
     }
     // A relative path.
@@ -286,6 +349,17 @@ fn mask_compound(c: &str, out: &mut String) {
         if lead < b.len() {
             mask_compound(&c[lead..], out);
         }
+        return;
+    }
+    // A path, with its trailing slash (`/var/www/html/`).
+    if b[0] == b'/' && b.len() > 1 {
+        let keep = b.len()
+            - b.iter()
+                .rev()
+                .take_while(|&&x| matches!(x, b'.' | b':'))
+                .count();
+        out.push_str(WILDCARD);
+        out.push_str(&c[keep..]);
         return;
     }
     // Trailing punctuation (`10.0.0.1:`, `done.`, `1/`).
@@ -318,6 +392,21 @@ fn mask_core(c: &str, out: &mut String) {
             _ => {}
         }
     }
+    // `action:android.intent.action.MAIN`: a one-word key before a value of any shape.
+    if let Some(k) = colon
+        && k > 0
+        && k + 1 < b.len()
+        && b[0].is_ascii_alphabetic()
+        && b[..k]
+            .iter()
+            .all(|x| x.is_ascii_alphabetic() || matches!(x, b'_' | b'-'))
+        && !is_hex_letters(&b[..k])
+        && b[k + 1] != b'/'
+    {
+        out.push_str(&c[..=k]);
+        mask_compound(&c[k + 1..], out);
+        return;
+    }
     // Whole values: URLs, paths, dotted names.
     if (colon.is_some() && c.contains("://"))
         || (b[0] == b'/' && b.len() > 1)
@@ -338,6 +427,7 @@ fn mask_core(c: &str, out: &mut String) {
             .iter()
             .all(|x| x.is_ascii_alphabetic() || matches!(x, b'_' | b'-' | b'.'))
         && !is_hex_letters(&b[..k])
+        && !is_dotted_name(&c[..k])
     {
         out.push_str(&c[..=k]);
         mask_compound(&c[k + 1..], out);
@@ -508,35 +598,46 @@ const ZONES: &[&str] = &[
 ];
 
 fn strip_punct(t: &str) -> &str {
-    t.trim_start_matches(['[', '(', '{', '"', '\''])
-        .trim_end_matches([']', ')', '}', '"', '\'', ',', ';', '|'])
+    let b = t.as_bytes();
+    let start = b
+        .iter()
+        .take_while(|x| matches!(x, b'[' | b'(' | b'{' | b'"' | b'\''))
+        .count();
+    let end = b.len()
+        - b[start..]
+            .iter()
+            .rev()
+            .take_while(|x| matches!(x, b']' | b')' | b'}' | b'"' | b'\'' | b',' | b';' | b'|'))
+            .count();
+    // Only ASCII was cut off, so both ends are char boundaries.
+    &t[start..end]
 }
 
-fn is_month(t: &str) -> bool {
-    let t = t.as_bytes();
-    let first = if t.first() == Some(&b'[') {
-        t.get(1)
-    } else {
-        t.first()
-    };
-    if !first.is_some_and(u8::is_ascii_uppercase) || t.len() > 12 {
-        return false;
-    }
-    let t = std::str::from_utf8(t).unwrap_or("");
-    MONTHS.contains(&strip_punct(t).trim_end_matches('.'))
-}
-
-fn is_weekday(t: &str) -> bool {
+/// `Jul`, `[Sun`, `December,`: a calendar word (`MONTHS` or `WEEKDAYS`) with brackets and
+/// trailing punctuation set aside.
+fn calendar_word<'a>(t: &'a str, list: &[&str]) -> bool {
     let b = t.as_bytes();
     let first = if b.first() == Some(&b'[') {
         b.get(1)
     } else {
         b.first()
     };
-    if !first.is_some_and(u8::is_ascii_uppercase) || b.len() > 12 {
+    if !first.is_some_and(u8::is_ascii_uppercase) || b.len() > 12 || b.len() < 3 {
         return false;
     }
-    WEEKDAYS.contains(&strip_punct(t))
+    let w: &'a str = strip_punct(t);
+    let w = w.strip_suffix('.').unwrap_or(w);
+    let wb = w.as_bytes();
+    // All entries are a capital and lower-case letters.
+    wb.len() >= 3 && wb[1].is_ascii_lowercase() && list.contains(&w)
+}
+
+fn is_month(t: &str) -> bool {
+    calendar_word(t, MONTHS)
+}
+
+fn is_weekday(t: &str) -> bool {
+    calendar_word(t, WEEKDAYS)
 }
 
 /// The first char after an opening bracket or quote is a digit.
@@ -582,21 +683,34 @@ fn is_date(t: &str, short_ok: bool) -> bool {
     if !starts_with_digit(t) {
         return false;
     }
-    let t = strip_punct(t);
-    let Some(sep) = t.bytes().find(|b| matches!(b, b'-' | b'/' | b'.')) else {
+    let t = strip_punct(t).as_bytes();
+    let Some(&sep) = t.iter().find(|b| !b.is_ascii_digit()) else {
         return false;
     };
-    let mut n = 0;
-    let mut long = false;
-    let mut all_two = true;
-    for p in t.split(sep as char) {
-        if !all_digits(p) || p.len() > 4 {
+    if !matches!(sep, b'-' | b'/' | b'.') || t.len() > 10 {
+        return false;
+    }
+    let (mut n, mut len, mut long, mut all_two) = (1, 0, false, true);
+    for &b in t {
+        if b == sep {
+            if len == 0 || len > 4 {
+                return false;
+            }
+            long |= len == 4;
+            all_two &= len == 2;
+            n += 1;
+            len = 0;
+        } else if b.is_ascii_digit() {
+            len += 1;
+        } else {
             return false;
         }
-        long |= p.len() == 4;
-        all_two &= p.len() == 2;
-        n += 1;
     }
+    if len == 0 || len > 4 {
+        return false;
+    }
+    long |= len == 4;
+    all_two &= len == 2;
     (n == 3 && (long || all_two)) || (n == 2 && short_ok && all_two)
 }
 
@@ -629,6 +743,20 @@ fn is_zone(t: &str) -> bool {
 /// `Tue Jul 26 05:47:42 2005`, `Jul 26 05:47:42`, `Jun 18 2005`, `2017-05-16 00:00:00.008`,
 /// `[Sun Dec 04 04:47:44 2005]`, `10.30 16:49:06`, `081109 203615`.
 fn datetime_run<'a>(first: &'a str, rest: impl Iterator<Item = &'a str> + Clone) -> usize {
+    let fb = first.as_bytes();
+    let lead = usize::from(matches!(fb.first(), Some(b'[' | b'(')));
+    if fb.get(lead).is_some_and(u8::is_ascii_digit) {
+        // A date or clock has a separator within its first five characters (`2005-`, `17/`,
+        // `05:`), or is `yymmdd`.
+        let sep = fb[lead..].iter().take(5).position(|b| !b.is_ascii_digit());
+        let shaped = match sep {
+            Some(k) => k >= 1 && matches!(fb[lead + k], b'-' | b'/' | b'.' | b':'),
+            None => fb.len() == 6,
+        };
+        if !shaped {
+            return 0;
+        }
+    }
     let mut it = rest;
     let mut n = 1;
     let mut next = it.next();
@@ -825,11 +953,13 @@ pub fn strip_header(line: &str) -> &str {
         return rest;
     }
     let base = rest.as_ptr() as usize;
-    let toks: Vec<(usize, &str)> = rest
-        .split_ascii_whitespace()
-        .take(20)
-        .map(|t| (t.as_ptr() as usize - base, t))
-        .collect();
+    let mut buf: [(usize, &str); 20] = [(0, ""); 20];
+    let mut count = 0;
+    for t in rest.split_ascii_whitespace().take(20) {
+        buf[count] = (t.as_ptr() as usize - base, t);
+        count += 1;
+    }
+    let toks = &buf[..count];
     let tok = |i: usize| toks.get(i).map(|x| x.1);
     let run_at = |i: usize| match tok(i) {
         Some(t) => datetime_run(t, toks[i + 1..].iter().map(|x| x.1)),
@@ -966,6 +1096,18 @@ mod tests {
                 "fetch <*> failed",
             ),
             ("open /var/log/syslog denied", "open <*> denied"),
+            (
+                "forbidden by rule: /var/www/html/",
+                "forbidden by rule: <*>",
+            ),
+            (
+                "processHandleBroadcastAction action:android.intent.action.SCREEN_ON",
+                "processHandleBroadcastAction action:<*>",
+            ),
+            (
+                "state.clipTopAmount:0, i:3",
+                "state.clipTopAmount:<*>, i:<*>",
+            ),
             (
                 "Resolved host-1 to /default-rack",
                 "Resolved host-<*> to <*>",

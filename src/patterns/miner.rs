@@ -288,14 +288,16 @@ struct Slot {
 pub struct TemplateMiner {
     config: MinerConfig,
     templates: IdMap<u64, Template>,
-    /// Ids by token count, oldest first.
+    /// Ids by [`bucket`], oldest first.
     by_len: IdMap<u64, Vec<TemplateId>>,
-    /// Ids by token count once collapsed (see [`collapse`]), oldest first.
+    /// Ids by [`bucket`] of their collapsed tokens (see [`collapse`]), oldest first.
     by_clen: IdMap<u64, Vec<TemplateId>>,
     /// Hash of the tokens with runs of `<*>` collapsed -> the first template with that form.
     collapsed: IdMap<u64, TemplateId>,
     /// Hash of a masked line -> its template.
     exact: IdMap<u64, TemplateId>,
+    /// Hash of a line as given -> its template: a line seen before is not masked again.
+    lines: IdMap<u64, TemplateId>,
     /// Merged-away id -> the id it was merged into.
     aliases: IdMap<u64, TemplateId>,
     slots: IdMap<u64, Slot>,
@@ -330,8 +332,25 @@ fn is_wild(t: &str) -> bool {
     t == WILDCARD
 }
 
-/// Templates compared per search (one token count), newest first.
-const MAX_SCAN: usize = 1024;
+/// Bytes of a line that are mined; the rest of a longer line is ignored (bounds the memory of
+/// one template and the time of one line).
+pub const MAX_LINE_BYTES: usize = 16 * 1024;
+
+/// `s` cut to at most `max` bytes, on a char boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Templates compared per search bucket (see [`bucket`]), newest first: a line that matches
+/// nothing costs at most six buckets of this many comparisons.
+const MAX_SCAN: usize = 256;
 
 /// Words after which a plain word is a name: `user root`, `host web`.
 const NAMING_WORDS: &[&str] = &[
@@ -503,7 +522,14 @@ fn value_pair(a: &str, b: &str, prev: Option<&str>) -> Evidence {
 /// A differing plain word: a name after `user`, maybe a value after `the`, else an event.
 fn word_evidence(a: &str, b: &str, prev: Option<&str>) -> Evidence {
     let (ca, cb) = (trim_punct(a), trim_punct(b));
-    let wordish = |c: &str| is_word(c) || is_wild(c) || c.contains(WILDCARD);
+    // A word, a name with a number (`test9`), or a variable.
+    let wordish = |c: &str| {
+        is_word(c)
+            || is_wild(c)
+            || c.contains(WILDCARD)
+            || (c.as_bytes().first().is_some_and(u8::is_ascii_alphabetic)
+                && c.bytes().all(|x| x.is_ascii_alphanumeric() || x == b'_'))
+    };
     if !wordish(ca) || !wordish(cb) {
         return Evidence::Event;
     }
@@ -511,11 +537,7 @@ fn word_evidence(a: &str, b: &str, prev: Option<&str>) -> Evidence {
         return Evidence::Event;
     };
     // `START: ftp`: the value of a key token.
-    let key_token = prev.len() >= 3
-        && prev.ends_with(':')
-        && prev[..prev.len() - 1]
-            .bytes()
-            .all(|x| x.is_ascii_alphabetic());
+    let key_token = is_key_token(prev);
     // `Killed process <*> (java)`: a bracketed word after a variable.
     let bracketed = |t: &str| {
         (t.starts_with('(') && t.trim_end_matches(['.', ',', ';']).ends_with(')'))
@@ -683,6 +705,65 @@ fn collapsed_hash<S: AsRef<str>>(tokens: &[S]) -> u64 {
     h
 }
 
+/// A word only an equal word matches at the start of a line: letters, with `-` or `'` inside,
+/// and at most one trailing `,` `.` `;`. Templates are filed under such a word.
+fn literal_word(t: &str) -> bool {
+    let b = t.as_bytes();
+    let core = match b.last() {
+        Some(b',' | b'.' | b';') => &b[..b.len() - 1],
+        _ => b,
+    };
+    !core.is_empty()
+        && core[0].is_ascii_alphabetic()
+        && core[core.len() - 1].is_ascii_alphabetic()
+        && core
+            .iter()
+            .all(|x| x.is_ascii_alphabetic() || matches!(x, b'-' | b'\''))
+}
+
+/// The search bucket of a template: its token count and its first literal word among the first
+/// two positions (a line can only match a template whose literal word it has in that place), or
+/// the token count alone.
+fn bucket<S: AsRef<str>>(tokens: &[S]) -> u64 {
+    let len = (tokens.len() as u64).to_le_bytes();
+    for (p, t) in tokens.iter().take(2).enumerate() {
+        let t = t.as_ref();
+        if literal_word(t) {
+            return stable_hash(&[&len, &[p as u8], t.as_bytes()]);
+        }
+        // The second word is literal only when the first gives it no context (`START: ftp`,
+        // `user root` make it a value).
+        if word_in(t, NAMING_WORDS) || word_in(t, SLOT_WORDS) || is_key_token(t) {
+            break;
+        }
+    }
+    stable_hash(&[&len])
+}
+
+/// `START:`: a key word and a colon, which makes the next word its value.
+fn is_key_token(t: &str) -> bool {
+    t.len() >= 3 && t.ends_with(':') && t[..t.len() - 1].bytes().all(|x| x.is_ascii_alphabetic())
+}
+
+/// The buckets a line with these tokens searches (see [`bucket`]).
+fn line_buckets<S: AsRef<str>>(tokens: &[S]) -> [Option<u64>; 3] {
+    let len = (tokens.len() as u64).to_le_bytes();
+    let at = |p: usize| {
+        tokens
+            .get(p)
+            .map(AsRef::as_ref)
+            .filter(|t| literal_word(t))
+            .map(|t| stable_hash(&[&len, &[p as u8], t.as_bytes()]))
+    };
+    // A template filed under its second word has no literal or context word first.
+    let second = tokens
+        .first()
+        .map(AsRef::as_ref)
+        .filter(|t| !(word_in(t, NAMING_WORDS) || word_in(t, SLOT_WORDS) || is_key_token(t)))
+        .and_then(|_| at(1));
+    [at(0), second, Some(stable_hash(&[&len]))]
+}
+
 impl TemplateMiner {
     pub fn new(config: MinerConfig) -> Self {
         TemplateMiner {
@@ -692,6 +773,7 @@ impl TemplateMiner {
             by_clen: IdMap::default(),
             collapsed: IdMap::default(),
             exact: IdMap::default(),
+            lines: IdMap::default(),
             aliases: IdMap::default(),
             slots: IdMap::default(),
             pending_slot: None,
@@ -724,10 +806,24 @@ impl TemplateMiner {
     /// Mines one line (raw with a header, or message only) and returns its template's id.
     pub fn add(&mut self, line: &str) -> TemplateId {
         self.tick += 1;
+        let line = truncate(line, MAX_LINE_BYTES);
+        let lh = fast_hash(line.as_bytes());
+        if let Some(&id) = self.lines.get(&lh) {
+            let id = self.resolve(id);
+            if let Some(t) = self.templates.get_mut(&id.0) {
+                t.count += 1;
+                t.last_seen = self.tick;
+                return id;
+            }
+        }
         let mut masked = std::mem::take(&mut self.scratch);
         mask_line(line, &mut masked);
         let id = self.add_masked(&masked);
         self.scratch = masked;
+        if self.lines.len() >= self.cap().saturating_mul(4).max(1024) {
+            self.lines.clear();
+        }
+        self.lines.insert(lh, id);
         id
     }
 
@@ -758,10 +854,7 @@ impl TemplateMiner {
             masked.split(' ').collect()
         };
         let id = match self.find(&tokens) {
-            Some(id) => {
-                self.join(id, &tokens);
-                id
-            }
+            Some(id) => self.join(id, &tokens),
             None => self.create(masked, &tokens),
         };
         if self.exact.len() >= self.cap().saturating_mul(4).max(1024) {
@@ -777,11 +870,15 @@ impl TemplateMiner {
         let similar = |eq: usize, diff: usize| eq >= 1 && eq as f32 >= thr * (eq + diff) as f32;
         let mut best: Option<(usize, u64, TemplateId)> = None;
         let mut slot: Option<(usize, TemplateId, usize)> = None;
-        if let Some(ids) = self.by_len.get(&(tokens.len() as u64)) {
+        let buckets = line_buckets(tokens);
+        for ids in buckets.iter().flatten().filter_map(|k| self.by_len.get(k)) {
             for &id in ids.iter().rev().take(MAX_SCAN) {
                 let Some(t) = self.templates.get(&id.0) else {
                     continue;
                 };
+                if t.tokens.len() != tokens.len() {
+                    continue;
+                }
                 match compare(&t.tokens, tokens) {
                     Cmp::Join { eq, diff } => {
                         let ok = similar(eq, diff)
@@ -819,7 +916,11 @@ impl TemplateMiner {
         }
         let cl_refs: Vec<&str> = cl.iter().map(String::as_str).collect();
         let mut best: Option<(usize, u64, TemplateId)> = None;
-        if let Some(ids) = self.by_clen.get(&(cl.len() as u64)) {
+        for ids in line_buckets(&cl)
+            .iter()
+            .flatten()
+            .filter_map(|k| self.by_clen.get(k))
+        {
             for &id in ids.iter().rev().take(MAX_SCAN) {
                 let Some(t) = self.templates.get(&id.0) else {
                     continue;
@@ -933,18 +1034,20 @@ impl TemplateMiner {
 
     /// Puts template `id` (with `tokens`) into the search indexes.
     fn index(&mut self, id: TemplateId, tokens: &[Box<str>]) {
-        self.by_len.entry(tokens.len() as u64).or_default().push(id);
-        let c = collapse(tokens);
-        self.by_clen.entry(c.len() as u64).or_default().push(id);
+        self.by_len.entry(bucket(tokens)).or_default().push(id);
+        self.by_clen
+            .entry(bucket(&collapse(tokens)))
+            .or_default()
+            .push(id);
         self.collapsed.entry(collapsed_hash(tokens)).or_insert(id);
     }
 
     /// Takes template `id` (with `tokens`) out of the search indexes.
     fn unindex(&mut self, id: TemplateId, tokens: &[Box<str>]) {
-        let clen = collapse(tokens).len() as u64;
+        let ckey = bucket(&collapse(tokens));
         for (map, len) in [
-            (&mut self.by_len, tokens.len() as u64),
-            (&mut self.by_clen, clen),
+            (&mut self.by_len, bucket(tokens)),
+            (&mut self.by_clen, ckey),
         ] {
             if let Some(v) = map.get_mut(&len) {
                 v.retain(|x| *x != id);
@@ -960,10 +1063,11 @@ impl TemplateMiner {
     }
 
     /// Generalises template `id` with a line it matched.
-    fn join(&mut self, id: TemplateId, tokens: &[&str]) {
+    /// Returns the template's id afterwards (another one when the two became the same).
+    fn join(&mut self, id: TemplateId, tokens: &[&str]) -> TemplateId {
         let tick = self.tick;
         let Some(t) = self.templates.get_mut(&id.0) else {
-            return;
+            return id;
         };
         t.count += 1;
         t.last_seen = tick;
@@ -978,13 +1082,49 @@ impl TemplateMiner {
             // Matched in the collapsed form: the template takes it.
             next = Some(collapse(&t.tokens).into_iter().map(Box::from).collect());
         }
-        if let Some(new) = next {
-            let old = std::mem::replace(&mut t.tokens, new);
-            t.num_const = t.tokens.iter().filter(|x| !is_wild(x)).count();
-            let new = t.tokens.clone();
-            self.unindex(id, &old);
-            self.index(id, &new);
+        let Some(new) = next else {
+            return id;
+        };
+        let old = std::mem::replace(&mut t.tokens, new);
+        t.num_const = t.tokens.iter().filter(|x| !is_wild(x)).count();
+        let (new, seq) = (t.tokens.clone(), t.seq);
+        self.unindex(id, &old);
+        self.index(id, &new);
+        // Generalised into another template's collapsed form (`chrome.exe <*> -` became
+        // `<*> <*> -`, which collapses like `<*> -`): the two are one template, the older id.
+        let ck = collapsed_hash(&new);
+        if let Some(&other) = self.collapsed.get(&ck)
+            && other != id
+            && let Some(o) = self.templates.get(&other.0)
+            && collapsed_hash(&o.tokens) == ck
+        {
+            let (from, into) = if o.seq < seq {
+                (id, other)
+            } else {
+                (other, id)
+            };
+            let (ft, it) = (
+                self.templates[&from.0].tokens.clone(),
+                self.templates[&into.0].tokens.clone(),
+            );
+            self.merge_into(from, into);
+            self.collapsed.insert(ck, into);
+            if ft.len() != it.len()
+                && let Some(t) = self.templates.get_mut(&into.0)
+            {
+                // Of different lengths: the survivor takes the collapsed form.
+                let c: Vec<Box<str>> = collapse(&t.tokens).into_iter().map(Box::from).collect();
+                if c != t.tokens {
+                    let old = std::mem::replace(&mut t.tokens, c);
+                    t.num_const = t.tokens.iter().filter(|x| !is_wild(x)).count();
+                    let new = t.tokens.clone();
+                    self.unindex(into, &old);
+                    self.index(into, &new);
+                }
+            }
+            return into;
         }
+        id
     }
 
     fn create(&mut self, masked: &str, tokens: &[&str]) -> TemplateId {
@@ -1035,6 +1175,7 @@ impl TemplateMiner {
         }
         self.collapsed.retain(|_, id| !gone.contains(&id.0));
         self.exact.retain(|_, id| !gone.contains(&id.0));
+        self.lines.retain(|_, id| !gone.contains(&id.0));
         self.aliases.retain(|_, id| !gone.contains(&id.0));
         self.slots.retain(|_, s| {
             s.members.retain(|id| !gone.contains(&id.0));
@@ -1275,6 +1416,10 @@ mod tests {
             ],
             &["LOGIN ON tty2 by root", "LOGIN ON tty3 by root"],
             &[
+                "Invalid user test9 from 1.2.3.4",
+                "Invalid user webmaster from 1.2.3.5",
+            ],
+            &[
                 "Deleting block blk_1 file /a/b/c",
                 "Deleting block blk_-2 file d/e/f",
             ],
@@ -1299,6 +1444,16 @@ mod tests {
         assert_eq!(c, d);
         assert_eq!(m.template(c).unwrap(), "BLOCK* ask <*> to delete <*>");
         assert_eq!(m.add("BLOCK* ask 10.0.0.3:50010 to delete blk_4 blk_5"), c);
+        // Two templates that generalise into the same collapsed form become one (the older).
+        let mut m = TemplateMiner::default();
+        let short = m.add("a.exe - h.b.com:1 close, lifetime 00:01");
+        m.add("b.exe - h.b.com:1 close, lifetime 00:01");
+        let long = m.add("a.exe *64 - h.b.com:1 close, lifetime 00:01");
+        assert_ne!(long, short);
+        let merged = m.add("b.exe *64 - h.b.com:1 close, lifetime 00:01");
+        assert_eq!(merged, short);
+        assert_eq!(m.resolve(long), short);
+        assert_eq!(m.template(long).unwrap(), "<*> - <*> close, lifetime <*>");
     }
 
     #[test]
@@ -1371,7 +1526,8 @@ mod tests {
         for i in 0..2000usize {
             m.add(&format!("{} {} {}", word(i), word(i + 7919), word(i * 31)));
             assert!(m.num_templates() <= 64);
-            assert!(m.exact.len() <= 1024 && m.slots.len() <= 64 && m.aliases.len() <= 64);
+            assert!(m.exact.len() <= 1024 && m.lines.len() <= 1024);
+            assert!(m.slots.len() <= 64 && m.aliases.len() <= 64);
         }
         assert!(m.num_evictions() > 0);
         assert!(!m.drain_evicted().is_empty());
@@ -1387,6 +1543,16 @@ mod tests {
             ));
         }
         assert_eq!(m.add("steady state line"), hot);
+    }
+
+    #[test]
+    fn a_huge_line_is_mined_by_its_first_bytes() {
+        let mut m = TemplateMiner::default();
+        let long = format!("payload {}", "é".repeat(MAX_LINE_BYTES));
+        let a = m.add(&long);
+        let t = m.template(a).unwrap();
+        assert!(t.len() <= MAX_LINE_BYTES, "{}", t.len());
+        assert_eq!(m.add(&format!("{long} and more")), a);
     }
 
     proptest::proptest! {

@@ -97,7 +97,12 @@ pub async fn run(args: PatternsArgs) -> anyhow::Result<()> {
         .context("patterns task panicked")?
 }
 
-fn run_blocking(args: PatternsArgs) -> anyhow::Result<()> {
+/// Runs `brownout patterns` on the calling thread (no async runtime: a short `mine` run is
+/// mostly process start-up, so the CLI calls this directly).
+///
+/// # Errors
+/// As [`run`].
+pub fn run_blocking(args: PatternsArgs) -> anyhow::Result<()> {
     match args.cmd {
         PatternsCmd::Synth {
             lines,
@@ -206,8 +211,11 @@ fn cmd_synth(
     Ok(())
 }
 
-/// Reads `input` line by line into `buf` (without the line break; invalid UTF-8 replaced, so
-/// one bad line loses nothing else), calling `f` for each line.
+/// Bytes of a line the CLI reads; the rest of a longer line is skipped.
+const MAX_READ_LINE: usize = 1 << 20;
+
+/// Reads `input` line by line (without the line break; at most [`MAX_READ_LINE`] bytes of a
+/// line; invalid UTF-8 replaced, so one bad line loses nothing else), calling `f` for each line.
 fn for_each_line(
     input: &mut dyn BufRead,
     file: &str,
@@ -216,10 +224,28 @@ fn for_each_line(
     let mut raw = Vec::with_capacity(4096);
     loop {
         raw.clear();
-        let n = input
-            .read_until(b'\n', &mut raw)
-            .with_context(|| format!("reading {file}"))?;
-        if n == 0 {
+        let mut any = false;
+        loop {
+            let buf = input
+                .fill_buf()
+                .with_context(|| format!("reading {file}"))?;
+            if buf.is_empty() {
+                break;
+            }
+            any = true;
+            let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
+                Some(k) => (&buf[..=k], true),
+                None => (buf, false),
+            };
+            let room = MAX_READ_LINE.saturating_sub(raw.len());
+            raw.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            let used = chunk.len();
+            input.consume(used);
+            if done {
+                break;
+            }
+        }
+        if !any {
             return Ok(());
         }
         while raw.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
