@@ -815,8 +815,7 @@ fn month_tail<'a>(mut next: Option<&'a str>, mut it: impl Iterator<Item = &'a st
     }
     let mut clock = false;
     let mut year = false;
-    loop {
-        let Some(t) = next else { break };
+    while let Some(t) = next {
         let ok = if n == 0 {
             true
         } else if !clock && is_clock(t) {

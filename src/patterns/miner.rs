@@ -489,10 +489,11 @@ fn value_pair(a: &str, b: &str, prev: Option<&str>) -> Evidence {
         // value of another shape (`tty=NODEVssh` against `tty=:0`).
         let keyed = key.ends_with('=') || key.ends_with(':');
         let var_vs_word = |x: &str, y: &str| is_wild(x) && !y.contains(WILDCARD);
+        let shaped_var = |x: &str| x.contains(WILDCARD) && !is_wild(x);
+        let enums = is_enum(ca) && is_enum(cb);
+        let word_vs_shaped = (is_word(ca) && shaped_var(cb)) || (is_word(cb) && shaped_var(ca));
         let ok = if keyed {
-            !(is_enum(ca) && is_enum(cb))
-                && !(is_word(ca) && cb.contains(WILDCARD) && !is_wild(cb))
-                && !(is_word(cb) && ca.contains(WILDCARD) && !is_wild(ca))
+            !enums && !word_vs_shaped
         } else {
             var_vs_word(ca, cb) || var_vs_word(cb, ca)
         };

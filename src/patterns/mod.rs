@@ -258,6 +258,9 @@ fn for_each_line(
     }
 }
 
+/// Texts of evicted templates `mine` keeps for a file's final output.
+const MAX_EVICTED_TEXTS: usize = 1 << 18;
+
 fn cmd_mine(file: &str, state: Option<PathBuf>, online: bool) -> anyhow::Result<()> {
     use std::fmt::Write as _;
     let store = state.map(miner::JsonFileStateStore);
@@ -291,7 +294,12 @@ fn cmd_mine(file: &str, state: Option<PathBuf>, online: bool) -> anyhow::Result<
         } else {
             ids.push(id);
             merged.extend(m.drain_merged());
-            gone.extend(m.drain_evicted_templates());
+            for (id, text) in m.drain_evicted_templates() {
+                // Bounded: beyond this many evicted templates their lines print no text.
+                if gone.len() < MAX_EVICTED_TEXTS {
+                    gone.insert(id, text);
+                }
+            }
         }
         Ok(())
     })?;
