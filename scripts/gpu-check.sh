@@ -9,8 +9,9 @@
 # Needs libcuda (the driver) and libnvrtc.so.13 (CUDA 13 toolkit, or the PyPI wheel
 # nvidia-cuda-nvrtc unpacked somewhere; point NVRTC_DIR at the folder holding libnvrtc.so.13).
 # Then, when the tests pass and SmolLM2 was fetched (scripts/fetch-model.sh), the model
-# benchmark on the GPU (BENCH_DEVICE=cuda examples/bench_model.rs: decode batch 1/8/32, TTFT of
-# a 512-token prompt, the start-up health check on both routes).
+# benchmark on the GPU (`brownout-serve bench model --device cuda`: the start-up health check on
+# both routes, decode batch 1/8/32 with fallback / primary paired at each, TTFT of a 512-token
+# prompt, capacity per route), and bench/llamacpp_vs_brownout.py where llama-cpp-python exists.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,14 +40,32 @@ main() {
     local rc=$?
     echo "== model_cuda: exit $rc after $((SECONDS - t0)) s"
     [ $rc -eq 0 ] || return $rc
-    if [ -e "${BROWNOUT_MODEL_DIR:-$HOME/.cache/brownout/models}/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+    local gguf="${BROWNOUT_MODEL_DIR:-$HOME/.cache/brownout/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
+    if [ -e "$gguf" ]; then
+        # The first end-to-end run of the CUDA path: load, place, health check on the GPU, then
+        # decode batch 1/8/32 on both routes paired round by round (fallback / primary at every
+        # batch size: the fallback runs on the CPU kernels even on a CUDA runner), TTFT of a
+        # 512-token prompt, and capacity per route through the real engine (calls/s, flows/s).
         t0=$SECONDS
-        BENCH_DEVICE=cuda cargo run -p brownout-serving --release --example bench_model -- \
-            smollm2 32 1,8,32 512
+        cargo run -p brownout-serving --release --bin brownout-serve -- bench model \
+            --model smollm2 --device cuda --steps 32 --batches 1,8,32 --ttft-prompt 512 \
+            --capacity-secs 20
         rc=$?
-        echo "== bench_model (cuda): exit $rc after $((SECONDS - t0)) s"
+        echo "== bench model (cuda): exit $rc after $((SECONDS - t0)) s"
+        # The quantised route against llama.cpp on this machine's CPU (same GGUF, same threads),
+        # when llama-cpp-python is installed here (CMAKE_ARGS="-DGGML_NATIVE=ON" pip install
+        # llama-cpp-python; a machine without network cannot build it, and then this is skipped).
+        if python3 -c "import llama_cpp" 2>/dev/null; then
+            t0=$SECONDS
+            python3 bench/llamacpp_vs_brownout.py --model "$gguf" \
+                --brownout "${CARGO_TARGET_DIR:-target}/release/brownout-serve" \
+                --threads "${LLAMACPP_THREADS:-2}" --rounds 3 --steps 64
+            echo "== llamacpp_vs_brownout: exit $? after $((SECONDS - t0)) s"
+        else
+            echo "== llamacpp_vs_brownout skipped: llama-cpp-python not installed"
+        fi
     else
-        echo "== bench_model skipped: SmolLM2 not fetched (scripts/fetch-model.sh)"
+        echo "== bench model skipped: SmolLM2 not fetched (scripts/fetch-model.sh)"
     fi
     return $rc
 }

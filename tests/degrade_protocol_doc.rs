@@ -1,10 +1,14 @@
 //! docs/PROTOCOL.md stays true to the protocol crate: its JSON examples parse into
-//! `Command`, its ack examples parse into `Ack`, and every field of `Command`, `Reason`,
-//! `Limits` and `Shed` (as serialised) is named in it.
+//! `Command`, its ack examples parse into `Ack` (signatures verified), and every field of
+//! `Command`, `Reason`, `Limits`, `Shed`, an `instances` entry and an `abort` entry (as
+//! serialised) is named in it.
 
 use std::collections::BTreeSet;
 
-use brownout_protocol::{Ack, Command, Criticality, Limits, Reason, Shed, Tier};
+use brownout_protocol::{
+    AbortEntry, AbortKind, Ack, Command, Criticality, EntryApplied, FeatureState, InstanceEntry,
+    Limits, Reason, Shed, Tier,
+};
 
 const DOC: &str = include_str!("../docs/PROTOCOL.md");
 
@@ -27,13 +31,25 @@ fn json_examples_parse_as_commands() {
         .iter()
         .map(|b| serde_json::from_str(b).expect(b))
         .collect();
-    assert_eq!(cmds.len(), 2);
+    assert_eq!(cmds.len(), 3);
     assert_eq!(cmds[0].tier, Tier::T2);
     assert!(cmds[0].shed.is_none());
     assert_eq!(cmds[1].tier, Tier::T3);
     assert_eq!(
         cmds[1].shed.as_ref().unwrap().admit_min_criticality,
         Criticality::Critical
+    );
+    let g = &cmds[2];
+    assert_eq!(g.feature_state("tool:code_exec"), FeatureState::Probe);
+    let drained = g.instance_entry("gpu-3/engine-0").unwrap();
+    assert!(drained.draining());
+    assert_eq!(drained.entry.admit_rps, Some(20.0), "from \"*\"");
+    assert_eq!(g.abort[1].kind, AbortKind::Trace);
+    // The example is the fixture the protocol crate's signature test uses, byte for byte.
+    let fixture = include_str!("../protocol/fixtures/command_guards.json");
+    assert!(
+        blocks("json").iter().any(|b| b == fixture),
+        "docs/PROTOCOL.md's guards example differs from protocol/fixtures/command_guards.json"
     );
     for c in &cmds {
         assert!(
@@ -59,16 +75,35 @@ fn ack_examples_parse() {
             Ack::parse_signed(v, b"brownout-test-key-0001", inst).expect(l)
         })
         .collect();
-    assert_eq!(acks.len(), 3);
+    assert_eq!(acks.len(), 5);
     assert!(matches!(
         acks[0],
         Ack::Applied {
             epoch: 3,
             version: 1042,
+            entry: None,
             ..
         }
     ));
-    assert!(matches!(&acks[1], Ack::Refused { reason, .. } if reason == "bad_signature"));
+    let both = EntryApplied {
+        own: true,
+        default: true,
+    };
+    assert!(matches!(
+        acks[1],
+        Ack::Applied { version: 1044, entry: Some(e), .. } if e == both
+    ));
+    assert!(matches!(
+        acks[2],
+        Ack::Applied {
+            entry: Some(EntryApplied {
+                own: false,
+                default: true
+            }),
+            ..
+        }
+    ));
+    assert!(matches!(&acks[3], Ack::Refused { reason, .. } if reason == "bad_signature"));
 }
 
 fn keys(v: &serde_json::Value, prefix: &str, out: &mut BTreeSet<String>) {
@@ -80,8 +115,20 @@ fn keys(v: &serde_json::Value, prefix: &str, out: &mut BTreeSet<String>) {
                 format!("{prefix}.{k}")
             };
             out.insert(name.clone());
-            if matches!(k.as_str(), "reason" | "limits" | "shed") {
-                keys(child, &name, out);
+            match k.as_str() {
+                "reason" | "limits" | "shed" => keys(child, &name, out),
+                // Map keys and list items: their fields, under `instances.*` / `abort.*`.
+                "instances" | "abort" => {
+                    let items: Vec<&serde_json::Value> = match child {
+                        serde_json::Value::Object(m) => m.values().collect(),
+                        serde_json::Value::Array(a) => a.iter().collect(),
+                        _ => Vec::new(),
+                    };
+                    for it in items {
+                        keys(it, &format!("{name}.*"), out);
+                    }
+                }
+                _ => {}
             }
         }
     }
@@ -101,7 +148,24 @@ fn every_field_is_documented() {
     c.limits = Limits {
         max_tokens_cap: Some(1),
         max_num_seqs: Some(1),
+        user_concurrency: Some(1),
+        probe_ratio: Some(0.5),
     };
+    c.instances.insert(
+        "i".into(),
+        InstanceEntry {
+            max_num_seqs: Some(1),
+            drain: Some(true),
+            admit_rps: Some(1.0),
+            reason: "r".into(),
+        },
+    );
+    c.abort.push(AbortEntry {
+        id: "c".into(),
+        kind: AbortKind::Conversation,
+        until_ms: 1,
+        reason: "r".into(),
+    });
     c.shed = Some(Shed {
         admit_min_criticality: Criticality::Critical,
         retry_after_s: 1,
@@ -111,7 +175,7 @@ fn every_field_is_documented() {
     let v: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
     let mut names = BTreeSet::new();
     keys(&v, "", &mut names);
-    assert!(names.len() >= 20, "{names:?}");
+    assert!(names.len() >= 30, "{names:?}");
     for n in names {
         let leaf = n.rsplit('.').next().unwrap();
         assert!(

@@ -276,6 +276,7 @@ async fn start(names: Option<&Names>) -> Plane {
                 epoch: cmd.epoch,
                 version: cmd.version,
                 applied_at_ms: cmd.issued_at_ms + 42,
+                entry: None,
             },
         ))
         .await

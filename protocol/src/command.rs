@@ -1,12 +1,20 @@
-//! The degradation command (ARCHITECTURE.md §3).
+//! The degradation command (docs/ARCHITECTURE.md §3, docs/PROTOCOL.md).
 //!
 //! Field names are the contract: fields may be added, never renamed.
 //!
 //! **Unknown fields rule.** A command is verified over its exact JSON bytes *before* it is parsed,
 //! so a newer control plane may add fields without breaking older serving tiers. Unknown top-level
 //! fields are *kept* in [`Command::extra`] (and written back out on re-serialisation) and otherwise
-//! ignored; unknown fields inside nested objects (`reason`, `limits`, `shed`) are ignored. Parsing
-//! never panics: a malformed command is an error value.
+//! ignored; unknown fields inside nested objects (`reason`, `limits`, `shed`, an `instances` entry,
+//! an `abort` entry) are ignored. Unknown *values* of the two open vocabularies — a feature state
+//! ([`FeatureState::Unknown`], treated as enabled) and an abort kind ([`AbortKind::Unknown`],
+//! matches nothing) — are kept, never an error. Parsing never panics: a malformed command is an
+//! error value.
+//!
+//! The fields added after the first release (`instances`, `abort`, `limits.user_concurrency`,
+//! `limits.probe_ratio`, the `probe` state) are left out of the JSON when unset, so a command that
+//! uses none of them has the same shape as before; an older subscriber keeps `instances` and
+//! `abort` in its `extra` and ignores the nested ones.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -131,12 +139,204 @@ impl fmt::Display for Criticality {
 }
 
 /// Whether a feature is on. Front ends grey out `disabled` features.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+///
+/// **Tolerant parsing.** Any value this version does not know (a string such as `"half_open"`,
+/// or even a number or an object from a future publisher) parses as [`FeatureState::Unknown`],
+/// is kept verbatim (written back out on re-serialisation) and is *treated as enabled*: a newer
+/// control plane's new state can never make a serving tier refuse the whole command. (Serving
+/// tiers built before `probe` existed parse strictly and NACK a command carrying `probe` with
+/// `invalid_json`; see docs/PROTOCOL.md.)
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum FeatureState {
     #[default]
     Enabled,
     Disabled,
+    /// Half-open (a tool breaker testing recovery): the share [`Limits::probe_ratio`] of the calls
+    /// that reach an instance passes (default [`DEFAULT_PROBE_RATIO`]), the rest are refused like
+    /// `disabled`.
+    Probe,
+    /// A state from a newer publisher, kept as it came; behaves as `enabled`.
+    Unknown(serde_json::Value),
+}
+
+/// The share of calls a `probe` feature lets through when `limits.probe_ratio` is absent.
+pub const DEFAULT_PROBE_RATIO: f64 = 0.1;
+
+impl FeatureState {
+    /// The wire name of a known state (`None` for [`FeatureState::Unknown`]).
+    pub fn as_str(&self) -> Option<&'static str> {
+        match self {
+            FeatureState::Enabled => Some("enabled"),
+            FeatureState::Disabled => Some("disabled"),
+            FeatureState::Probe => Some("probe"),
+            FeatureState::Unknown(_) => None,
+        }
+    }
+
+    /// Whether every call passes (`enabled`, and any unknown state).
+    pub fn is_open(&self) -> bool {
+        matches!(self, FeatureState::Enabled | FeatureState::Unknown(_))
+    }
+}
+
+impl Serialize for FeatureState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            FeatureState::Unknown(v) => v.serialize(s),
+            known => s.serialize_str(known.as_str().unwrap_or("enabled")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FeatureState {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        Ok(match v.as_str() {
+            Some("enabled") => FeatureState::Enabled,
+            Some("disabled") => FeatureState::Disabled,
+            Some("probe") => FeatureState::Probe,
+            _ => FeatureState::Unknown(v),
+        })
+    }
+}
+
+/// The prefix of a tool breaker's feature name: `tool:<function name>`.
+pub const TOOL_FEATURE_PREFIX: &str = "tool:";
+
+/// The `instances` key whose entry applies to every instance without one of its own (and
+/// supplies the fields an instance's own entry leaves out).
+pub const ALL_INSTANCES: &str = "*";
+
+/// At most this many `abort` entries are honoured; a subscriber ignores the rest (and counts them).
+pub const MAX_ABORT_ENTRIES: usize = 1024;
+
+/// An `abort` id longer than this (in bytes) can match nothing and is ignored.
+pub const MAX_ABORT_ID_BYTES: usize = 128;
+
+/// Per-instance stop-bleed actions (`instances`). Every field is optional; a field an instance's
+/// own entry leaves out comes from the `"*"` entry, if any.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct InstanceEntry {
+    /// This instance's `max_num_seqs` (overrides `limits.max_num_seqs` here; never above the
+    /// instance's configured value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_num_seqs: Option<u32>,
+    /// Admit only critical traffic; the rest gets 503 `instance_draining` and `/health` says
+    /// `draining`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<bool>,
+    /// Admission rate for non-critical requests (token bucket, requests per second, burst of one
+    /// second's worth; 0 admits none). Critical traffic is never throttled by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admit_rps: Option<f64>,
+    /// Why (shown in `/debug/resource`, `/health` and logs).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+/// Which `instances` entries an instance applied (reported in its ack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct EntryApplied {
+    /// The entry keyed by the instance's own id.
+    pub own: bool,
+    /// The `"*"` entry.
+    pub default: bool,
+}
+
+impl EntryApplied {
+    /// `own`, `*` or `own+*` (`None` when no entry applied).
+    pub fn as_str(self) -> Option<&'static str> {
+        match (self.own, self.default) {
+            (true, true) => Some("own+*"),
+            (true, false) => Some("own"),
+            (false, true) => Some("*"),
+            (false, false) => None,
+        }
+    }
+
+    /// Parses [`EntryApplied::as_str`]'s forms.
+    pub fn parse(s: &str) -> Option<EntryApplied> {
+        match s {
+            "own+*" => Some(EntryApplied {
+                own: true,
+                default: true,
+            }),
+            "own" => Some(EntryApplied {
+                own: true,
+                default: false,
+            }),
+            "*" => Some(EntryApplied {
+                own: false,
+                default: true,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// An instance's entry after merging its own with `"*"`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ResolvedInstance {
+    pub entry: InstanceEntry,
+    pub applied: EntryApplied,
+}
+
+impl ResolvedInstance {
+    pub fn draining(&self) -> bool {
+        self.entry.drain == Some(true)
+    }
+}
+
+/// What an `abort` entry's id names.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum AbortKind {
+    /// The `x-brownout-conversation` header's value.
+    #[default]
+    Conversation,
+    /// The trace id of the W3C `traceparent` header (32 lowercase hex digits).
+    Trace,
+    /// A kind from a newer publisher: kept, matches nothing here.
+    Unknown(String),
+}
+
+impl AbortKind {
+    pub fn as_str(&self) -> &str {
+        match self {
+            AbortKind::Conversation => "conversation",
+            AbortKind::Trace => "trace",
+            AbortKind::Unknown(s) => s,
+        }
+    }
+}
+
+impl Serialize for AbortKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for AbortKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        Ok(match v.as_str() {
+            Some("conversation") => AbortKind::Conversation,
+            Some("trace") => AbortKind::Trace,
+            Some(other) => AbortKind::Unknown(other.to_string()),
+            None => AbortKind::Unknown(v.to_string()),
+        })
+    }
+}
+
+/// One loop kill (`abort`): calls carrying this id are refused 409 `agent_loop_detected` until
+/// `until_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbortEntry {
+    pub id: String,
+    pub kind: AbortKind,
+    /// Unix ms; the entry is ignored after it.
+    pub until_ms: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
 }
 
 /// Why the control plane chose this tier.
@@ -155,13 +355,21 @@ pub struct Reason {
     pub detail: String,
 }
 
-/// Tier-2 limits the serving tier applies.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// Limits the serving tier applies (tier-2 caps, agent guards).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens_cap: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_num_seqs: Option<u32>,
+    /// Most agent requests one user may have in flight on one instance (the serving tier uses the
+    /// lower of this and its own `--user-concurrency`, default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_concurrency: Option<u32>,
+    /// Share of the calls to a `probe` feature that pass, in [0, 1] (absent:
+    /// [`DEFAULT_PROBE_RATIO`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_ratio: Option<f64>,
 }
 
 /// Tier-3 load-shedding parameters.
@@ -200,6 +408,12 @@ pub struct Command {
     pub limits: Limits,
     #[serde(default)]
     pub shed: Option<Shed>,
+    /// Instance id (the serving tier's `--instance-id`) or `"*"` → stop-bleed actions.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub instances: BTreeMap<String, InstanceEntry>,
+    /// Loop kills: conversations and traces refused with 409 (at most [`MAX_ABORT_ENTRIES`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub abort: Vec<AbortEntry>,
     /// Unknown top-level fields from a newer publisher, kept verbatim (see module docs).
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,
@@ -224,6 +438,8 @@ impl Command {
             model_route: BTreeMap::new(),
             limits: Limits::default(),
             shed: None,
+            instances: BTreeMap::new(),
+            abort: Vec::new(),
             extra: BTreeMap::new(),
         }
     }
@@ -240,7 +456,59 @@ impl Command {
 
     /// The state of `feature` under this command (unlisted features are enabled).
     pub fn feature_state(&self, feature: &str) -> FeatureState {
-        self.features.get(feature).copied().unwrap_or_default()
+        self.features.get(feature).cloned().unwrap_or_default()
+    }
+
+    /// The share of calls a `probe` feature lets through (`limits.probe_ratio` clamped to [0, 1],
+    /// else [`DEFAULT_PROBE_RATIO`]).
+    pub fn probe_ratio(&self) -> f64 {
+        match self.limits.probe_ratio {
+            Some(r) if r.is_finite() => r.clamp(0.0, 1.0),
+            _ => DEFAULT_PROBE_RATIO,
+        }
+    }
+
+    /// The `instances` entry for `instance_id`: its own entry with the fields it leaves out taken
+    /// from `"*"`; `None` when neither exists.
+    pub fn instance_entry(&self, instance_id: &str) -> Option<ResolvedInstance> {
+        let own = if instance_id == ALL_INSTANCES {
+            None
+        } else {
+            self.instances.get(instance_id)
+        };
+        let all = self.instances.get(ALL_INSTANCES);
+        if own.is_none() && all.is_none() {
+            return None;
+        }
+        let pick =
+            |f: &dyn Fn(&InstanceEntry) -> bool| own.filter(|e| f(e)).or(all.filter(|e| f(e)));
+        let entry = InstanceEntry {
+            max_num_seqs: own
+                .and_then(|e| e.max_num_seqs)
+                .or(all.and_then(|e| e.max_num_seqs)),
+            drain: own.and_then(|e| e.drain).or(all.and_then(|e| e.drain)),
+            admit_rps: own
+                .and_then(|e| e.admit_rps)
+                .or(all.and_then(|e| e.admit_rps))
+                .filter(|r| r.is_finite() && *r >= 0.0),
+            reason: pick(&|e| !e.reason.is_empty())
+                .map(|e| e.reason.clone())
+                .unwrap_or_default(),
+        };
+        Some(ResolvedInstance {
+            entry,
+            applied: EntryApplied {
+                own: own.is_some(),
+                default: all.is_some(),
+            },
+        })
+    }
+
+    /// `max_num_seqs` on `instance_id`: its instance entry's, else `limits.max_num_seqs`.
+    pub fn max_num_seqs_for(&self, instance_id: &str) -> Option<u32> {
+        self.instance_entry(instance_id)
+            .and_then(|r| r.entry.max_num_seqs)
+            .or(self.limits.max_num_seqs)
     }
 
     /// The route for a traffic class (`default` when absent → `primary`).
@@ -346,6 +614,186 @@ mod tests {
         let shed = c.shed.unwrap();
         assert_eq!(shed.admit_min_criticality, Criticality::Critical);
         assert_eq!(shed.retry_after_s, 20);
+    }
+
+    const GUARDS: &str = include_str!("../fixtures/command_guards.json");
+
+    #[test]
+    fn guards_fixture_parses_and_its_signature_is_the_independent_one() {
+        // The signature was computed independently with
+        //   openssl dgst -sha256 -hmac 'brownout-test-key-0001' -r protocol/fixtures/command_guards.json
+        let sig = include_str!("../fixtures/command_guards.sig");
+        crate::signing::verify(b"brownout-test-key-0001", GUARDS.as_bytes(), sig).unwrap();
+        let c: Command = serde_json::from_str(GUARDS).unwrap();
+        assert!(c.extra.is_empty(), "{:?}", c.extra);
+        assert_eq!(c.feature_state("tool:web_search"), FeatureState::Disabled);
+        assert_eq!(c.feature_state("tool:code_exec"), FeatureState::Probe);
+        assert_eq!(c.limits.user_concurrency, Some(2));
+        assert_eq!(c.probe_ratio(), 0.25);
+        assert_eq!(c.abort.len(), 2);
+        assert_eq!(c.abort[0].kind, AbortKind::Conversation);
+        assert_eq!(c.abort[1].kind, AbortKind::Trace);
+        // The drained instance: its own entry, the ramp from "*".
+        let r = c.instance_entry("gpu-3/engine-0").unwrap();
+        assert!(r.draining());
+        assert_eq!(r.entry.max_num_seqs, Some(128));
+        assert_eq!(r.entry.admit_rps, Some(20.0));
+        assert_eq!(r.entry.reason, "xid 79 on gpu-3");
+        assert_eq!(r.applied.as_str(), Some("own+*"));
+        assert_eq!(c.max_num_seqs_for("gpu-3/engine-0"), Some(128));
+        // Any other instance: only "*".
+        let o = c.instance_entry("gpu-4/engine-0").unwrap();
+        assert!(!o.draining());
+        assert_eq!(o.entry.admit_rps, Some(20.0));
+        assert_eq!(o.applied.as_str(), Some("*"));
+        assert_eq!(c.max_num_seqs_for("gpu-4/engine-0"), None);
+        // Round trip keeps every new field.
+        let back: Command = serde_json::from_str(&c.to_json()).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn unset_new_fields_leave_the_json_as_before() {
+        let c: Command = serde_json::from_str(EXAMPLE).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
+        for k in ["instances", "abort"] {
+            assert!(v.get(k).is_none(), "{k} written while unset");
+        }
+        for k in ["user_concurrency", "probe_ratio"] {
+            assert!(
+                v["limits"].get(k).is_none(),
+                "limits.{k} written while unset"
+            );
+        }
+        assert_eq!(c.instance_entry("anyone"), None);
+        assert_eq!(c.probe_ratio(), DEFAULT_PROBE_RATIO);
+    }
+
+    #[test]
+    fn unknown_feature_states_are_kept_and_behave_as_enabled() {
+        let json = EXAMPLE.replace(
+            r#""basic_qa": "enabled""#,
+            r#""basic_qa": "half_open", "x": {"state": "probe", "ratio": 0.3}, "y": 7"#,
+        );
+        let c: Command = serde_json::from_str(&json).unwrap();
+        let half = c.feature_state("basic_qa");
+        assert_eq!(half, FeatureState::Unknown(serde_json::json!("half_open")));
+        assert!(half.is_open());
+        assert!(c.feature_state("x").is_open());
+        assert!(c.feature_state("y").is_open());
+        assert!(!c.feature_state("pdf_analysis").is_open());
+        assert!(!FeatureState::Probe.is_open());
+        let back: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
+        assert_eq!(back["features"]["basic_qa"], "half_open");
+        assert_eq!(back["features"]["x"]["ratio"], 0.3);
+        assert_eq!(back["features"]["y"], 7);
+        // Unknown abort kinds are kept too (and match nothing in a serving tier).
+        let a: AbortEntry =
+            serde_json::from_str(r#"{"id": "u1", "kind": "user", "until_ms": 5}"#).unwrap();
+        assert_eq!(a.kind, AbortKind::Unknown("user".into()));
+        assert_eq!(serde_json::to_value(&a).unwrap()["kind"], "user");
+    }
+
+    /// `Command` and `FeatureState` exactly as the first release defined them: what a serving
+    /// tier built before `instances`/`abort`/`probe` parses a new command into.
+    mod first_release {
+        use std::collections::BTreeMap;
+
+        use serde::Deserialize;
+
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+        #[serde(rename_all = "lowercase")]
+        pub enum FeatureState {
+            Enabled,
+            Disabled,
+        }
+
+        #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+        pub struct Limits {
+            pub max_tokens_cap: Option<u32>,
+            pub max_num_seqs: Option<u32>,
+        }
+
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        pub struct Command {
+            pub cluster: String,
+            pub epoch: u64,
+            pub version: u64,
+            pub tier: super::Tier,
+            pub issued_at_ms: u64,
+            pub expires_at_ms: u64,
+            pub reason: super::Reason,
+            #[serde(default)]
+            pub features: BTreeMap<String, FeatureState>,
+            #[serde(default)]
+            pub model_route: BTreeMap<String, String>,
+            #[serde(default)]
+            pub limits: Limits,
+            #[serde(default)]
+            pub shed: Option<super::Shed>,
+            #[serde(flatten)]
+            pub extra: BTreeMap<String, serde_json::Value>,
+        }
+    }
+
+    #[test]
+    fn a_first_release_subscriber_keeps_the_new_fields_in_extra() {
+        // Without `probe` (what a control plane publishes while old subscribers remain).
+        let json = GUARDS.replace(r#""probe""#, r#""disabled""#);
+        let old: first_release::Command = serde_json::from_str(&json).unwrap();
+        assert_eq!(old.version, 1044);
+        assert!(old.extra.contains_key("instances"));
+        assert!(old.extra.contains_key("abort"));
+        assert_eq!(old.extra.len(), 2, "{:?}", old.extra.keys());
+        assert_eq!(old.limits.max_num_seqs, None, "nested unknowns ignored");
+        assert_eq!(
+            old.features["tool:web_search"],
+            first_release::FeatureState::Disabled
+        );
+        // With `probe`, the first release's strict enum refuses the whole command: the reason
+        // this version parses feature states tolerantly, and why docs/PROTOCOL.md says to send
+        // `probe` only once every subscriber acks this version's commands.
+        let err = serde_json::from_str::<first_release::Command>(GUARDS).unwrap_err();
+        assert!(err.to_string().contains("probe"), "{err}");
+    }
+
+    #[test]
+    fn instance_entries_merge_own_over_default_field_by_field() {
+        let mut c = Command::normal("c", 1, 1, 0, 1);
+        c.limits.max_num_seqs = Some(64);
+        c.instances.insert(
+            "*".into(),
+            InstanceEntry {
+                drain: Some(true),
+                admit_rps: Some(5.0),
+                reason: "cluster".into(),
+                ..InstanceEntry::default()
+            },
+        );
+        c.instances.insert(
+            "a".into(),
+            InstanceEntry {
+                drain: Some(false),
+                admit_rps: Some(-1.0),
+                ..InstanceEntry::default()
+            },
+        );
+        let a = c.instance_entry("a").unwrap();
+        assert!(!a.draining(), "own drain=false overrides *");
+        assert_eq!(a.entry.admit_rps, None, "a negative rate is ignored");
+        assert_eq!(a.entry.reason, "cluster", "reason falls back to *");
+        assert_eq!(
+            c.max_num_seqs_for("a"),
+            Some(64),
+            "limits when no entry sets it"
+        );
+        assert!(c.instance_entry("b").unwrap().draining());
+        assert_eq!(
+            c.instance_entry("*").unwrap().applied.as_str(),
+            Some("*"),
+            "the id * is never its own entry"
+        );
     }
 
     #[test]

@@ -13,6 +13,8 @@
 
 use std::fmt;
 
+use crate::command::EntryApplied;
+
 /// A cluster name that is not usable inside a Redis hash tag.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cluster name {0:?} is invalid: use 1-64 characters from A-Z a-z 0-9 . _ -")]
@@ -93,11 +95,14 @@ pub fn parse_notify(s: &str) -> Option<(u64, u64)> {
 /// What a serving instance wrote in the acks hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ack {
-    /// `"<epoch>:<version>:<applied_at_ms>"`
+    /// `"<epoch>:<version>:<applied_at_ms>"`, plus `":entry=<own|*|own+*>"` when the command had
+    /// an `instances` entry for this instance (its own, the `"*"` one, or both merged).
     Applied {
         epoch: u64,
         version: u64,
         applied_at_ms: u64,
+        /// Which `instances` entries were applied (`None`: none addressed this instance).
+        entry: Option<EntryApplied>,
     },
     /// `"nack:<epoch>:<version>:<at_ms>:<reason>"`
     Refused {
@@ -120,8 +125,13 @@ impl fmt::Display for Ack {
                 epoch,
                 version,
                 applied_at_ms,
+                entry,
             } => {
-                write!(f, "{epoch}:{version}:{applied_at_ms}")
+                write!(f, "{epoch}:{version}:{applied_at_ms}")?;
+                match entry.and_then(|e| e.as_str()) {
+                    Some(e) => write!(f, ":entry={e}"),
+                    None => Ok(()),
+                }
             }
             Ack::Refused {
                 epoch,
@@ -159,13 +169,20 @@ impl std::str::FromStr for Ack {
                 .ok_or_else(err)
         };
         let (epoch, version, applied_at_ms) = (num()?, num()?, num()?);
-        if it.next().is_some() {
-            return Err(err());
+        // Then optional `key=value` segments: `entry` is known, other keys (from a newer
+        // serving tier) are skipped; a segment that is not `key=value` is malformed.
+        let mut entry = None;
+        for seg in it {
+            let (k, v) = seg.split_once('=').ok_or_else(err)?;
+            if k == "entry" {
+                entry = Some(EntryApplied::parse(v).ok_or_else(err)?);
+            }
         }
         Ok(Ack::Applied {
             epoch,
             version,
             applied_at_ms,
+            entry,
         })
     }
 }
@@ -213,6 +230,7 @@ mod tests {
             epoch: 3,
             version: 1042,
             applied_at_ms: 17,
+            entry: None,
         };
         let w = a.to_signed(b"key", "engine-a");
         assert!(w.starts_with("3:1042:17;sig="), "{w}");
@@ -272,9 +290,39 @@ mod tests {
             epoch: 3,
             version: 1042,
             applied_at_ms: 17,
+            entry: None,
         };
         assert_eq!(a.to_string(), "3:1042:17");
         assert_eq!("3:1042:17".parse::<Ack>().unwrap(), a);
+        for (entry, text) in [
+            ((true, false), "3:1042:17:entry=own"),
+            ((false, true), "3:1042:17:entry=*"),
+            ((true, true), "3:1042:17:entry=own+*"),
+        ] {
+            let a = Ack::Applied {
+                epoch: 3,
+                version: 1042,
+                applied_at_ms: 17,
+                entry: Some(EntryApplied {
+                    own: entry.0,
+                    default: entry.1,
+                }),
+            };
+            assert_eq!(a.to_string(), text);
+            assert_eq!(text.parse::<Ack>().unwrap(), a);
+        }
+        // A newer serving tier's extra key=value segments are skipped, not an error.
+        assert!(matches!(
+            "3:1042:17:entry=own:future=x".parse::<Ack>(),
+            Ok(Ack::Applied {
+                entry: Some(EntryApplied {
+                    own: true,
+                    default: false
+                }),
+                ..
+            })
+        ));
+        assert!("3:1042:17:entry=nobody".parse::<Ack>().is_err());
         let n = Ack::Refused {
             epoch: 3,
             version: 9,

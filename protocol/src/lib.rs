@@ -2,7 +2,7 @@
 //!
 //! This crate owns every byte that crosses a process boundary:
 //!
-//! - [`command`]: the degradation command the control plane publishes (ARCHITECTURE.md §3),
+//! - [`command`]: the degradation command the control plane publishes (docs/ARCHITECTURE.md §3),
 //!   its tiers, criticalities, feature states and shed parameters;
 //! - [`signing`]: HMAC-SHA256 over a command's exact JSON bytes, verified in constant time, and
 //!   domain-separated seals for the other values kept in Redis (acks, the operator override);
@@ -27,7 +27,9 @@ pub mod redis_conn;
 pub use redis_conn::{RedisTls, redis_client, redis_client_with};
 
 pub use command::{
-    Command, Criticality, FeatureState, FeatureStatus, Limits, Reason, Shed, Tier, TierParseError,
+    ALL_INSTANCES, AbortEntry, AbortKind, Command, Criticality, DEFAULT_PROBE_RATIO, EntryApplied,
+    FeatureState, FeatureStatus, InstanceEntry, Limits, MAX_ABORT_ENTRIES, MAX_ABORT_ID_BYTES,
+    Reason, ResolvedInstance, Shed, TOOL_FEATURE_PREFIX, Tier, TierParseError,
 };
 pub use failure::{Category, FailureEvent, FailureParseError};
 pub use keys::{

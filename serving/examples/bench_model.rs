@@ -3,7 +3,8 @@
 //! Prints a Markdown table; progress goes to stderr. `BENCH_DEVICE=cpu|cuda|auto` (default
 //! auto: CUDA where a usable device exists) places the model like `brownout-serve --device`;
 //! `BENCH_ROUTES=primary` (or `fallback`) measures one route; `BENCH_MATMUL=1` adds the
-//! kernel-only matmul figures. The same as `brownout-serve bench model`.
+//! kernel-only matmul figures; `BENCH_CAPACITY_SECS=30` adds the capacity per route (calls/s,
+//! flows/s). The same as `brownout-serve bench model`.
 
 use brownout_serving::model::{BenchSpec, Device, Route, bench_matmul, bench_spec};
 
@@ -27,6 +28,7 @@ fn main() -> anyhow::Result<()> {
         },
         decode_steps: args.get(2).map_or(Ok(16), |s| s.parse())?,
         ttft_prompt_len: args.get(4).map_or(Ok(512), |s| s.parse())?,
+        capacity_secs: std::env::var("BENCH_CAPACITY_SECS").map_or(Ok(0.0), |s| s.parse())?,
     };
     let mut report = bench_spec(&spec, &mut |line| eprintln!("{line}"))?;
     if std::env::var_os("BENCH_MATMUL").is_some() {

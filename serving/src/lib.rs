@@ -1,8 +1,10 @@
 //! brownout's bundled serving tier.
 //!
 //! ```text
-//!  api/ (OpenAI-compatible HTTP, /metrics, /debug/kv, /v1/features)
-//!    │ requests (criticality, feature)          ▲ degradation state
+//!  api/ (OpenAI-compatible HTTP, /metrics, /debug/kv, /debug/resource, /v1/features)
+//!    │ gate/ (admit or refuse: tier rules,       ▲ degradation state
+//!    │   drain, admission rate, loop kill,       │
+//!    │   tool breakers, per-user cap)            │
 //!    v                                           │
 //!  scheduler/ (continuous batching, chunked prefill, preemption)   control/ (Redis subscriber,
 //!    │ batches of sequence chunks                                   signed commands, acks)
@@ -14,6 +16,7 @@
 
 pub mod api;
 pub mod control;
+pub mod gate;
 pub mod kvcache;
 pub mod metrics;
 pub mod model;

@@ -5,6 +5,7 @@
 //! brownout-serve [--model tiny-random|smollm2|toy|PATH] [--port 8000] [--device cpu|cuda] ...
 //! brownout-serve bench kv        replay a long-tailed trace through paged and contiguous KV
 //! brownout-serve bench model     decode tokens/s at batch 1/8/32 on each route, TTFT, memory
+//! brownout-serve bench gate      per-user table memory under millions of distinct users
 //! brownout-serve fetch-model     download SmolLM2-135M-Instruct into the local model cache
 //! ```
 
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use brownout_serving::api::{self, ModelChoice, ServeOptions};
 use brownout_serving::control::{self, ControlHandle, FeatureCatalog, SubscriberConfig};
+use brownout_serving::gate::GateConfig;
 use brownout_serving::kvcache::sim::{long_tailed_trace, replay};
 use brownout_serving::kvcache::{AllocMode, BlockPool};
 use brownout_serving::telemetry::{Telemetry, TelemetryConfig};
@@ -51,6 +53,25 @@ enum BenchWhat {
     /// Decode tokens/s of each route at each batch size (interleaved rounds, medians, paired
     /// ratios), TTFT of a long prompt, resident memory; on the device `--device` picks.
     Model(BenchModelArgs),
+    /// Memory of the admission gate's per-user table under millions of distinct users (resident
+    /// set size at checkpoints), against an unbounded per-user map with `--peer`.
+    Gate(BenchGateArgs),
+}
+
+#[derive(Args, Debug)]
+struct BenchGateArgs {
+    /// Distinct users sent through (each one agent request, admitted and finished).
+    #[arg(long, default_value_t = 2_000_000)]
+    users: u64,
+    /// Size of the bounded per-user table.
+    #[arg(long, default_value_t = 16_384)]
+    max_tracked_users: usize,
+    /// Bytes of each user id (ids are padded with odd Unicode to this length).
+    #[arg(long, default_value_t = 64)]
+    id_bytes: usize,
+    /// Run the naive peer instead: an unbounded map from user id to in-flight count.
+    #[arg(long)]
+    peer: bool,
 }
 
 #[derive(Args, Debug)]
@@ -73,6 +94,10 @@ struct BenchModelArgs {
     /// Prompt length for the time-to-first-token figure (0: skip it).
     #[arg(long, default_value_t = 512)]
     ttft_prompt: usize,
+    /// Seconds of the closed-loop capacity measurement per route pair, calls/s and flows/s as
+    /// `brownout bench overload` calibrates them (0: skip it).
+    #[arg(long, default_value_t = 30.0)]
+    capacity_secs: f64,
     /// Print the report as JSON instead of a Markdown table.
     #[arg(long)]
     json: bool,
@@ -137,8 +162,24 @@ struct ServeArgs {
     redis_url: Option<String>,
     #[arg(long)]
     cluster: Option<String>,
-    #[arg(long)]
+    /// The id commands address this instance by (`instances` keys) and its acks field
+    /// (default `brownout-serve-<port>`; 1-128 visible ASCII characters).
+    #[arg(long, env = "BROWNOUT_INSTANCE_ID")]
     instance_id: Option<String>,
+    /// fcfs (arrival order only, no criticality anywhere: the plain-vLLM baseline) or priority.
+    #[arg(long, default_value = "priority")]
+    scheduling_policy: String,
+    /// Share of sequence slots and KV blocks only critical requests may take, in [0, 1)
+    /// (ignored under fcfs).
+    #[arg(long, default_value_t = 0.2)]
+    critical_reserve_ratio: f64,
+    /// Most agent requests (tools or x-brownout-conversation) one user may have in flight
+    /// (0: no cap); limits.user_concurrency of the command can only lower it.
+    #[arg(long, default_value_t = 3)]
+    user_concurrency: u32,
+    /// Users the per-user table tracks (bounded LRU).
+    #[arg(long, default_value_t = 16_384)]
+    max_tracked_users: usize,
 }
 
 fn parse_mode(s: &str) -> anyhow::Result<AllocMode> {
@@ -158,6 +199,9 @@ fn main() -> anyhow::Result<()> {
         Some(Cmd::Bench {
             what: BenchWhat::Model(a),
         }) => bench_model(&a),
+        Some(Cmd::Bench {
+            what: BenchWhat::Gate(a),
+        }) => bench_gate(&a),
         Some(Cmd::FetchModel) => {
             let path = brownout_serving::model::fetch_model()?;
             println!("{}", path.display());
@@ -194,18 +238,35 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         served_model_name: a.served_model_name.clone(),
         max_body_bytes: a.max_body_bytes,
         max_queue_wait: Duration::from_secs(a.max_queue_wait_secs),
+        scheduling_policy: a
+            .scheduling_policy
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--scheduling-policy: {e}"))?,
+        critical_reserve_ratio: a.critical_reserve_ratio,
+        gate: GateConfig {
+            user_concurrency: a.user_concurrency,
+            max_tracked_users: a.max_tracked_users.max(1),
+            ..GateConfig::default()
+        },
     };
+    anyhow::ensure!(
+        (0.0..1.0).contains(&a.critical_reserve_ratio),
+        "--critical-reserve-ratio must be in [0, 1) (got {})",
+        a.critical_reserve_ratio
+    );
     let instance = a
         .instance_id
         .clone()
         .unwrap_or_else(|| format!("brownout-serve-{}", a.port));
+    control::validate_instance_id(&instance)
+        .map_err(|e| anyhow::anyhow!("--instance-id {instance:?}: {e}"))?;
     let sub = SubscriberConfig::from_env(a.redis_url.clone(), a.cluster.clone(), None, &instance)
         .context("degradation subscriber config")?;
     let cluster = sub.as_ref().map_or_else(
         || a.cluster.clone().unwrap_or_else(|| "default".into()),
         |s| s.cluster.clone(),
     );
-    let handle = ControlHandle::new(&cluster);
+    let handle = ControlHandle::with_instance(&cluster, &instance);
     let _subscriber = match sub {
         Some(cfg) => Some(control::spawn_subscriber(handle.clone(), cfg).await),
         None => {
@@ -222,7 +283,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    tracing::info!(%addr, model = state.model_name(), "serving");
+    tracing::info!(
+        %addr, model = state.model_name(), instance = %instance,
+        scheduling_policy = %a.scheduling_policy, critical_reserve_ratio = a.critical_reserve_ratio,
+        "serving"
+    );
     let features = control::http::router(handle, FeatureCatalog::seed_default());
     api::run_server(state, Some(features), listener, async {
         let _ = tokio::signal::ctrl_c().await;
@@ -231,6 +296,103 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     .context("server")?;
     // Flush buffered spans; the exporter may block, so off the async workers.
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    Ok(())
+}
+
+/// Resident set size of this process (KiB), from /proc/self/status.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn bench_gate(a: &BenchGateArgs) -> anyhow::Result<()> {
+    use brownout_serving::gate::{Gate, RequestMeta};
+    anyhow::ensure!(a.users > 0, "--users must be positive");
+    anyhow::ensure!(
+        (16..=256).contains(&a.id_bytes),
+        "--id-bytes must be in 16..=256 (the gate refuses longer ids)"
+    );
+    let control = ControlHandle::with_instance("bench", "bench-0");
+    let gate = Gate::new(
+        control,
+        GateConfig {
+            max_tracked_users: a.max_tracked_users.max(1),
+            ..GateConfig::default()
+        },
+    );
+    let mut peer: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+    let id = |i: u64| {
+        let mut s = format!("user-{i}-");
+        while s.len() + 4 <= a.id_bytes {
+            s.push('𝕏');
+        }
+        while s.len() < a.id_bytes {
+            s.push('_');
+        }
+        s
+    };
+    let what = if a.peer {
+        "unbounded map (peer)"
+    } else {
+        "gate"
+    };
+    let rss0 = rss_kib();
+    let mut max_rss = rss0;
+    let step = (a.users / 10).max(1);
+    let t = Instant::now();
+    let mut meta = RequestMeta {
+        conversation: Some("bench".into()),
+        ..RequestMeta::default()
+    };
+    for i in 0..a.users {
+        let u = id(i);
+        if a.peer {
+            *peer.entry(u).or_insert(0) += 1;
+        } else {
+            meta.user = Some(u);
+            let admitted = gate
+                .admit(&meta)
+                .map_err(|r| anyhow::anyhow!("refused: {}", r.message))?;
+            drop(admitted); // the request finished: its slot goes back
+        }
+        if (i + 1) % step == 0 {
+            let r = rss_kib();
+            max_rss = max_rss.max(r);
+            eprintln!(
+                "[bench gate] {what}: {} users, rss {} KiB (+{} KiB)",
+                i + 1,
+                r,
+                r.saturating_sub(rss0)
+            );
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let tracked = if a.peer {
+        peer.len()
+    } else {
+        gate.debug()["user_concurrency"]["tracked_users"]
+            .as_u64()
+            .unwrap_or(0) as usize
+    };
+    let out = serde_json::json!({
+        "table": if a.peer { "unbounded" } else { "gate" },
+        "users": a.users,
+        "id_bytes": a.id_bytes,
+        "max_tracked_users": a.max_tracked_users,
+        "tracked_users": tracked,
+        "rss_start_kib": rss0,
+        "rss_end_kib": rss_kib(),
+        "rss_max_kib": max_rss,
+        "rss_growth_kib": max_rss.saturating_sub(rss0),
+        "ns_per_request": secs * 1e9 / a.users as f64,
+    });
+    println!("{out}");
     Ok(())
 }
 
@@ -252,6 +414,7 @@ fn bench_model(a: &BenchModelArgs) -> anyhow::Result<()> {
         batches: a.batches.clone(),
         decode_steps: a.steps,
         ttft_prompt_len: a.ttft_prompt,
+        capacity_secs: a.capacity_secs,
     };
     let report = bench_spec(&spec, &mut |line| eprintln!("[bench model] {line}"))
         .with_context(|| format!("benchmarking model {}", a.model))?;

@@ -47,6 +47,23 @@ pub struct Metrics {
     pub shed_total: IntCounterVec,
     pub feature_disabled_total: IntCounterVec,
     pub requests_total: IntCounterVec,
+    pub refusals_total: IntCounterVec,
+    pub draining: IntGaugeVec,
+    pub max_num_seqs: IntGaugeVec,
+    pub critical_reserve_seqs: IntGaugeVec,
+    pub critical_reserve_seqs_used: IntGaugeVec,
+    pub critical_reserve_blocks: IntGaugeVec,
+    pub critical_reserve_blocks_used: IntGaugeVec,
+    pub admit_rps: GaugeVec,
+    pub admit_tokens: GaugeVec,
+    pub user_concurrency_cap: IntGaugeVec,
+    pub users_tracked: IntGaugeVec,
+    pub users_untracked: IntCounterVec,
+    pub abort_entries: IntGaugeVec,
+    pub command_epoch: IntGaugeVec,
+    pub command_version: IntGaugeVec,
+    pub abandoned_requests: IntCounterVec,
+    pub abandoned_tokens: IntCounterVec,
     /// Feature names seen as label values of `requests_total` (client-chosen: capped).
     features_seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
@@ -83,6 +100,12 @@ impl Metrics {
             reg(
                 &r,
                 CounterVec::new(Opts::new(name, help), m).expect("valid"),
+            )
+        };
+        let igauge = |name: &str, help: &str| {
+            reg(
+                &r,
+                IntGaugeVec::new(Opts::new(name, help), m).expect("valid"),
             )
         };
         let hist = |name: &str, help: &str, b: &[f64]| {
@@ -212,10 +235,112 @@ impl Metrics {
                 IntCounterVec::new(
                     Opts::new(
                         "brownout_serving_requests_total",
-                        "Finished requests by outcome, feature (x-brownout-feature, `other` past 64 \
+                        "Answered requests by outcome (a finish reason, error, or a deliberate \
+                         refusal: shed, feature_disabled, tool_disabled, drained, user_cap, \
+                         loop_abort, throttled), feature (x-brownout-feature, `other` past 64 \
                          distinct values) and criticality.",
                     ),
                     &["model_name", "outcome", "feature", "criticality"],
+                )
+                .expect("valid"),
+            ),
+            refusals_total: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "brownout_serving_refusals_total",
+                        "Requests the serving tier refused on purpose (deliberate degradation), \
+                         by outcome and criticality.",
+                    ),
+                    &["model_name", "outcome", "criticality"],
+                )
+                .expect("valid"),
+            ),
+            draining: igauge(
+                "brownout_serving_draining",
+                "1 while this instance's command entry says drain (only critical admitted).",
+            ),
+            max_num_seqs: igauge(
+                "brownout_serving_max_num_seqs",
+                "max_num_seqs in force (configured, lowered by the command or the instance entry).",
+            ),
+            critical_reserve_seqs: igauge(
+                "brownout_serving_critical_reserve_seqs",
+                "Sequence slots only critical requests may take.",
+            ),
+            critical_reserve_seqs_used: igauge(
+                "brownout_serving_critical_reserve_seqs_used",
+                "Reserved sequence slots held by critical requests now.",
+            ),
+            critical_reserve_blocks: igauge(
+                "brownout_serving_critical_reserve_blocks",
+                "KV blocks only critical requests may take.",
+            ),
+            critical_reserve_blocks_used: igauge(
+                "brownout_serving_critical_reserve_blocks_used",
+                "Reserved KV blocks held by critical requests now.",
+            ),
+            admit_rps: gauge(
+                "brownout_serving_admit_rps",
+                "Admission rate for non-critical requests (+Inf: not limited).",
+                m,
+            ),
+            admit_tokens: gauge(
+                "brownout_serving_admit_tokens",
+                "Tokens in the admission bucket (+Inf: not limited).",
+                m,
+            ),
+            user_concurrency_cap: igauge(
+                "brownout_serving_user_concurrency_cap",
+                "Most agent requests in flight per user (0: no cap).",
+            ),
+            users_tracked: igauge(
+                "brownout_serving_users_tracked",
+                "Users in the bounded per-user table.",
+            ),
+            users_untracked: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "brownout_serving_users_untracked_total",
+                        "Agent requests admitted uncounted because the per-user table was full of \
+                         active users.",
+                    ),
+                    m,
+                )
+                .expect("valid"),
+            ),
+            abort_entries: igauge(
+                "brownout_serving_abort_entries",
+                "Loop-kill (abort) entries in force.",
+            ),
+            command_epoch: igauge(
+                "brownout_serving_command_epoch",
+                "Epoch of the degradation command in force.",
+            ),
+            command_version: igauge(
+                "brownout_serving_command_version",
+                "Version of the degradation command in force.",
+            ),
+            abandoned_requests: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "brownout_serving_abandoned_requests_total",
+                        "Requests whose client went away before they finished (cancelled in the engine).",
+                    ),
+                    m,
+                )
+                .expect("valid"),
+            ),
+            abandoned_tokens: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "brownout_serving_abandoned_tokens_total",
+                        "Tokens generated for requests whose client went away (wasted work).",
+                    ),
+                    m,
                 )
                 .expect("valid"),
             ),
@@ -238,8 +363,34 @@ impl Metrics {
         }
         for c in ["critical", "default", "sheddable"] {
             metrics.shed_total.with_label_values(&[model_name, c]);
+            for o in crate::gate::Outcome::ALL {
+                metrics
+                    .refusals_total
+                    .with_label_values(&[model_name, o.as_str(), c]);
+            }
         }
         metrics.serving_tier.with_label_values(&n).set(0.0);
+        metrics.abandoned_requests.with_label_values(&n);
+        metrics.abandoned_tokens.with_label_values(&n);
+        metrics.users_untracked.with_label_values(&n);
+        for g in [&metrics.admit_rps, &metrics.admit_tokens] {
+            g.with_label_values(&n).set(f64::INFINITY);
+        }
+        for g in [
+            &metrics.draining,
+            &metrics.critical_reserve_seqs,
+            &metrics.critical_reserve_seqs_used,
+            &metrics.critical_reserve_blocks,
+            &metrics.critical_reserve_blocks_used,
+            &metrics.abort_entries,
+            &metrics.users_tracked,
+            &metrics.user_concurrency_cap,
+            &metrics.command_epoch,
+            &metrics.command_version,
+            &metrics.max_num_seqs,
+        ] {
+            g.with_label_values(&n).set(0);
+        }
         metrics
     }
 
@@ -311,6 +462,60 @@ impl Metrics {
             .with_label_values(&[self.model_name.as_str(), feature])
             .inc();
     }
+    /// Counts one deliberate refusal (also in `brownout_serving_requests_total`).
+    pub fn inc_refusal(&self, outcome: crate::gate::Outcome, feature: &str, criticality: &str) {
+        self.refusals_total
+            .with_label_values(&[self.model_name.as_str(), outcome.as_str(), criticality])
+            .inc();
+        self.inc_request(outcome.as_str(), feature, criticality);
+    }
+
+    /// A request abandoned by its client after `tokens` were generated for it.
+    pub fn inc_abandoned(&self, tokens: u64) {
+        let l = self.l();
+        self.abandoned_requests.with_label_values(&l).inc();
+        self.abandoned_tokens.with_label_values(&l).inc_by(tokens);
+    }
+
+    /// The engine's `max_num_seqs` in force and its critical reserve.
+    pub fn set_engine_limits(
+        &self,
+        max_num_seqs: usize,
+        r: &crate::scheduler::batch::ReserveStats,
+    ) {
+        let l = self.l();
+        let set = |g: &IntGaugeVec, v: usize| g.with_label_values(&l).set(v as i64);
+        set(&self.max_num_seqs, max_num_seqs);
+        set(&self.critical_reserve_seqs, r.seqs);
+        set(&self.critical_reserve_seqs_used, r.seqs_used);
+        set(&self.critical_reserve_blocks, r.blocks);
+        set(&self.critical_reserve_blocks_used, r.blocks_used);
+    }
+
+    /// The gate's gauges.
+    pub fn set_gate(&self, g: &crate::gate::GateFigures) {
+        let l = self.l();
+        self.draining
+            .with_label_values(&l)
+            .set(i64::from(g.draining));
+        self.admit_rps
+            .with_label_values(&l)
+            .set(g.admit_rps.unwrap_or(f64::INFINITY));
+        self.admit_tokens
+            .with_label_values(&l)
+            .set(g.admit_tokens.unwrap_or(f64::INFINITY));
+        let set = |m: &IntGaugeVec, v: i64| m.with_label_values(&l).set(v);
+        set(&self.user_concurrency_cap, i64::from(g.user_cap));
+        set(&self.users_tracked, g.users_tracked as i64);
+        let c = self.users_untracked.with_label_values(&l);
+        if g.users_untracked_total > c.get() {
+            c.inc_by(g.users_untracked_total - c.get());
+        }
+        set(&self.abort_entries, g.abort_entries as i64);
+        set(&self.command_epoch, g.command.0 as i64);
+        set(&self.command_version, g.command.1 as i64);
+    }
+
     /// Counts one finished request (`outcome`: a finish reason or `error`).
     pub fn inc_request(&self, outcome: &str, feature: &str, criticality: &str) {
         let feature = {

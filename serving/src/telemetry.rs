@@ -36,6 +36,19 @@ pub struct RequestRecord {
     pub finish_reason: Option<String>,
     /// The category and message of a failure.
     pub failure: Option<(Category, String)>,
+    /// The request's outcome: a finish reason, `error`, or a deliberate refusal's name
+    /// (`shed`, `feature_disabled`, `tool_disabled`, `drained`, `user_cap`, `loop_abort`,
+    /// `throttled`; docs/SERVING.md "Outcomes").
+    pub outcome: String,
+    /// True when the serving tier refused the request on purpose (deliberate degradation): never
+    /// an SLO error nor a failure pattern.
+    pub deliberate: bool,
+    /// `(epoch, version)` of the command in force when it was decided.
+    pub command: (u64, u64),
+    /// The request's user (`x-brownout-user` or the body's `user`), if any.
+    pub user: Option<String>,
+    /// `x-brownout-conversation`, if any.
+    pub conversation: Option<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -179,6 +192,16 @@ impl Telemetry {
         if let Some(f) = &r.finish_reason {
             attrs.push(KeyValue::new("gen_ai.response.finish_reasons", f.clone()));
         }
+        attrs.push(KeyValue::new("brownout.outcome", r.outcome.clone()));
+        attrs.push(KeyValue::new("brownout.deliberate", r.deliberate));
+        attrs.push(KeyValue::new("brownout.command_epoch", r.command.0 as i64));
+        attrs.push(KeyValue::new(
+            "brownout.command_version",
+            r.command.1 as i64,
+        ));
+        if let Some(c) = &r.conversation {
+            attrs.push(KeyValue::new("brownout.conversation", c.clone()));
+        }
         if let Some((c, _)) = &r.failure {
             attrs.push(KeyValue::new("error.type", c.as_str()));
         }
@@ -188,7 +211,10 @@ impl Telemetry {
             .with_start_time(start)
             .with_attributes(attrs)
             .start(tracer);
-        if let Some((_, m)) = &r.failure {
+        // A deliberate refusal is the service working as designed: not an error span.
+        if let Some((_, m)) = &r.failure
+            && !r.deliberate
+        {
             span.set_status(Status::error(m.clone()));
         }
         let trace_id = span.span_context().trace_id().to_string();
@@ -206,17 +232,28 @@ impl Telemetry {
             attributes.insert("tier".into(), r.tier.to_string());
             attributes.insert("prompt_tokens".into(), r.prompt_tokens.to_string());
             attributes.insert("num_preemptions".into(), r.num_preemptions.to_string());
+            attributes.insert("outcome".into(), r.outcome.clone());
+            attributes.insert("command".into(), format!("{}:{}", r.command.0, r.command.1));
+            if r.deliberate {
+                attributes.insert("deliberate".into(), "true".into());
+            }
+            if let Some(c) = &r.conversation {
+                attributes.insert("conversation_id".into(), c.clone());
+            }
+            let error_type = crate::gate::Outcome::parse(&r.outcome)
+                .filter(|_| r.deliberate)
+                .map_or(error_type(*category), crate::gate::Outcome::error_type);
             self.failure(FailureEvent {
                 ts_ms: brownout_protocol::now_ms(),
                 service: self.cfg.service.clone(),
                 host: self.cfg.host.clone(),
                 request_id: r.request_id.clone(),
                 trace_id,
-                user_id: String::new(),
+                user_id: r.user.clone().unwrap_or_default(),
                 feature: r.feature.clone(),
                 criticality: r.criticality,
                 category: *category,
-                error_type: error_type(*category).to_string(),
+                error_type: error_type.to_string(),
                 message: message.clone(),
                 latency_ms: r.latency_s * 1000.0,
                 attributes,

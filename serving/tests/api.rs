@@ -463,6 +463,7 @@ async fn degradation_tiers_are_obeyed() {
     t2.limits = Limits {
         max_tokens_cap: Some(8),
         max_num_seqs: Some(4),
+        ..Limits::default()
     };
     control.apply(t2, 2).unwrap();
     let (s, h, v) = post_json(&app, "/v1/completions", &[], prompt.clone()).await;
@@ -1018,4 +1019,199 @@ async fn engine_death_mid_stream_sends_an_error_event_and_ends_the_stream() {
     .await
     .expect("a request to a dead engine hung");
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+}
+
+/// Hostile metadata: over-long, non-ASCII or control-character user ids, conversation ids and
+/// tool names are refused with a 400 that names them; odd but valid Unicode users are served
+/// and shown escaped (and cut) in `/debug/resource`; a bad `traceparent` is ignored.
+#[tokio::test]
+async fn hostile_users_tools_and_conversations_are_bounded_and_escaped() {
+    let mut opts = toy_opts();
+    opts.gate.user_concurrency = 1;
+    let (st, _) = state_with(opts).await;
+    let app = api::router(st.clone());
+    let chat = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    // (headers, body, code, param)
+    type Case<'a> = (Vec<(&'a str, String)>, Value, &'a str, Option<&'a str>);
+    let bad: Vec<Case> = vec![
+        (
+            vec![("x-brownout-user", "u".repeat(257))],
+            chat(json!({})),
+            "invalid_header",
+            None,
+        ),
+        (
+            vec![("x-brownout-conversation", "c".repeat(129))],
+            chat(json!({})),
+            "invalid_header",
+            None,
+        ),
+        (
+            vec![],
+            chat(json!({"user": "a\u{0}b"})),
+            "invalid_value",
+            Some("user"),
+        ),
+        (
+            vec![],
+            chat(json!({"user": "é".repeat(200)})),
+            "invalid_value",
+            Some("user"),
+        ),
+        (
+            vec![],
+            chat(
+                json!({"tools": [{"type": "function", "function": {"name": "<img src=x onerror=alert(1)>"}}]}),
+            ),
+            "invalid_value",
+            Some("tools"),
+        ),
+        (
+            vec![],
+            chat(
+                json!({"tools": (0..129).map(|i| json!({"type": "function", "function": {"name": format!("t{i}")}})).collect::<Vec<_>>()}),
+            ),
+            "invalid_value",
+            Some("tools"),
+        ),
+    ];
+    for (headers, body, code, param) in bad {
+        let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (s, _, v) = post_json(&app, "/v1/chat/completions", &h, body).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str(), v["error"]["param"].as_str()),
+            (StatusCode::BAD_REQUEST, Some(code), param),
+            "{v}"
+        );
+    }
+    // Not visible ASCII in a header: 400 too.
+    let req = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .header(
+            "x-brownout-conversation",
+            axum::http::HeaderValue::from_bytes(b"conv-\xff").unwrap(),
+        )
+        .body(Body::from(chat(json!({})).to_string()))
+        .unwrap();
+    assert_eq!(
+        app.clone().oneshot(req).await.unwrap().status(),
+        StatusCode::BAD_REQUEST
+    );
+    // A malformed traceparent is ignored.
+    let (s, _, _) = post_json(
+        &app,
+        "/v1/chat/completions",
+        &[("traceparent", "not-a-trace")],
+        chat(json!({})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+
+    // An odd but valid user: RTL override, zero-width joiners, quotes and markup.
+    let odd = "\u{202e}\"</script><b>ü\u{200d}👩\u{200d}💻".repeat(6);
+    let agent = |stream: bool| {
+        chat(
+            json!({"user": odd, "stream": stream, "max_tokens": 400, "ignore_eos": true,
+                    "tools": [{"type": "function", "function": {"name": "web_search"}}]}),
+        )
+    };
+    // Its first request streams and is left unread: in flight, holding the user's one slot.
+    let held = app
+        .clone()
+        .oneshot(
+            Request::post("/v1/chat/completions")
+                .header("content-type", "application/json")
+                .body(Body::from(agent(true).to_string()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    let (s, h, v) = post_json(&app, "/v1/chat/completions", &[], agent(false)).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            Some("user_concurrency_limit")
+        ),
+        "{v}"
+    );
+    assert_eq!(h["x-brownout-outcome"], "user_cap");
+    // Another user passes.
+    let mut other = agent(false);
+    other["user"] = json!("plain-user");
+    other["max_tokens"] = json!(2);
+    assert_eq!(
+        post_json(&app, "/v1/chat/completions", &[], other).await.0,
+        StatusCode::OK
+    );
+    let (s, _, raw) = call(&app, "GET", "/debug/resource", &[], Body::empty()).await;
+    assert_eq!(s, StatusCode::OK);
+    let r: Value = serde_json::from_slice(&raw).expect("valid JSON");
+    let top = &r["user_concurrency"]["top_offenders"][0];
+    assert_eq!(
+        top["user"].as_str().unwrap(),
+        odd.chars().take(64).collect::<String>()
+    );
+    assert_eq!(
+        (top["in_flight"].as_u64(), top["refused"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let text = String::from_utf8(raw).unwrap();
+    assert!(
+        text.contains("\\\"</script>"),
+        "quotes are escaped in the JSON text"
+    );
+    // Dropping the unread stream gives the slot back.
+    drop(held);
+    let start = std::time::Instant::now();
+    loop {
+        let (s, _, _) = post_json(&app, "/v1/chat/completions", &[], {
+            let mut b = agent(false);
+            b["max_tokens"] = json!(2);
+            b
+        })
+        .await;
+        if s == StatusCode::OK {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "slot never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let m = String::from_utf8(call(&app, "GET", "/metrics", &[], Body::empty()).await.2).unwrap();
+    assert!(
+        !m.contains("plain-user") && !m.contains("script"),
+        "no user label values"
+    );
+}
+
+/// A request ended by its stop string is a finish, not an abandoned one, though the API drops
+/// its receiver early.
+#[tokio::test]
+async fn stop_strings_end_requests_without_counting_them_abandoned() {
+    let (app, st, _) = app().await;
+    let full = expected("stops", 300, Route::Primary);
+    let stop = &full[3..5];
+    for stream in [false, true] {
+        let b = json!({"prompt": "stops", "max_tokens": 300, "temperature": 0, "ignore_eos": true,
+                       "stop": [stop], "stream": stream});
+        let (s, _, _) = call(&app, "POST", "/v1/completions", &[], b.to_string()).await;
+        assert_eq!(s, StatusCode::OK);
+    }
+    let start = std::time::Instant::now();
+    while st.engine().status().num_running > 0 {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let s = st.engine().status();
+    assert_eq!((s.abandoned_total, s.abandoned_tokens_total), (0, 0));
 }

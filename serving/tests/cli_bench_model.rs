@@ -25,6 +25,8 @@ fn bench_model_reports_every_route_and_batch_as_json_with_progress() {
             "1,3",
             "--ttft-prompt",
             "12",
+            "--capacity-secs",
+            "2",
             "--json",
         ])
         .output()
@@ -66,6 +68,32 @@ fn bench_model_reports_every_route_and_batch_as_json_with_progress() {
         ) > 0.0
     );
     assert!(value("both", "resident memory (RSS) loaded and health-checked") > 0.0);
+    // T2's effect at every batch size, and the capacity per route through the real engine.
+    assert!(
+        value(
+            "fallback",
+            "decode batch 3 / primary batch 3 (median of 8 paired rounds)"
+        ) > 0.0
+    );
+    for route in ["primary", "fallback"] {
+        let calls = value(
+            route,
+            "capacity, 16 calls in flight, max_tokens 24 (calls/s)",
+        );
+        let flows = value(route, "capacity, flows/s (2.15 calls per flow)");
+        assert!(calls > 0.0, "{route}: no call completed");
+        assert!(
+            (flows - calls / 2.15).abs() < 1e-9,
+            "{route}: {flows} vs {calls}"
+        );
+    }
+    assert!(
+        value(
+            "fallback",
+            "capacity / primary capacity (median of 3 paired slices)"
+        ) > 0.0
+    );
+    assert_eq!(stderr.matches("capacity slice ").count(), 6, "{stderr}");
 }
 
 #[test]

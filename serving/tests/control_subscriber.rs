@@ -69,6 +69,7 @@ fn command(cluster: &str, epoch: u64, version: u64, tier: Tier, lease_ms: u64) -
         c.limits = Limits {
             max_tokens_cap: Some(64),
             max_num_seqs: Some(4),
+            ..Limits::default()
         };
     }
     if tier == Tier::T3 {
@@ -163,6 +164,7 @@ async fn applies_newer_commands_acks_them_and_reads_state_on_start() {
             epoch: 1,
             version: 2,
             applied_at_ms,
+            ..
         }) = ack_of(&mut conn, &keys, "i1").await
         {
             assert!(applied_at_ms >= c2.issued_at_ms);
@@ -398,7 +400,7 @@ async fn features_endpoint_and_sse_stream_follow_the_state() {
     let states: BTreeMap<&str, FeatureState> = v
         .features
         .iter()
-        .map(|f| (f.name.as_str(), f.state))
+        .map(|f| (f.name.as_str(), f.state.clone()))
         .collect();
     assert_eq!(states["pdf_analysis"], FeatureState::Disabled);
     assert_eq!(states["basic_qa"], FeatureState::Enabled);
@@ -463,5 +465,105 @@ fn config_from_flags_and_env() {
     assert!(
         SubscriberConfig::from_env(Some("http://nope".into()), None, Some("k".into()), "i")
             .is_err()
+    );
+}
+
+/// A lost control plane must not keep an instance drained or a tool breaker open: the first
+/// step-down drops the `instances` entries, T0 re-enables every feature (tools included) — even
+/// when the expired command was already at T0 — while `abort` entries keep their own deadline.
+#[test]
+fn lease_expiry_drops_instance_entries_and_reopens_breakers_even_at_t0() {
+    use brownout_protocol::{AbortEntry, AbortKind, InstanceEntry};
+    let h = ControlHandle::with_instance("c", "gpu-3/engine-0");
+    let mut c = command("c", 1, 1, Tier::T0, 1000);
+    c.issued_at_ms = 10_000;
+    c.expires_at_ms = 11_000;
+    c.instances.insert(
+        "gpu-3/engine-0".into(),
+        InstanceEntry {
+            drain: Some(true),
+            ..InstanceEntry::default()
+        },
+    );
+    c.features
+        .insert("tool:web_search".into(), FeatureState::Probe);
+    c.limits.user_concurrency = Some(1);
+    c.abort = vec![AbortEntry {
+        id: "conv".into(),
+        kind: AbortKind::Conversation,
+        until_ms: 50_000,
+        reason: String::new(),
+    }];
+    h.apply(c, 10_000).unwrap();
+    assert!(h.instance_entry().unwrap().draining());
+    assert_eq!(h.step_down_if_expired(10_500), None);
+    assert_eq!(h.step_down_if_expired(11_001), Some(Tier::T0));
+    let cur = h.current();
+    assert!(h.instance_entry().is_none(), "drain dropped");
+    assert!(cur.command.instances.is_empty());
+    assert!(cur.command.feature_state("tool:web_search").is_open());
+    assert_eq!(cur.command.limits, Limits::default());
+    assert_eq!(cur.command.abort.len(), 1, "aborts keep their own deadline");
+    assert_eq!(cur.command.order_key(), (1, 1));
+    // Plain T0 now: nothing more to step down.
+    assert_eq!(h.step_down_if_expired(99_000), None);
+
+    // Above T0 the entries go at the first step.
+    let mut t2 = command("c", 1, 2, Tier::T2, 1000);
+    t2.issued_at_ms = 20_000;
+    t2.expires_at_ms = 21_000;
+    t2.instances.insert(
+        "*".into(),
+        InstanceEntry {
+            admit_rps: Some(3.0),
+            ..InstanceEntry::default()
+        },
+    );
+    h.apply(t2, 20_000).unwrap();
+    assert_eq!(h.instance_entry().unwrap().entry.admit_rps, Some(3.0));
+    assert_eq!(h.step_down_if_expired(21_001), Some(Tier::T1));
+    assert!(h.instance_entry().is_none());
+}
+
+/// `/v1/features` and its SSE stream show tool breakers (`tool:<name>`) with their state,
+/// `probe` included.
+#[tokio::test]
+async fn features_show_tool_breakers_and_their_probe_state() {
+    let h = ControlHandle::new("ui2");
+    let app = router(h.clone(), FeatureCatalog::seed_default());
+    let res = app
+        .clone()
+        .oneshot(
+            Request::get("/v1/features/stream")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut body = res.into_body().into_data_stream();
+    let _first = body.next().await.unwrap().unwrap();
+    let mut c = command("ui2", 1, 1, Tier::T0, 60_000);
+    c.features
+        .insert("tool:web_search".into(), FeatureState::Disabled);
+    c.features
+        .insert("tool:code_exec".into(), FeatureState::Probe);
+    c.limits.probe_ratio = Some(0.2);
+    h.apply(c, now_ms()).unwrap();
+    let ev = String::from_utf8(body.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let data = ev.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+    let v: FeaturesView = serde_json::from_str(data).unwrap();
+    let get = |n: &str| v.features.iter().find(|f| f.name == n).unwrap().clone();
+    assert_eq!(get("tool:web_search").state, FeatureState::Disabled);
+    assert!(get("tool:web_search").reason.contains("breaker open"));
+    assert_eq!(get("tool:code_exec").state, FeatureState::Probe);
+    assert!(get("tool:code_exec").reason.contains("20% of calls pass"));
+    let raw: serde_json::Value = serde_json::from_str(data).unwrap();
+    assert!(
+        raw["features"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["name"] == "tool:code_exec" && f["state"] == "probe"),
+        "on the wire the state is the string `probe`"
     );
 }

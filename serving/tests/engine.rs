@@ -20,6 +20,7 @@ fn cfg(max_queue_wait: Duration) -> EngineConfig {
             max_num_seqs: 4,
             max_num_batched_tokens: 64,
             max_model_len: 128,
+            ..SchedulerConfig::default()
         },
         kv: KvConfig {
             num_blocks: 32,
@@ -163,4 +164,202 @@ async fn finished_events_carry_usage_and_timings() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     panic!("status never showed the steps: {:?}", e.status());
+}
+
+/// The toy model, one forward per permit the test hands out: the engine moves exactly as far as
+/// the test lets it (no timing anywhere).
+struct Stepped {
+    inner: ToyModel,
+    permits: std::sync::mpsc::Receiver<()>,
+}
+
+impl ModelBackend for Stepped {
+    fn forward(&mut self, route: Route, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, String> {
+        self.permits.recv().map_err(|_| "test over".to_string())?;
+        self.inner.forward(route, chunks)
+    }
+}
+
+struct Driver {
+    e: EngineHandle,
+    permits: std::sync::mpsc::Sender<()>,
+}
+
+impl Driver {
+    fn start(c: EngineConfig, control: Option<brownout_serving::control::ControlHandle>) -> Driver {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let backend = Stepped {
+            inner: ToyModel::new(c.kv.num_blocks, c.kv.block_size),
+            permits: rx,
+        };
+        let e = spawn_engine(c, backend, Arc::new(Metrics::new("t")), control)
+            .unwrap()
+            .0;
+        Driver { e, permits: tx }
+    }
+
+    /// Lets one forward run and waits until the engine has published the step after it.
+    async fn step(&self) {
+        let before = self.e.status().steps;
+        self.permits.send(()).unwrap();
+        wait(&self.e, "a step", |s| s.steps > before).await;
+    }
+}
+
+async fn wait(
+    e: &EngineHandle,
+    what: &str,
+    f: impl Fn(&brownout_serving::scheduler::engine::EngineStatus) -> bool,
+) {
+    // A deadlock guard, not a timing assertion: each wait is for one engine iteration.
+    for _ in 0..2000 {
+        if f(&e.status()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting for {what}: {:?}", e.status());
+}
+
+fn reserve_cfg() -> EngineConfig {
+    EngineConfig {
+        model_name: "t".into(),
+        sched: SchedulerConfig {
+            max_num_seqs: 5,
+            max_num_batched_tokens: 256,
+            max_model_len: 512,
+            critical_reserve_ratio: 0.2,
+            ..SchedulerConfig::default()
+        },
+        kv: KvConfig {
+            num_blocks: 200,
+            block_size: 4,
+            mode: AllocMode::Paged,
+            enable_prefix_caching: true,
+        },
+        eos_token_ids: vec![],
+        max_queue_wait: Duration::from_secs(600),
+        inbox_capacity: 64,
+    }
+}
+
+fn long(c: Criticality, max_tokens: usize) -> EngineRequest {
+    EngineRequest {
+        params: SamplingParams {
+            max_tokens,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        },
+        criticality: c,
+        ..req(max_tokens)
+    }
+}
+
+/// The real engine loop with the critical reserve: 8 default requests fill the 4 unreserved
+/// slots of 5; a critical request then runs at once from the reserved slot and finishes while
+/// all four defaults are still running, with no preemption.
+#[tokio::test]
+async fn a_critical_request_is_served_from_the_reserve_while_defaults_fill_the_rest() {
+    let d = Driver::start(reserve_cfg(), None);
+    let defaults =
+        d.e.submit_batch((0..8).map(|_| long(Criticality::Default, 100)).collect())
+            .unwrap();
+    d.step().await;
+    let s = d.e.status();
+    assert_eq!((s.num_running, s.num_waiting), (4, 4));
+    assert_eq!(
+        (s.critical_reserve.seqs, s.critical_reserve.seqs_used),
+        (1, 0)
+    );
+    assert_eq!(s.critical_reserve.blocks, 40, "20 % of 200 blocks");
+    let (_, mut crit) = d.e.submit(long(Criticality::Critical, 3)).unwrap();
+    let mut steps = 0;
+    let finished = loop {
+        d.step().await;
+        steps += 1;
+        assert!(
+            steps <= 10,
+            "the critical request did not get the reserved slot"
+        );
+        if d.e.status().critical_reserve.seqs_used == 1 {
+            assert_eq!(d.e.status().num_running, 5);
+        }
+        let mut done = None;
+        while let Ok(ev) = crit.try_recv() {
+            if let SeqEvent::Finished { reason, .. } = ev {
+                done = Some(reason);
+            }
+        }
+        if let Some(r) = done {
+            break r;
+        }
+    };
+    assert_eq!(finished, FinishReason::Length);
+    assert!(steps <= 4, "prefill + 3 tokens, no waiting ({steps} steps)");
+    let s = d.e.status();
+    assert_eq!(s.num_preemptions_total, 0);
+    assert_eq!(s.num_running, 4, "the defaults kept running");
+    drop(defaults);
+}
+
+/// `instances[<id>].max_num_seqs` lowers this instance only, overriding limits.max_num_seqs.
+#[tokio::test]
+async fn the_instance_entry_sets_max_num_seqs_for_its_instance_only() {
+    use brownout_protocol::{Command, InstanceEntry};
+    let mut cmd = Command::normal("c", 1, 1, 0, u64::MAX / 4);
+    cmd.limits.max_num_seqs = Some(4);
+    cmd.instances.insert(
+        "gpu-3/engine-0".into(),
+        InstanceEntry {
+            max_num_seqs: Some(2),
+            ..InstanceEntry::default()
+        },
+    );
+    let mut c = reserve_cfg();
+    c.sched.max_num_seqs = 8;
+    for (inst, want) in [("gpu-3/engine-0", 2), ("gpu-4/engine-0", 4)] {
+        let h = brownout_serving::control::ControlHandle::with_instance("c", inst);
+        h.apply(cmd.clone(), 1).unwrap();
+        let d = Driver::start(c.clone(), Some(h));
+        let dbg = d.e.debug_kv().await.unwrap();
+        assert_eq!(
+            (dbg.max_num_seqs, dbg.configured_max_num_seqs),
+            (want, 8),
+            "{inst}"
+        );
+    }
+}
+
+/// A dropped receiver (the client went away) is cancelled at the next step: blocks freed,
+/// counted as abandoned with the tokens made for it. A request the API stopped (stop string)
+/// is not an abandonment.
+#[tokio::test]
+async fn an_abandoned_request_is_cancelled_and_its_tokens_counted_a_stopped_one_is_not() {
+    let d = Driver::start(reserve_cfg(), None);
+    let (_, rx) = d.e.submit(long(Criticality::Default, 100)).unwrap();
+    for _ in 0..4 {
+        d.step().await; // prefill + 3 more tokens: 4 generated
+    }
+    assert!(d.e.status().kv.num_blocks_used > 0);
+    drop(rx);
+    // The engine is already inside the next forward: that step finishes (a 5th token nobody
+    // reads), then the sequence is cancelled before any other.
+    d.permits.send(()).unwrap();
+    wait(&d.e, "the abandonment", |s| s.abandoned_total == 1).await;
+    let s = d.e.status();
+    assert_eq!((s.abandoned_tokens_total, s.num_running), (5, 0));
+    assert_eq!(s.steps, 5, "no forward ran for it after the cancel");
+    assert_eq!(s.kv.num_blocks_used, 0, "its blocks are free");
+
+    let (id, rx) = d.e.submit(long(Criticality::Default, 100)).unwrap();
+    d.step().await;
+    d.e.stop(id);
+    drop(rx);
+    d.permits.send(()).unwrap();
+    wait(&d.e, "the stop", |s| s.num_running == 0).await;
+    assert_eq!(
+        d.e.status().abandoned_total,
+        1,
+        "a stop is not an abandonment"
+    );
 }

@@ -649,9 +649,10 @@ fn perplexity(m: &LoadedModel, route: Route, ids: &[u32]) -> f64 {
 }
 
 /// The fallback route (Q4_1 weights, 8-bit activations) may lose a little: its perplexity on a
-/// fixed English text must stay within 10% of the primary route's (f32 dequantised weights).
+/// fixed English text must stay within 2% of the primary route's (f32 dequantised weights) —
+/// the quality gate for quantised kernels.
 #[test]
-fn fallback_perplexity_within_10_percent_of_primary_on_smollm2_when_fetched() {
+fn fallback_perplexity_within_2_percent_of_primary_on_smollm2_when_fetched() {
     let Some(m) = smollm2() else { return };
     let text = "The city council met on Tuesday evening to discuss the new budget. After a long \
                 debate, the members agreed to spend more money on public transport and on repairing \
@@ -668,7 +669,7 @@ fn fallback_perplexity_within_10_percent_of_primary_on_smollm2_when_fetched() {
         "primary perplexity {p} is implausibly high for English text"
     );
     assert!(
-        f <= p * 1.10 && f >= p * 0.90,
+        f <= p * 1.02 && f >= p * 0.98,
         "fallback {f} vs primary {p}"
     );
 }

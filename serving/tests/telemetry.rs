@@ -178,8 +178,20 @@ async fn requests_become_otlp_spans_and_failures_become_ndjson_events() {
             && ok.contains_key("brownout.queue_time_s")
             && ok.contains_key("brownout.num_preemptions")
     );
+    assert_eq!(ok["brownout.outcome"], "length");
+    assert!(ok["brownout.deliberate"].contains("false"));
     let shed = attrs(1);
     assert_eq!(shed["error.type"], "rate_limited");
+    // A deliberate refusal: its own outcome, marked deliberate, with the command's version, and
+    // not an error span (brownout's own refusals are not SLO errors).
+    assert_eq!(shed["brownout.outcome"], "shed");
+    assert!(shed["brownout.deliberate"].contains("true"));
+    assert_eq!(shed["brownout.command_version"], "1");
+    assert_ne!(
+        spans[1].status.as_ref().map(|s| s.code),
+        Some(2),
+        "status is not ERROR"
+    );
 
     for _ in 0..100 {
         if !posted.lock().unwrap().is_empty() {
@@ -210,6 +222,15 @@ async fn requests_become_otlp_spans_and_failures_become_ndjson_events() {
         ev.trace_id.len(),
         32,
         "the failure carries its span's trace id"
+    );
+    assert_eq!(
+        (
+            ev.attributes["outcome"].as_str(),
+            ev.attributes["deliberate"].as_str(),
+            ev.attributes["command"].as_str(),
+            ev.error_type.as_str()
+        ),
+        ("shed", "true", "1:1", "LoadShed")
     );
     assert_eq!(tel.failures_sent(), 1);
 }

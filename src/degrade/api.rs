@@ -493,6 +493,7 @@ impl DegradeHandle {
                         epoch,
                         version,
                         applied_at_ms,
+                        ..
                     }) => {
                         let lag_ms = s
                             .issued

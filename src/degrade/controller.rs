@@ -139,6 +139,8 @@ impl Decision {
             model_route: self.model_route.clone(),
             limits: self.limits.clone(),
             shed: self.shed.clone(),
+            instances: BTreeMap::new(),
+            abort: Vec::new(),
             extra: BTreeMap::new(),
         }
     }

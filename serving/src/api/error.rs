@@ -17,6 +17,8 @@ pub struct ApiError {
     pub retry_after_s: Option<u64>,
     /// Extra top-level fields inside `error` (e.g. `estimated_recovery_at`, `hint`).
     pub extra: serde_json::Map<String, serde_json::Value>,
+    /// A deliberate refusal's outcome, sent as the `x-brownout-outcome` header.
+    pub outcome: Option<&'static str>,
 }
 
 impl ApiError {
@@ -28,6 +30,7 @@ impl ApiError {
             param: None,
             retry_after_s: None,
             extra: serde_json::Map::new(),
+            outcome: None,
         }
     }
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
@@ -48,6 +51,7 @@ impl ApiError {
             400 | 413 | 415 | 422 => "invalid_request_error",
             401 | 403 => "authentication_error",
             404 => "not_found_error",
+            409 => "conflict_error",
             429 => "rate_limit_error",
             503 => "service_unavailable_error",
             _ => "server_error",
@@ -73,6 +77,10 @@ impl IntoResponse for ApiError {
         if let Some(s) = self.retry_after_s {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if let Some(o) = self.outcome {
+            r.headers_mut()
+                .insert("x-brownout-outcome", HeaderValue::from_static(o));
         }
         r
     }

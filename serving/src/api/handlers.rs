@@ -10,8 +10,9 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use brownout_protocol::{Category, Criticality, FeatureState};
-use rand::Rng;
+use std::sync::Arc;
+
+use brownout_protocol::{Category, Criticality};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -22,13 +23,15 @@ use super::openai::{
 };
 use super::text::TextAssembler;
 use super::{AppState, Inner};
+use crate::gate::{MetaError, Outcome, Refusal, RequestMeta, RouteChoice, UserPermit};
 use crate::model::Route;
 use crate::scheduler::engine::{EngineRequest, SeqEvent, SeqStats, SubmitError};
 use crate::scheduler::{AdmissionError, FinishReason, SamplingParams};
 use crate::telemetry::RequestRecord;
 
-pub const CRITICALITY_HEADER: &str = "x-brownout-criticality";
-pub const FEATURE_HEADER: &str = "x-brownout-feature";
+pub use crate::gate::meta::{
+    CONVERSATION_HEADER, CRITICALITY_HEADER, FEATURE_HEADER, TRACEPARENT_HEADER, USER_HEADER,
+};
 
 /// Who is asking, and what the degradation state lets them have.
 #[derive(Debug, Clone)]
@@ -39,6 +42,13 @@ pub struct RequestCtx {
     pub max_tokens_cap: Option<usize>,
     pub tier: u8,
     pub started: Instant,
+    /// `(epoch, version)` of the command it was admitted under.
+    pub command: (u64, u64),
+    pub user: Option<String>,
+    pub conversation: Option<String>,
+    /// The per-user slot, given back when the last clone of the context is dropped (the end of
+    /// the request, or the client going away).
+    _permit: Option<Arc<UserPermit>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,142 +57,69 @@ enum Kind {
     Chat,
 }
 
-/// Applies the tier rules to a request's headers.
+/// Runs the gate (docs/SERVING.md "Admission"): the tier rules, the stop-bleed actions and the
+/// agent guards.
 ///
 /// # Errors
-/// 400 on a bad header, 503 `feature_disabled` (T1+), 429 `shed` (T3).
-pub(crate) fn admit(st: &Inner, headers: &HeaderMap) -> Result<RequestCtx, ApiError> {
-    let header_str = |name: &'static str| -> Result<Option<&str>, ApiError> {
-        match headers.get(name) {
-            None => Ok(None),
-            Some(v) => v.to_str().map(Some).map_err(|_| {
-                ApiError::bad_request(
-                    "invalid_header",
-                    format!("header {name} must be visible ASCII"),
-                )
-            }),
+/// The gate's refusal as an HTTP error (counted, traced and exported as a deliberate outcome).
+pub(crate) fn admit(st: &Inner, meta: RequestMeta) -> Result<RequestCtx, ApiError> {
+    st.metrics.set_tier(st.control.tier().as_u8());
+    match st.gate.admit(&meta) {
+        Ok(a) => Ok(RequestCtx {
+            criticality: meta.criticality,
+            route: match a.route {
+                RouteChoice::Fallback if st.fallback_available => Route::Fallback,
+                _ => Route::Primary,
+            },
+            max_tokens_cap: a.max_tokens_cap.map(|c| c as usize),
+            tier: a.tier.as_u8(),
+            started: Instant::now(),
+            command: a.command,
+            user: meta.user,
+            conversation: meta.conversation,
+            feature: meta.feature,
+            _permit: a.permit.map(Arc::new),
+        }),
+        Err(r) => {
+            refused(st, &meta, &r);
+            Err(refusal_error(r))
         }
-    };
-    let criticality = match header_str(CRITICALITY_HEADER)? {
-        None => Criticality::Default,
-        Some(v) => Criticality::parse(v).ok_or_else(|| {
-            ApiError::bad_request(
-                "invalid_header",
-                format!(
-                    "header {CRITICALITY_HEADER} must be critical, default or sheddable (got {:?})",
-                    v.chars().take(40).collect::<String>()
-                ),
-            )
-        })?,
-    };
-    let feature = header_str(FEATURE_HEADER)?.unwrap_or("").trim().to_string();
-    if feature.len() > 128 {
-        return Err(ApiError::bad_request(
-            "invalid_header",
-            format!("header {FEATURE_HEADER} is longer than 128 bytes"),
-        ));
     }
-    let applied = st.control.current();
-    let cmd = &applied.command;
-    let tier = cmd.tier.as_u8();
-    st.metrics.set_tier(tier);
-    if !feature.is_empty() && cmd.feature_state(&feature) == FeatureState::Disabled {
-        st.metrics.inc_feature_disabled(&feature);
-        refused(
-            st,
-            criticality,
-            &feature,
-            tier,
-            Category::Degraded,
-            format!("feature {feature} disabled at tier T{tier}"),
-        );
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "feature_disabled",
-            format!("The feature `{feature}` is temporarily disabled to protect the service (tier T{tier})."),
-        )
-        .with("hint", json!("Grey this feature out in the UI; GET /v1/features lists feature states and streams changes."))
-        .with("feature", json!(feature))
-        .with("tier", json!(tier)));
-    }
-    if let Some(shed) = &cmd.shed
-        && criticality != Criticality::Critical
-        && criticality < shed.admit_min_criticality
-    {
-        st.metrics.inc_shed(criticality.as_str());
-        let jitter = shed.jitter_ratio.clamp(0.0, 10.0);
-        let factor = if jitter > 0.0 {
-            rand::rng().random_range(1.0..=1.0 + jitter)
-        } else {
-            1.0
-        };
-        let retry = (f64::from(shed.retry_after_s.max(1)) * factor).ceil() as u64;
-        let eta = chrono::DateTime::from_timestamp_millis(shed.recovery_eta_ms as i64)
-            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
-        let mut e = ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "shed",
-            format!("The service is shedding {criticality} traffic to protect critical requests (tier T{tier}); retry after {retry} s."),
-        )
-        .with("estimated_recovery_at", json!(eta))
-        .with("tier", json!(tier));
-        e.retry_after_s = Some(retry);
-        refused(
-            st,
-            criticality,
-            &feature,
-            tier,
-            Category::RateLimited,
-            format!("{criticality} request shed at tier T{tier}"),
-        );
-        return Err(e);
-    }
-    let class = match criticality {
-        Criticality::Critical => "critical",
-        Criticality::Default => "default",
-        Criticality::Sheddable => {
-            if cmd.model_route.contains_key("sheddable") {
-                "sheddable"
-            } else {
-                "default"
-            }
-        }
-    };
-    let route = if cmd.route_for(class) == "fallback" && st.fallback_available {
-        Route::Fallback
-    } else {
-        Route::Primary
-    };
-    let max_tokens_cap = match criticality {
-        Criticality::Critical => None,
-        _ => cmd.limits.max_tokens_cap.map(|c| c.max(1) as usize),
-    };
-    Ok(RequestCtx {
-        criticality,
-        feature,
-        route,
-        max_tokens_cap,
-        tier,
-        started: Instant::now(),
-    })
 }
 
-/// A request refused by the degradation rules still becomes a failure event (and a span).
-fn refused(
-    st: &Inner,
-    criticality: Criticality,
-    feature: &str,
-    tier: u8,
-    category: Category,
-    message: String,
-) {
+/// The HTTP answer to a refusal: OpenAI's error shape plus `outcome`, `Retry-After` and the
+/// `x-brownout-outcome` header.
+pub fn refusal_error(r: Refusal) -> ApiError {
+    let status =
+        StatusCode::from_u16(r.outcome.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    let mut e = ApiError::new(status, r.outcome.code(), r.message)
+        .with("outcome", json!(r.outcome.as_str()));
+    for (k, v) in r.extra {
+        e.extra.insert(k, v);
+    }
+    e.retry_after_s = r.retry_after_s;
+    e.outcome = Some(r.outcome.as_str());
+    e
+}
+
+/// A refused request is counted under its outcome and still becomes a span and a failure event,
+/// both marked deliberate.
+fn refused(st: &Inner, meta: &RequestMeta, r: &Refusal) {
+    let crit = meta.criticality.as_str();
+    st.metrics.inc_refusal(r.outcome, &meta.feature, crit);
+    match r.outcome {
+        Outcome::Shed => st.metrics.inc_shed(crit),
+        Outcome::FeatureDisabled => st.metrics.inc_feature_disabled(&meta.feature),
+        _ => {}
+    }
+    tracing::debug!(outcome = r.outcome.as_str(), detail = %r.detail, "request refused");
     st.telemetry.request(RequestRecord {
         request_id: String::new(),
         model: st.model_name.clone(),
         route: "none",
-        criticality,
-        feature: feature.to_string(),
-        tier,
+        criticality: meta.criticality,
+        feature: meta.feature.clone(),
+        tier: r.tier.as_u8(),
         prompt_tokens: 0,
         completion_tokens: 0,
         queue_s: 0.0,
@@ -190,8 +127,19 @@ fn refused(
         num_preemptions: 0,
         latency_s: 0.0,
         finish_reason: None,
-        failure: Some((category, message)),
+        failure: Some((r.outcome.category(), r.detail.clone())),
+        outcome: r.outcome.as_str().to_string(),
+        deliberate: true,
+        command: r.command,
+        user: meta.user.clone(),
+        conversation: meta.conversation.clone(),
     });
+}
+
+fn meta_error(e: MetaError) -> ApiError {
+    let mut a = ApiError::bad_request(e.code, e.message);
+    a.param = e.param;
+    a
 }
 
 fn body_error(e: BytesRejection) -> ApiError {
@@ -244,15 +192,19 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
-        let ctx = admit(&st.inner, &headers)?;
+        let meta = RequestMeta::from_headers(&headers).map_err(meta_error)?;
         let body = body.map_err(body_error)?;
         let req: CompletionRequest = parse_json(&headers, &body)?;
+        let meta = meta
+            .with_body(req.common.user.as_deref(), std::iter::empty())
+            .map_err(meta_error)?;
         let v = validate_common(
             &req.common,
             &st.inner.model_name,
             st.inner.engine.max_model_len(),
         )?;
         let prompt = completion_prompt(&req.prompt)?;
+        let ctx = admit(&st.inner, meta)?;
         let tokens = st.inner.codec.encode(&prompt);
         generate(&st, ctx, tokens, v, Kind::Completion).await
     }
@@ -266,15 +218,20 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
-        let ctx = admit(&st.inner, &headers)?;
+        let meta = RequestMeta::from_headers(&headers).map_err(meta_error)?;
         let body = body.map_err(body_error)?;
         let req: ChatRequest = parse_json(&headers, &body)?;
+        let tools = req.tool_names();
+        let meta = meta
+            .with_body(req.common.user.as_deref(), tools.iter().copied())
+            .map_err(meta_error)?;
         let v = validate_common(
             &req.common,
             &st.inner.model_name,
             st.inner.engine.max_model_len(),
         )?;
         let msgs = chat_messages(&req.messages)?;
+        let ctx = admit(&st.inner, meta)?;
         let tokens = st.inner.codec.encode_chat(&msgs);
         generate(&st, ctx, tokens, v, Kind::Chat).await
     }
@@ -389,6 +346,7 @@ async fn generate(
         "cmpl"
     };
     let meta = Meta {
+        engine_id: id,
         id: format!("{prefix}-{id}"),
         created: inner.created_s,
         model: inner.model_name.clone(),
@@ -403,6 +361,8 @@ async fn generate(
 }
 
 struct Meta {
+    /// The engine's request id (for [`EngineHandle::stop`]).
+    engine_id: u64,
     id: String,
     created: u64,
     model: String,
@@ -450,11 +410,10 @@ fn record(
     stats: &SeqStats,
     outcome: Result<&str, (Category, &str)>,
 ) {
-    st.inner.metrics.inc_request(
-        outcome.unwrap_or("error"),
-        &ctx.feature,
-        ctx.criticality.as_str(),
-    );
+    let label = outcome.unwrap_or("error");
+    st.inner
+        .metrics
+        .inc_request(label, &ctx.feature, ctx.criticality.as_str());
     st.inner.telemetry.request(RequestRecord {
         request_id: meta.id.clone(),
         model: meta.model.clone(),
@@ -470,7 +429,35 @@ fn record(
         latency_s: ctx.started.elapsed().as_secs_f64(),
         finish_reason: outcome.ok().map(str::to_string),
         failure: outcome.err().map(|(c, m)| (c, m.to_string())),
+        outcome: label.to_string(),
+        deliberate: false,
+        command: ctx.command,
+        user: ctx.user.clone(),
+        conversation: ctx.conversation.clone(),
     });
+}
+
+/// Records the request as `abort` if it is dropped before it finished (the client went away
+/// from a non-streaming request: the handler's future is dropped).
+struct AbortGuard<'a> {
+    st: &'a AppState,
+    ctx: &'a RequestCtx,
+    meta: &'a Meta,
+    armed: bool,
+}
+
+impl Drop for AbortGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            record(
+                self.st,
+                self.ctx,
+                self.meta,
+                &SeqStats::default(),
+                Ok("abort"),
+            );
+        }
+    }
 }
 
 async fn collect_response(
@@ -483,11 +470,18 @@ async fn collect_response(
     let codec = st.inner.codec.clone();
     let mut asm = TextAssembler::new(move |ids: &[u32]| codec.decode(ids), v.stop);
     let mut text = String::new();
+    let mut guard = AbortGuard {
+        st,
+        ctx: &ctx,
+        meta: &meta,
+        armed: true,
+    };
     let (reason, stats) = loop {
         match erx.recv().await {
             Some(SeqEvent::Token(t)) => {
                 text.push_str(&asm.push(t));
                 if asm.is_stopped() {
+                    st.inner.engine.stop(meta.engine_id);
                     break (
                         FinishReason::Stop,
                         SeqStats {
@@ -506,10 +500,12 @@ async fn collect_response(
                 message,
                 stats,
             }) => {
+                guard.armed = false;
                 record(st, &ctx, &meta, &stats, Err((category, &message)));
                 return Err(failure_error(category, &message));
             }
             None => {
+                guard.armed = false;
                 let stats = SeqStats::default();
                 record(
                     st,
@@ -526,6 +522,8 @@ async fn collect_response(
             }
         }
     };
+    guard.armed = false;
+    drop(guard);
     drop(erx);
     let completion = if stats.completion_tokens == 0 {
         asm.num_tokens()
@@ -587,6 +585,7 @@ fn stream_response(
                         return; // client gone: dropping erx aborts the sequence
                     }
                     if asm.is_stopped() {
+                        st.inner.engine.stop(meta.engine_id);
                         break (
                             FinishReason::Stop,
                             SeqStats {
@@ -664,6 +663,9 @@ pub async fn models(State(st): State<AppState>) -> Json<Value> {
     }))
 }
 
+/// `/health`: 200 `ok` when serving; 503 while loading, after an engine stop, and while this
+/// instance's command entry says drain (`{"status": "draining"}` with `Retry-After`), so a load
+/// balancer's readiness check takes a draining instance out of rotation.
 pub async fn health(State(st): State<AppState>) -> Response {
     if st.inner.engine.is_stopped() {
         return ApiError::new(
@@ -673,8 +675,27 @@ pub async fn health(State(st): State<AppState>) -> Response {
         )
         .into_response();
     }
-    if st.inner.ready.load(std::sync::atomic::Ordering::Relaxed) {
-        Json(json!({"status": "ok", "model": st.inner.model_name, "tier": st.inner.control.tier().as_u8()})).into_response()
+    let ready = st.inner.ready.load(std::sync::atomic::Ordering::Relaxed);
+    let instance = st.inner.control.instance_id();
+    let tier = st.inner.control.tier().as_u8();
+    if ready && let Some(d) = st.inner.gate.draining() {
+        let mut r = (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({
+                "status": "draining", "model": st.inner.model_name, "tier": tier,
+                "instance": instance, "reason": d.entry.reason,
+                "admits": "critical requests only",
+            })),
+        )
+            .into_response();
+        r.headers_mut().insert(
+            header::RETRY_AFTER,
+            header::HeaderValue::from(st.inner.gate.config().drain_retry_after_s),
+        );
+        return r;
+    }
+    if ready {
+        Json(json!({"status": "ok", "model": st.inner.model_name, "tier": tier, "instance": instance})).into_response()
     } else {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -687,6 +708,7 @@ pub async fn health(State(st): State<AppState>) -> Response {
 
 pub async fn metrics(State(st): State<AppState>) -> Response {
     st.inner.metrics.set_tier(st.inner.control.tier().as_u8());
+    st.inner.metrics.set_gate(&st.inner.gate.figures());
     let body = st.inner.metrics.render() + &st.inner.telemetry.render_metrics();
     (
         [(
@@ -708,6 +730,40 @@ pub async fn debug_kv(State(st): State<AppState>) -> Response {
         )
         .into_response(),
     }
+}
+
+/// `/debug/resource`: the gate (drain, admission bucket, per-user cap and its top offenders,
+/// abort list, probes, refusals by outcome) and the engine's limits (scheduling policy,
+/// `max_num_seqs` in force, the critical reserve and its use, abandoned requests).
+pub async fn debug_resource(State(st): State<AppState>) -> Response {
+    let Some(kv) = st.inner.engine.debug_kv().await else {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "engine_stopped",
+            "the engine is not running",
+        )
+        .into_response();
+    };
+    let status = st.inner.engine.status();
+    let mut v = st.inner.gate.debug();
+    v["engine"] = json!({
+        "scheduling_policy": kv.scheduling_policy,
+        "max_num_seqs": {"configured": kv.configured_max_num_seqs, "in_force": kv.max_num_seqs},
+        "critical_reserve": {
+            "ratio": kv.critical_reserve_ratio,
+            "seqs": kv.critical_reserve.seqs,
+            "seqs_used": kv.critical_reserve.seqs_used,
+            "blocks": kv.critical_reserve.blocks,
+            "blocks_used": kv.critical_reserve.blocks_used,
+        },
+        "num_running": kv.running.len(),
+        "num_waiting": kv.waiting.len(),
+        "kv_blocks_used": kv.pool.num_blocks_used,
+        "kv_blocks_total": kv.pool.num_blocks_total,
+        "abandoned_total": status.abandoned_total,
+        "abandoned_tokens_total": status.abandoned_tokens_total,
+    });
+    Json(v).into_response()
 }
 
 pub async fn not_found() -> ApiError {

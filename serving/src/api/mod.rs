@@ -1,11 +1,9 @@
-//! The OpenAI-compatible HTTP API, `/metrics`, `/health` and `/debug/kv`, and the degradation
-//! rules applied to every request (ARCHITECTURE.md §2):
-//!
-//! | tier | rule here |
-//! |---|---|
-//! | T1 | `x-brownout-feature` names a disabled feature → 503 `feature_disabled` with a hint |
-//! | T2 | non-critical traffic takes `model_route["default"]` (fallback) and `limits.max_tokens_cap`; the engine applies `limits.max_num_seqs` |
-//! | T3 | criticality below `shed.admit_min_criticality` → 429, jittered `Retry-After`, `estimated_recovery_at`; critical is never shed |
+//! The OpenAI-compatible HTTP API, `/metrics`, `/health`, `/debug/kv` and `/debug/resource`.
+//! Every request passes the admission gate ([`crate::gate`]) first: the tier rules (T1 feature
+//! grey-out, T2 route and caps, T3 shedding), the stop-bleed actions of this instance's
+//! `instances` entry (drain, admission rate) and the agent guards (loop kill, tool breakers,
+//! per-user cap; docs/ARCHITECTURE.md §3, docs/REQUIREMENTS.md R4, R5). The engine applies `max_num_seqs` (the instance entry's, else
+//! `limits.max_num_seqs`) and the critical reserve.
 
 pub mod error;
 pub mod handlers;
@@ -24,6 +22,7 @@ pub use error::ApiError;
 pub use server::{ModelChoice, ServeOptions, build_state, run_server};
 
 use crate::control::ControlHandle;
+use crate::gate::{Gate, GateConfig};
 use crate::metrics::Metrics;
 use crate::scheduler::engine::EngineHandle;
 use crate::telemetry::Telemetry;
@@ -91,6 +90,7 @@ pub(crate) struct Inner {
     pub engine: EngineHandle,
     pub codec: Arc<dyn TextCodec>,
     pub control: ControlHandle,
+    pub gate: Gate,
     pub metrics: Arc<Metrics>,
     pub model_name: String,
     pub ready: AtomicBool,
@@ -112,6 +112,8 @@ pub struct ApiOptions {
     pub default_max_tokens_completion: usize,
     pub default_max_tokens_chat: usize,
     pub fallback_available: bool,
+    /// The admission gate's settings (per-user cap, table size).
+    pub gate: GateConfig,
 }
 
 impl Default for ApiOptions {
@@ -122,6 +124,7 @@ impl Default for ApiOptions {
             default_max_tokens_completion: 16,
             default_max_tokens_chat: 256,
             fallback_available: true,
+            gate: GateConfig::default(),
         }
     }
 }
@@ -139,6 +142,7 @@ impl AppState {
             inner: Arc::new(Inner {
                 engine,
                 codec,
+                gate: Gate::new(control.clone(), opts.gate),
                 control,
                 metrics,
                 model_name: opts.model_name,
@@ -166,6 +170,10 @@ impl AppState {
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
     }
+    /// The admission gate in front of the engine.
+    pub fn gate(&self) -> &Gate {
+        &self.inner.gate
+    }
     pub fn model_name(&self) -> &str {
         &self.inner.model_name
     }
@@ -181,6 +189,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
         .route("/debug/kv", get(handlers::debug_kv))
+        .route("/debug/resource", get(handlers::debug_resource))
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

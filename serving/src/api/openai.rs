@@ -78,11 +78,39 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
+/// One `tools` entry: `{"type": "function", "function": {"name": …, …}}`. Only the function
+/// name is read (the gate's tool breakers key on it); the model does not call tools.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ToolDef {
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    pub function: Option<FunctionDef>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct FunctionDef {
+    pub name: String,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
+    /// Declared tools (checked against the `tool:<name>` breakers).
+    #[serde(default)]
+    pub tools: Option<Vec<ToolDef>>,
     #[serde(flatten)]
     pub common: CommonParams,
+}
+
+impl ChatRequest {
+    /// The declared functions' names (entries without a function are not tools we gate).
+    pub fn tool_names(&self) -> Vec<&str> {
+        self.tools
+            .iter()
+            .flatten()
+            .filter_map(|t| t.function.as_ref().map(|f| f.name.as_str()))
+            .collect()
+    }
 }
 
 /// A validated request (text sanitised, numbers in range).

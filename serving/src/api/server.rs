@@ -13,12 +13,13 @@ use tokio::net::TcpListener;
 
 use super::{ApiOptions, AppState, ModelCodec, TextCodec, ToyCodec};
 use crate::control::ControlHandle;
+use crate::gate::GateConfig;
 use crate::kvcache::{AllocMode, KvConfig};
 use crate::metrics::Metrics;
 use crate::model::{Device, LoadedModel, ModelRunner, Route, SeqChunk};
 use crate::scheduler::engine::{EngineConfig, EngineRequest, ModelBackend, SeqEvent, spawn_engine};
 use crate::scheduler::toy::{TOY_EOS, ToyModel};
-use crate::scheduler::{SamplingParams, SchedulerConfig};
+use crate::scheduler::{SamplingParams, SchedulerConfig, SchedulingPolicy};
 use crate::telemetry::Telemetry;
 
 /// Which model to serve.
@@ -64,6 +65,13 @@ pub struct ServeOptions {
     pub served_model_name: Option<String>,
     pub max_body_bytes: usize,
     pub max_queue_wait: Duration,
+    /// `--scheduling-policy` (default `priority`; `fcfs` is the plain-vLLM baseline).
+    pub scheduling_policy: SchedulingPolicy,
+    /// `--critical-reserve-ratio` (default 0.2): share of sequence slots and KV blocks only
+    /// critical requests may take (none under `fcfs`).
+    pub critical_reserve_ratio: f64,
+    /// The admission gate (`--user-concurrency`, `--max-tracked-users`).
+    pub gate: GateConfig,
 }
 
 impl Default for ServeOptions {
@@ -81,6 +89,9 @@ impl Default for ServeOptions {
             served_model_name: None,
             max_body_bytes: 1 << 20,
             max_queue_wait: Duration::from_secs(60),
+            scheduling_policy: SchedulingPolicy::Priority,
+            critical_reserve_ratio: 0.2,
+            gate: GateConfig::default(),
         }
     }
 }
@@ -117,6 +128,11 @@ pub async fn build_state(
     anyhow::ensure!(
         opts.block_size > 0 && opts.num_blocks > 0,
         "--block-size and --num-blocks must be positive"
+    );
+    anyhow::ensure!(
+        (0.0..1.0).contains(&opts.critical_reserve_ratio),
+        "--critical-reserve-ratio must be in [0, 1) (got {})",
+        opts.critical_reserve_ratio
     );
     let device: Device = opts
         .device
@@ -160,6 +176,8 @@ pub async fn build_state(
             max_num_seqs: opts.max_num_seqs.max(1),
             max_num_batched_tokens: opts.max_num_batched_tokens.max(1),
             max_model_len,
+            policy: opts.scheduling_policy,
+            critical_reserve_ratio: opts.critical_reserve_ratio,
         },
         kv,
         eos_token_ids: eos,
@@ -206,6 +224,7 @@ pub async fn build_state(
             model_name: name,
             max_body_bytes: opts.max_body_bytes,
             fallback_available: true,
+            gate: opts.gate.clone(),
             ..ApiOptions::default()
         },
     );

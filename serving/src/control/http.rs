@@ -11,7 +11,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
 use axum::{Json, Router};
-use brownout_protocol::{Criticality, FeatureState, FeatureStatus, Tier};
+use brownout_protocol::{Criticality, FeatureState, FeatureStatus, TOOL_FEATURE_PREFIX, Tier};
 use futures::{Stream, StreamExt};
 use serde::Serialize;
 use tokio_stream::wrappers::WatchStream;
@@ -29,8 +29,8 @@ impl FeatureCatalog {
         FeatureCatalog { features }
     }
 
-    /// The seeds' features: PDF analysis, image generation, multilingual e-mail (P2), web search,
-    /// simple tasks (P1), basic Q&A and login (P0).
+    /// The features of docs/REQUIREMENTS.md R3.1: PDF analysis, image generation, multilingual
+    /// e-mail (P2), web search, simple tasks (P1), basic Q&A and login (P0).
     pub fn seed_default() -> FeatureCatalog {
         let f = |n: &str, c| (n.to_string(), c);
         FeatureCatalog::new(vec![
@@ -66,7 +66,7 @@ impl FeaturesView {
             self.tier,
             self.features
                 .iter()
-                .map(|f| (f.name.clone(), f.state))
+                .map(|f| (f.name.clone(), f.state.clone()))
                 .collect(),
         )
     }
@@ -92,19 +92,33 @@ pub fn features_view(catalog: &FeatureCatalog, applied: &Applied) -> FeaturesVie
         .into_iter()
         .map(|n| {
             let state = c.feature_state(n);
-            let reason = match state {
-                FeatureState::Disabled => {
-                    if c.reason.detail.is_empty() {
-                        format!("disabled at {} ({})", c.tier, c.reason.trigger)
-                    } else {
-                        format!(
-                            "disabled at {} ({}: {})",
-                            c.tier, c.reason.trigger, c.reason.detail
-                        )
-                    }
+            let why = if c.reason.detail.is_empty() {
+                c.reason.trigger.clone()
+            } else {
+                format!("{}: {}", c.reason.trigger, c.reason.detail)
+            };
+            let tool = n.starts_with(TOOL_FEATURE_PREFIX);
+            let reason = match &state {
+                FeatureState::Disabled if tool => {
+                    format!("tool breaker open at {} ({why})", c.tier)
                 }
-                FeatureState::Enabled if c.tier == Tier::T0 => "normal operation".into(),
-                FeatureState::Enabled => format!("enabled at {}", c.tier),
+                FeatureState::Disabled => format!("disabled at {} ({why})", c.tier),
+                FeatureState::Probe => format!(
+                    "{} at {}: {:.0}% of calls pass ({why})",
+                    if tool {
+                        "tool breaker half-open"
+                    } else {
+                        "probing"
+                    },
+                    c.tier,
+                    c.probe_ratio() * 100.0
+                ),
+                FeatureState::Enabled | FeatureState::Unknown(_) if c.tier == Tier::T0 => {
+                    "normal operation".into()
+                }
+                FeatureState::Enabled | FeatureState::Unknown(_) => {
+                    format!("enabled at {}", c.tier)
+                }
             };
             FeatureStatus {
                 name: n.to_string(),

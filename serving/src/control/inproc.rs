@@ -20,6 +20,7 @@ pub fn spawn_inproc_subscriber(
     acks: mpsc::Sender<(String, Ack)>,
     lease_check: Duration,
 ) -> JoinHandle<()> {
+    handle.bind_instance(&instance_id);
     tokio::spawn(async move {
         let mut lease = tokio::time::interval(lease_check);
         lease.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -33,7 +34,7 @@ pub fn spawn_inproc_subscriber(
                     let Some(signed) = commands.borrow_and_update().clone() else { continue };
                     let ack = match receive(&handle, &hmac_key, &signed, now_ms()) {
                         Receipt::Unchanged => continue,
-                        Receipt::Applied { epoch, version, applied_at_ms } => Ack::Applied { epoch, version, applied_at_ms },
+                        Receipt::Applied { epoch, version, applied_at_ms, entry } => Ack::Applied { epoch, version, applied_at_ms, entry },
                         Receipt::Refused { reason, epoch, version, .. } => {
                             Ack::Refused { epoch, version, at_ms: now_ms(), reason: reason.into() }
                         }

@@ -8,13 +8,15 @@
 //! nothing.
 //!
 //! - [`receive`]: the one verification path every transport uses (signature, cluster, version);
-//! - [`subscriber`]: the Redis subscriber (ARCHITECTURE.md §3) and its config from the env;
+//! - [`subscriber`]: the Redis subscriber (docs/PROTOCOL.md) and its config from the env;
 //! - [`inproc`]: the in-process subscriber of `brownout demo`;
 //! - [`http`]: `/v1/features`, its SSE stream and the grey-out demo page.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use brownout_protocol::{Command, FeatureState, Reason, SignedCommand, Tier, VerifyError};
+use brownout_protocol::{
+    Command, EntryApplied, FeatureState, Reason, ResolvedInstance, SignedCommand, Tier, VerifyError,
+};
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 use tokio::sync::watch;
 
@@ -103,6 +105,8 @@ pub enum Receipt {
         epoch: u64,
         version: u64,
         applied_at_ms: u64,
+        /// Which `instances` entries addressed this instance (reported in the ack).
+        entry: Option<EntryApplied>,
     },
     /// The same `(epoch, version)` as in force: nothing to do (idempotent).
     Unchanged,
@@ -166,20 +170,34 @@ pub fn receive(handle: &ControlHandle, key: &[u8], signed: &SignedCommand, now_m
         );
     }
     let tier_before = handle.tier();
+    let entry_before = handle.instance_entry();
     match handle.apply(cmd, now_ms) {
         Ok(true) => {
             handle.metrics().applied_total.inc();
             let a = handle.current();
+            let entry = a.command.instance_entry(handle.instance_id());
             // A lease refresh re-sends the tier in force every few seconds: log changes only.
             if a.command.tier == tier_before {
                 tracing::debug!(tier = %a.command.tier, epoch = key_new.0, version = key_new.1, "degradation command refreshed");
             } else {
                 tracing::info!(tier = %a.command.tier, from = %tier_before, epoch = key_new.0, version = key_new.1, "degradation command applied");
             }
+            if entry.as_ref().map(|e| &e.entry) != entry_before.as_ref().map(|e| &e.entry) {
+                let e = entry.clone().unwrap_or_default();
+                tracing::info!(
+                    instance = handle.instance_id(),
+                    drain = e.draining(),
+                    max_num_seqs = ?e.entry.max_num_seqs,
+                    admit_rps = ?e.entry.admit_rps,
+                    reason = %e.entry.reason,
+                    "instance entry applied"
+                );
+            }
             Receipt::Applied {
                 epoch: key_new.0,
                 version: key_new.1,
                 applied_at_ms: now_ms,
+                entry: entry.map(|e| e.applied),
             }
         }
         Ok(false) => {
@@ -198,8 +216,21 @@ pub fn receive(handle: &ControlHandle, key: &[u8], signed: &SignedCommand, now_m
     }
 }
 
+/// Whether a T0 command still holds something a lost control plane must not keep in force
+/// (an instance entry, a closed feature or tool breaker, limits).
+fn holds_actions(cmd: &Command) -> bool {
+    !cmd.instances.is_empty()
+        || cmd.features.values().any(|s| !s.is_open())
+        || cmd.limits != Default::default()
+        || cmd.shed.is_some()
+        || !cmd.model_route.is_empty()
+}
+
 /// The command one tier below `cmd`, as the serving tier derives it locally when a lease runs
 /// out: T3→T2 drops shedding, T2→T1 drops the fallback route and limits, T1→T0 re-enables all.
+/// The first step down also drops the `instances` entries (a drain, a ramp or a per-instance
+/// `max_num_seqs` must not outlive the control plane that set it). `abort` entries stay: each
+/// carries its own deadline.
 fn stepped_down(cmd: &Command, now_ms: u64) -> Command {
     let period = cmd.expires_at_ms.saturating_sub(cmd.issued_at_ms).max(1000);
     let mut c = cmd.clone();
@@ -207,6 +238,7 @@ fn stepped_down(cmd: &Command, now_ms: u64) -> Command {
     c.issued_at_ms = now_ms;
     c.expires_at_ms = now_ms.saturating_add(period);
     c.shed = None;
+    c.instances.clear();
     if c.tier < Tier::T2 {
         c.model_route.clear();
         c.limits = Default::default();
@@ -218,10 +250,17 @@ fn stepped_down(cmd: &Command, now_ms: u64) -> Command {
     }
     c.reason = Reason {
         trigger: "lease_expired".into(),
-        detail: format!(
-            "command {}:{} expired without a refresh; stepped down from {} to {}",
-            cmd.epoch, cmd.version, cmd.tier, c.tier
-        ),
+        detail: if cmd.tier == Tier::T0 {
+            format!(
+                "command {}:{} expired without a refresh; its instance entries, breakers and limits were dropped",
+                cmd.epoch, cmd.version
+            )
+        } else {
+            format!(
+                "command {}:{} expired without a refresh; stepped down from {} to {}",
+                cmd.epoch, cmd.version, cmd.tier, c.tier
+            )
+        },
         ..Reason::default()
     };
     c
@@ -242,16 +281,40 @@ pub enum ApplyError {
     WrongCluster { expected: String, got: String },
 }
 
+/// Checks an instance id (`--instance-id`, `BROWNOUT_INSTANCE_ID`): 1–128 bytes of visible
+/// ASCII, not `*` (the key of the entry for every instance).
+///
+/// # Errors
+/// A message saying what is wrong.
+pub fn validate_instance_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > 128 {
+        return Err(format!(
+            "instance id must be 1-128 bytes (got {})",
+            id.len()
+        ));
+    }
+    if !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("instance id must be visible ASCII without spaces".into());
+    }
+    if id == brownout_protocol::ALL_INSTANCES {
+        return Err("instance id `*` is reserved (the entry for every instance)".into());
+    }
+    Ok(())
+}
+
 /// Shared, cloneable handle on the degradation state.
 #[derive(Debug, Clone)]
 pub struct ControlHandle {
     cluster: Arc<str>,
+    /// The id commands address this instance by (`instances` keys, the acks hash field).
+    instance: Arc<OnceLock<Arc<str>>>,
     tx: Arc<watch::Sender<Arc<Applied>>>,
     metrics: ControlMetrics,
 }
 
 impl ControlHandle {
-    /// Starts at T0 (everything enabled, primary route, no limits).
+    /// Starts at T0 (everything enabled, primary route, no limits), with no instance id yet: the
+    /// first subscriber started on it binds the id it acks under ([`ControlHandle::bind_instance`]).
     pub fn new(cluster: &str) -> ControlHandle {
         let initial = Applied {
             command: Command::normal(cluster, 0, 0, 0, u64::MAX / 2),
@@ -260,9 +323,49 @@ impl ControlHandle {
         let (tx, _rx) = watch::channel(Arc::new(initial));
         ControlHandle {
             cluster: cluster.into(),
+            instance: Arc::new(OnceLock::new()),
             tx: Arc::new(tx),
             metrics: ControlMetrics::new(),
         }
+    }
+
+    /// As [`ControlHandle::new`], addressed as `instance_id`.
+    pub fn with_instance(cluster: &str, instance_id: &str) -> ControlHandle {
+        let h = ControlHandle::new(cluster);
+        h.bind_instance(instance_id);
+        h
+    }
+
+    /// Sets the instance id if none is set yet (the first binding wins; a different later one is
+    /// logged and ignored).
+    pub fn bind_instance(&self, instance_id: &str) {
+        let got = self.instance.get_or_init(|| instance_id.into());
+        if &**got != instance_id {
+            tracing::warn!(
+                bound = %got, ignored = instance_id,
+                "control handle already bound to another instance id"
+            );
+        }
+    }
+
+    /// The instance id (empty when unbound: then only the `"*"` entry applies).
+    pub fn instance_id(&self) -> &str {
+        self.instance.get().map_or("", |s| s)
+    }
+
+    /// This instance's `instances` entry under the command in force.
+    pub fn instance_entry(&self) -> Option<ResolvedInstance> {
+        self.current().command.instance_entry(self.instance_id())
+    }
+
+    /// `max_num_seqs` for this instance: `configured`, lowered by its instance entry's
+    /// `max_num_seqs` or else by `limits.max_num_seqs`.
+    pub fn max_num_seqs(&self, configured: usize) -> usize {
+        self.current()
+            .command
+            .max_num_seqs_for(self.instance_id())
+            .map_or(configured, |m| configured.min(m as usize))
+            .max(1)
     }
 
     /// The command-path counters (register them with [`ControlMetrics::register`]).
@@ -270,15 +373,15 @@ impl ControlHandle {
         &self.metrics
     }
 
-    /// When the command in force is past its lease (and above T0), replaces it with the one tier
-    /// lower (keeping its `(epoch, version)`, so any newer command still supersedes it) with a new
+    /// When the command in force is past its lease (and above T0, or at T0 holding instance
+    /// entries, closed features or limits), replaces it with the one tier lower (keeping its `(epoch, version)`, so any newer command still supersedes it) with a new
     /// lease of the same period. Atomic against a concurrent [`ControlHandle::apply`]. Returns the
     /// new tier when it stepped down.
     pub fn step_down_if_expired(&self, now_ms: u64) -> Option<Tier> {
         let mut out = None;
         self.tx.send_if_modified(|cur| {
             let c = &cur.command;
-            if c.tier == Tier::T0 || !c.is_expired(now_ms) {
+            if (c.tier == Tier::T0 && !holds_actions(c)) || !c.is_expired(now_ms) {
                 return false;
             }
             let next = stepped_down(c, now_ms);
@@ -290,6 +393,7 @@ impl ControlHandle {
             true
         });
         if let Some(t) = out {
+            // A T0 command that held instance entries or breakers "steps down" to plain T0.
             self.metrics.lease_stepdowns_total.inc();
             tracing::warn!(tier = %t, "degradation lease expired without refresh: stepped down one tier");
         }

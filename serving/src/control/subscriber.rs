@@ -1,4 +1,4 @@
-//! The Redis subscriber (ARCHITECTURE.md §3).
+//! The Redis subscriber (docs/ARCHITECTURE.md §3, docs/PROTOCOL.md).
 //!
 //! ```text
 //!  connect ─> SUBSCRIBE notify ─> HGETALL state ─> verify, apply if newer, ack
@@ -173,12 +173,14 @@ impl Session<'_> {
                 epoch,
                 version,
                 applied_at_ms,
+                entry,
             } => {
                 self.last_nack = None;
                 Ack::Applied {
                     epoch,
                     version,
                     applied_at_ms,
+                    entry,
                 }
             }
             Receipt::Refused {
@@ -250,6 +252,7 @@ impl Session<'_> {
 /// Starts the subscriber task. It runs until aborted, reconnecting forever; while Redis is
 /// unreachable it keeps enforcing the command lease (stepping down one tier per lease period).
 pub async fn spawn_subscriber(handle: ControlHandle, cfg: SubscriberConfig) -> JoinHandle<()> {
+    handle.bind_instance(&cfg.instance_id);
     tokio::spawn(async move {
         let keys = match RedisKeys::new(&cfg.cluster) {
             Ok(k) => k,

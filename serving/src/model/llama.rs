@@ -176,12 +176,13 @@ impl RouteWeights {
         let h = hp.hidden_size;
         // Each matrix is finished as soon as it is read, so that only one dequantised f32
         // copy is alive at a time (its heap space is reused by the next one, and the packed
-        // copies live in their own mappings): quantised matrices get their scales converted
-        // once for the integer kernel; f32 ones are packed for the CPU micro-kernel (unless
+        // copies live in their own mappings): quantised matrices are repacked once for the
+        // integer kernel (BROWNOUT_QUANT=tiles: only their scales converted, for the older one); f32 ones are packed for the CPU micro-kernel (unless
         // BROWNOUT_MATMUL picks another kernel).
         let pack = cpu::Kernel::from_env() == cpu::Kernel::Packed;
+        let repack = cpu::repack_quantised();
         let finish = |m: Matrix| {
-            let m = m.prepared();
+            let m = if repack { m.repacked() } else { m.prepared() };
             if pack { m.packed() } else { m }
         };
         let mat =
@@ -415,8 +416,7 @@ pub fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if cpu::Features::get().avx2_fma {
             // SAFETY: the features the function is compiled for were just detected.
             done = unsafe { silu_mul_avx2(g, u, out) };
         }
@@ -523,10 +523,7 @@ struct AttnInput<'a> {
 fn attend(sh: &AttnShape, a: &AttnInput<'_>, out: &mut [f32], scores: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     {
-        if sh.head_dim.is_multiple_of(8)
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
+        if sh.head_dim.is_multiple_of(8) && cpu::Features::get().avx2_fma {
             // SAFETY: the features the function is compiled for were just detected, and
             // head_dim is a multiple of 8 (checked above).
             unsafe { attend_avx2(sh, a, out, scores) };

@@ -9,7 +9,7 @@
 //! ```text
 //!  gguf.rs      GGUF reader (+ writer for tiny-random)     quant.rs   ggml block formats
 //!  tokenizer.rs byte-level BPE from tokenizer.ggml.*       chat.rs    SmolLM2's ChatML template
-//!  llama.rs     hyper-parameters, weights, forward pass    cpu.rs     matrices, batched matmul
+//!  llama.rs     hyper-parameters, weights, forward pass    cpu/       matrices, batched matmul
 //!  tiny.rs      the seeded tiny random model               fetch.rs   model cache + fetch
 //!  loaded.rs    LoadedModel: both routes resident, health check, greedy helper
 //!  bench.rs     decode/TTFT benchmark                      cuda/      CUDA kernels (NVRTC) + runner

@@ -9,7 +9,16 @@
 //!    budget allow, taking cached prefixes first; a waiting sequence of strictly higher priority
 //!    than the lowest running one may preempt it to get in.
 //!
-//! Priority: criticality (critical > default > sheddable), then arrival order.
+//! Priority ([`SchedulingPolicy::Priority`]): criticality (critical > default > sheddable), then
+//! arrival order. [`SchedulingPolicy::Fcfs`] orders by arrival alone (what a plain vLLM does).
+//!
+//! **Critical reserve** (priority policy only): `round(max_num_seqs × ratio)` sequence slots and
+//! `round(num_blocks × ratio)` KV blocks are for critical requests alone. Non-critical sequences
+//! are admitted while fewer than `max_num_seqs − reserved slots` of them run, and together hold
+//! at most `num_blocks − reserved blocks` (a non-critical sequence that would grow past that is
+//! treated as out of blocks: the lowest-priority one is preempted). Each reserve leaves at least
+//! one slot and one block to non-critical traffic. A critical request arriving while
+//! non-critical traffic fills its share is admitted at once from the reserve, with no preemption.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
@@ -17,14 +26,51 @@ use std::collections::{BTreeSet, HashMap};
 use brownout_protocol::Criticality;
 
 use super::sampling::{Sampler, SamplingParams};
-use crate::kvcache::{KvCacheManager, KvError, SeqId};
+use crate::kvcache::{BlockId, KvCacheManager, KvError, SeqId};
 use crate::model::Route;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How waiting and running sequences are ordered (vLLM's `--scheduling-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchedulingPolicy {
+    /// First come, first served: arrival order only, no criticality anywhere (no priority
+    /// admission, no displacement, no critical reserve). The benchmark's plain-vLLM baseline.
+    Fcfs,
+    /// Criticality first, then arrival; higher criticality may displace lower; critical reserve.
+    #[default]
+    Priority,
+}
+
+impl SchedulingPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SchedulingPolicy::Fcfs => "fcfs",
+            SchedulingPolicy::Priority => "priority",
+        }
+    }
+}
+
+impl std::str::FromStr for SchedulingPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fcfs" => Ok(SchedulingPolicy::Fcfs),
+            "priority" => Ok(SchedulingPolicy::Priority),
+            other => Err(format!(
+                "scheduling policy must be fcfs or priority (got {other:?})"
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     pub max_model_len: usize,
+    pub policy: SchedulingPolicy,
+    /// Share of sequence slots and KV blocks only critical requests may take, in [0, 1)
+    /// (ignored under [`SchedulingPolicy::Fcfs`]).
+    pub critical_reserve_ratio: f64,
 }
 
 impl Default for SchedulerConfig {
@@ -33,8 +79,66 @@ impl Default for SchedulerConfig {
             max_num_seqs: 64,
             max_num_batched_tokens: 512,
             max_model_len: 2048,
+            policy: SchedulingPolicy::Priority,
+            critical_reserve_ratio: 0.0,
         }
     }
+}
+
+/// The critical reserve now: its size and how much of it critical requests hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReserveStats {
+    pub seqs: usize,
+    pub seqs_used: usize,
+    pub blocks: usize,
+    pub blocks_used: usize,
+}
+
+/// Distinct KV blocks held by non-critical sequences (a prefix block shared by several counts
+/// once), rebuilt at every step.
+struct NcBlocks {
+    refs: Vec<u32>,
+    distinct: usize,
+}
+
+impl NcBlocks {
+    fn new(num_blocks: usize) -> NcBlocks {
+        NcBlocks {
+            refs: vec![0; num_blocks],
+            distinct: 0,
+        }
+    }
+    fn add(&mut self, blocks: &[BlockId]) {
+        for b in blocks {
+            let r = &mut self.refs[b.index()];
+            if *r == 0 {
+                self.distinct += 1;
+            }
+            *r += 1;
+        }
+    }
+    fn remove(&mut self, blocks: &[BlockId]) {
+        for b in blocks {
+            let r = &mut self.refs[b.index()];
+            if *r == 1 {
+                self.distinct -= 1;
+            }
+            *r = r.saturating_sub(1);
+        }
+    }
+    /// How many of `blocks` are not counted yet.
+    fn new_among(&self, blocks: &[BlockId]) -> usize {
+        blocks.iter().filter(|b| self.refs[b.index()] == 0).count()
+    }
+}
+
+/// `round(n × ratio)`, leaving at least one to the rest (0 when `n` < 2).
+fn reserve_of(n: usize, ratio: f64) -> usize {
+    if ratio.is_nan() || ratio <= 0.0 {
+        return 0;
+    }
+    let r = (n as f64 * ratio.min(1.0)).round() as usize;
+    r.min(n.saturating_sub(1))
 }
 
 /// Why a request is refused before it is queued (→ HTTP 400).
@@ -108,6 +212,9 @@ pub struct Sequence {
     pub num_preemptions: u32,
     pub sampler: Sampler,
     pub running: bool,
+    /// The criticality the scheduler orders by: the request's under `priority`, the same for
+    /// everyone under `fcfs`.
+    rank: Criticality,
 }
 
 impl Sequence {
@@ -115,7 +222,10 @@ impl Sequence {
         &self.tokens[self.prompt_len..]
     }
     fn key(&self) -> (Reverse<Criticality>, u64) {
-        (Reverse(self.criticality), self.arrival)
+        (Reverse(self.rank), self.arrival)
+    }
+    fn is_critical(&self) -> bool {
+        self.criticality == Criticality::Critical
     }
 }
 
@@ -239,6 +349,13 @@ impl Scheduler {
     /// [`AdmissionError`] when it can never run or the id is taken.
     pub fn add(&mut self, r: NewSeq) -> Result<(), AdmissionError> {
         self.check_admission(r.prompt.len(), r.params.max_tokens)?;
+        if r.criticality != Criticality::Critical {
+            let needed = self.kv.blocks_for(r.prompt.len() + r.params.max_tokens);
+            let cap = self.noncritical_block_cap().min(self.kv_quota_blocks);
+            if needed > cap {
+                return Err(AdmissionError::OverKvQuota { needed, quota: cap });
+            }
+        }
         let id = SeqId(r.id);
         if self.seqs.contains_key(&id) {
             return Err(AdmissionError::Duplicate(r.id));
@@ -259,10 +376,81 @@ impl Scheduler {
             num_cached_prompt_tokens: 0,
             num_preemptions: 0,
             running: false,
+            rank: match self.cfg.policy {
+                SchedulingPolicy::Priority => r.criticality,
+                SchedulingPolicy::Fcfs => Criticality::Default,
+            },
         };
-        self.waiting.insert((Reverse(seq.criticality), arrival, id));
+        self.waiting.insert((Reverse(seq.rank), arrival, id));
         self.seqs.insert(id, seq);
         Ok(())
+    }
+
+    /// Sequence slots reserved for critical requests at the current `max_num_seqs`.
+    pub fn reserve_seqs(&self) -> usize {
+        match self.cfg.policy {
+            SchedulingPolicy::Fcfs => 0,
+            SchedulingPolicy::Priority => {
+                reserve_of(self.cfg.max_num_seqs, self.cfg.critical_reserve_ratio)
+            }
+        }
+    }
+
+    /// KV blocks reserved for critical requests.
+    pub fn reserve_blocks(&self) -> usize {
+        match self.cfg.policy {
+            SchedulingPolicy::Fcfs => 0,
+            SchedulingPolicy::Priority => {
+                reserve_of(self.kv.num_blocks(), self.cfg.critical_reserve_ratio)
+            }
+        }
+    }
+
+    /// Most KV blocks non-critical sequences may hold together (also the most one non-critical
+    /// request may ever need).
+    pub fn noncritical_block_cap(&self) -> usize {
+        self.kv.num_blocks() - self.reserve_blocks()
+    }
+
+    fn blocks_held(&self, id: SeqId) -> usize {
+        self.kv.block_table(id).map_or(0, <[_]>::len)
+    }
+
+    /// Blocks `allocate_slots(id, n)` would add.
+    fn new_blocks_for(&self, id: SeqId, computed: usize, n: usize) -> usize {
+        (computed + n)
+            .div_ceil(self.kv.block_size())
+            .saturating_sub(self.blocks_held(id))
+    }
+
+    /// Running non-critical sequences and the distinct blocks they hold.
+    fn noncritical_usage(&self) -> (usize, NcBlocks) {
+        let mut b = NcBlocks::new(self.kv.num_blocks());
+        let mut n = 0;
+        for id in &self.running {
+            if !self.seqs[id].is_critical() {
+                n += 1;
+                b.add(self.kv.block_table(*id).unwrap_or(&[]));
+            }
+        }
+        (n, b)
+    }
+
+    /// The reserve's size and use: slots and blocks held beyond the non-critical share (only
+    /// critical requests can be there).
+    pub fn reserve_stats(&self) -> ReserveStats {
+        let (seqs, blocks) = (self.reserve_seqs(), self.reserve_blocks());
+        let used_blocks = self.kv.num_used_blocks();
+        ReserveStats {
+            seqs,
+            seqs_used: (self.running.len() + seqs)
+                .saturating_sub(self.cfg.max_num_seqs)
+                .min(seqs),
+            blocks,
+            blocks_used: (used_blocks + blocks)
+                .saturating_sub(self.kv.num_blocks())
+                .min(blocks),
+        }
     }
 
     fn salt(route: Route) -> u64 {
@@ -302,19 +490,36 @@ impl Scheduler {
     pub fn schedule(&mut self) -> StepPlan {
         let mut plan = StepPlan::default();
         let mut budget = self.cfg.max_num_batched_tokens;
+        let nc_block_cap = self.noncritical_block_cap();
+        let nc_seq_cap = self.cfg.max_num_seqs - self.reserve_seqs();
+        let (mut nc_running, mut nc) = self.noncritical_usage();
 
         // 1. Running sequences, best first.
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
-            let (computed, total) = {
+            let (computed, total, critical) = {
                 let s = &self.seqs[&id];
-                (s.num_computed, s.tokens.len())
+                (s.num_computed, s.tokens.len(), s.is_critical())
             };
             let n = (total - computed).min(budget);
             loop {
-                match self.kv.allocate_slots(id, n) {
+                let new_blocks = self.new_blocks_for(id, computed, n);
+                // A non-critical sequence may not grow into the critical reserve.
+                let r = if !critical && nc.distinct + new_blocks > nc_block_cap {
+                    Err(KvError::OutOfBlocks(crate::kvcache::OutOfBlocks {
+                        needed: new_blocks,
+                        free: nc_block_cap.saturating_sub(nc.distinct),
+                    }))
+                } else {
+                    self.kv.allocate_slots(id, n)
+                };
+                match r {
                     Ok(()) => {
+                        if !critical && new_blocks > 0 {
+                            let t = self.kv.block_table(id).unwrap_or(&[]);
+                            nc.add(&t[t.len() - new_blocks..]);
+                        }
                         plan.chunks.push(ScheduledChunk {
                             seq: id,
                             start_pos: computed,
@@ -327,6 +532,10 @@ impl Scheduler {
                     }
                     Err(KvError::OutOfBlocks(_)) => {
                         let victim = *self.running.last().expect("running is not empty here");
+                        if !self.seqs[&victim].is_critical() {
+                            nc.remove(self.kv.block_table(victim).unwrap_or(&[]));
+                            nc_running -= 1;
+                        }
                         self.preempt(victim);
                         plan.preempted.push(victim);
                         if victim == id {
@@ -352,16 +561,23 @@ impl Scheduler {
                 {
                     break;
                 }
+                (nc_running, nc) = self.noncritical_usage();
                 continue;
             }
-            let (prompt_tokens, max_total, route) = {
+            let (prompt_tokens, max_total, route, critical) = {
                 let s = &self.seqs[&id];
                 (
                     s.tokens.clone(),
                     s.prompt_len + s.params.max_tokens,
                     s.route,
+                    s.is_critical(),
                 )
             };
+            // Non-critical traffic stays out of the reserved slots. Under `priority` every
+            // sequence still waiting ranks at most as high as this one, so none is critical.
+            if !critical && nc_running >= nc_seq_cap {
+                break;
+            }
             let cached =
                 match self
                     .kv
@@ -370,6 +586,7 @@ impl Scheduler {
                     Ok(c) => c,
                     Err(KvError::OutOfBlocks(_)) => {
                         if self.preempt_lower_than(key, &mut plan, &mut budget) {
+                            (nc_running, nc) = self.noncritical_usage();
                             continue;
                         }
                         break;
@@ -385,9 +602,20 @@ impl Scheduler {
                 if matches!(e, KvError::OutOfBlocks(_))
                     && self.preempt_lower_than(key, &mut plan, &mut budget)
                 {
+                    (nc_running, nc) = self.noncritical_usage();
                     continue;
                 }
                 break;
+            }
+            if !critical {
+                let t = self.kv.block_table(id).unwrap_or(&[]);
+                if nc.distinct + nc.new_among(t) > nc_block_cap {
+                    // Its first chunk would reach into the critical reserve: it waits.
+                    let _ = self.kv.free(id);
+                    break;
+                }
+                nc.add(t);
+                nc_running += 1;
             }
             self.waiting.remove(&key);
             {
@@ -461,8 +689,7 @@ impl Scheduler {
     /// Removes a sequence (finished or aborted), freeing its blocks.
     pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
         let s = self.seqs.remove(&id)?;
-        self.waiting
-            .remove(&(Reverse(s.criticality), s.arrival, id));
+        self.waiting.remove(&(Reverse(s.rank), s.arrival, id));
         self.running.retain(|r| *r != id);
         let _ = self.kv.free(id);
         Some(s)

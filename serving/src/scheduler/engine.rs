@@ -8,8 +8,10 @@
 //!     ^                                            │
 //!     └──────── SeqEvent::{Token, Finished, Failed} per request
 //! ```
-//! A request whose receiver is dropped (client gone, stop string seen) is aborted at the next
-//! step and its blocks freed.
+//! A request whose receiver is dropped (the client went away) is aborted at the next step, its
+//! blocks freed, and counted as *abandoned* with the tokens generated for it
+//! (`brownout_serving_abandoned_{requests,tokens}_total`). The API ends a request whose stop
+//! string it saw with [`EngineHandle::stop`] first, so that is a finish, not an abandonment.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -19,7 +21,9 @@ use std::time::{Duration, Instant};
 use brownout_protocol::{Category, Criticality, KvStats};
 use tokio::sync::{mpsc, oneshot};
 
-use super::batch::{AdmissionError, FinishReason, NewSeq, Scheduler, SchedulerConfig};
+use super::batch::{
+    AdmissionError, FinishReason, NewSeq, ReserveStats, Scheduler, SchedulerConfig,
+};
 use super::sampling::SamplingParams;
 use crate::control::ControlHandle;
 use crate::kvcache::{KvCacheManager, KvConfig, SeqId, SeqKvInfo};
@@ -112,7 +116,14 @@ pub struct DebugKv {
     pub num_free_blocks: usize,
     pub num_cached_blocks: usize,
     pub kv_quota_blocks: usize,
+    /// In force now.
     pub max_num_seqs: usize,
+    /// As configured (`--max-num-seqs`).
+    pub configured_max_num_seqs: usize,
+    /// `fcfs` or `priority`.
+    pub scheduling_policy: &'static str,
+    pub critical_reserve_ratio: f64,
+    pub critical_reserve: ReserveStats,
     pub running: Vec<u64>,
     pub waiting: Vec<u64>,
     pub sequences: Vec<SeqKvInfo>,
@@ -127,6 +138,8 @@ enum EngineMsg {
     },
     DebugKv(oneshot::Sender<DebugKv>),
     SetKvQuota(usize),
+    /// The API saw a stop string: finish the request (not an abandonment).
+    Stop(u64),
     Batch(Vec<EngineMsg>),
 }
 
@@ -137,8 +150,14 @@ pub struct EngineStatus {
     pub num_running: usize,
     pub num_waiting: usize,
     pub num_preemptions_total: u64,
+    /// In force now (the configured value lowered by the command or this instance's entry).
     pub max_num_seqs: usize,
     pub steps: u64,
+    pub critical_reserve: ReserveStats,
+    /// Requests whose client went away before they finished.
+    pub abandoned_total: u64,
+    /// Tokens generated for them (wasted work).
+    pub abandoned_tokens_total: u64,
 }
 
 struct Shared {
@@ -146,6 +165,8 @@ struct Shared {
     max_model_len: usize,
     block_size: usize,
     kv_quota_blocks: AtomicUsize,
+    /// Most blocks one non-critical request may need (the pool less the critical reserve).
+    noncritical_block_cap: AtomicUsize,
     stopped: AtomicBool,
 }
 
@@ -173,6 +194,20 @@ impl EngineHandle {
         prompt_len: usize,
         max_tokens: usize,
     ) -> Result<(), AdmissionError> {
+        self.check_admission_for(prompt_len, max_tokens, Criticality::Critical)
+    }
+
+    /// As [`EngineHandle::check_admission`] for a request of `criticality`: a non-critical one
+    /// must also fit outside the critical reserve.
+    ///
+    /// # Errors
+    /// [`AdmissionError`] when it can never run.
+    pub fn check_admission_for(
+        &self,
+        prompt_len: usize,
+        max_tokens: usize,
+        criticality: Criticality,
+    ) -> Result<(), AdmissionError> {
         if prompt_len == 0 {
             return Err(AdmissionError::EmptyPrompt);
         }
@@ -184,7 +219,10 @@ impl EngineHandle {
             });
         }
         let needed = (prompt_len + max_tokens).div_ceil(self.shared.block_size);
-        let quota = self.shared.kv_quota_blocks.load(Ordering::Relaxed);
+        let mut quota = self.shared.kv_quota_blocks.load(Ordering::Relaxed);
+        if criticality != Criticality::Critical {
+            quota = quota.min(self.shared.noncritical_block_cap.load(Ordering::Relaxed));
+        }
         if needed > quota {
             return Err(AdmissionError::OverKvQuota { needed, quota });
         }
@@ -199,7 +237,7 @@ impl EngineHandle {
         &self,
         req: EngineRequest,
     ) -> Result<(u64, mpsc::UnboundedReceiver<SeqEvent>), SubmitError> {
-        self.check_admission(req.prompt.len(), req.params.max_tokens)?;
+        self.check_admission_for(req.prompt.len(), req.params.max_tokens, req.criticality)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         self.tx
@@ -226,7 +264,7 @@ impl EngineHandle {
         reqs: Vec<EngineRequest>,
     ) -> Result<Vec<(u64, mpsc::UnboundedReceiver<SeqEvent>)>, SubmitError> {
         for r in &reqs {
-            self.check_admission(r.prompt.len(), r.params.max_tokens)?;
+            self.check_admission_for(r.prompt.len(), r.params.max_tokens, r.criticality)?;
         }
         let mut msgs = Vec::with_capacity(reqs.len());
         let mut out = Vec::with_capacity(reqs.len());
@@ -255,6 +293,13 @@ impl EngineHandle {
         let (tx, rx) = oneshot::channel();
         self.tx.send(EngineMsg::DebugKv(tx)).await.ok()?;
         rx.await.ok()
+    }
+
+    /// Ends request `id` as finished (`stop`) — the API calls it when it saw a stop string,
+    /// before dropping the receiver, so the engine does not count it as abandoned. Best effort:
+    /// with the inbox full the request is aborted as a gone client.
+    pub fn stop(&self, id: u64) {
+        let _ = self.tx.try_send(EngineMsg::Stop(id));
     }
 
     /// Sets the most KV blocks one request may hold.
@@ -307,6 +352,7 @@ pub fn spawn_engine<B: ModelBackend>(
         max_model_len: cfg.sched.max_model_len,
         block_size: cfg.kv.block_size,
         kv_quota_blocks: AtomicUsize::new(cfg.kv.num_blocks),
+        noncritical_block_cap: AtomicUsize::new(cfg.kv.num_blocks),
         stopped: AtomicBool::new(false),
     });
     let handle = EngineHandle {
@@ -347,6 +393,8 @@ struct Engine<B> {
     last_prefix: (u64, u64),
     last_preemptions: u64,
     steps: u64,
+    abandoned: u64,
+    abandoned_tokens: u64,
 }
 
 impl<B: ModelBackend> Engine<B> {
@@ -358,6 +406,9 @@ impl<B: ModelBackend> Engine<B> {
         shared: Arc<Shared>,
     ) -> Self {
         let sched = Scheduler::new(cfg.sched, KvCacheManager::new(cfg.kv));
+        shared
+            .noncritical_block_cap
+            .store(sched.noncritical_block_cap(), Ordering::Relaxed);
         Engine {
             cfg,
             sched,
@@ -369,6 +420,8 @@ impl<B: ModelBackend> Engine<B> {
             last_prefix: (0, 0),
             last_preemptions: 0,
             steps: 0,
+            abandoned: 0,
+            abandoned_tokens: 0,
         }
     }
 
@@ -446,6 +499,8 @@ impl<B: ModelBackend> Engine<B> {
                 }
             }
             EngineMsg::DebugKv(tx) => {
+                // Show the limits of the command in force even when idle.
+                self.apply_control();
                 let kv = self.sched.kv();
                 let _ = tx.send(DebugKv {
                     mode: kv.config().mode.as_str(),
@@ -454,12 +509,24 @@ impl<B: ModelBackend> Engine<B> {
                     num_cached_blocks: kv.pool().map_or(0, |p| p.num_cached()),
                     kv_quota_blocks: self.sched.kv_quota_blocks(),
                     max_num_seqs: self.sched.config().max_num_seqs,
+                    configured_max_num_seqs: self.cfg.sched.max_num_seqs,
+                    scheduling_policy: self.sched.config().policy.as_str(),
+                    critical_reserve_ratio: self.sched.config().critical_reserve_ratio,
+                    critical_reserve: self.sched.reserve_stats(),
                     running: self.sched.running_ids().iter().map(|s| s.0).collect(),
                     waiting: self.sched.waiting_ids().iter().map(|s| s.0).collect(),
                     sequences: kv.seq_infos(),
                 });
             }
             EngineMsg::SetKvQuota(n) => self.sched.set_kv_quota_blocks(n),
+            EngineMsg::Stop(id) => {
+                if self.reqs.contains_key(&SeqId(id)) {
+                    self.finish(SeqId(id), |stats| SeqEvent::Finished {
+                        reason: FinishReason::Stop,
+                        stats,
+                    });
+                }
+            }
             EngineMsg::Batch(msgs) => {
                 for m in msgs {
                     self.handle(m);
@@ -470,11 +537,8 @@ impl<B: ModelBackend> Engine<B> {
 
     fn apply_control(&mut self) {
         let base = self.cfg.sched.max_num_seqs;
-        let cap = self
-            .control
-            .as_ref()
-            .and_then(|c| c.current().command.limits.max_num_seqs)
-            .map_or(base, |m| base.min(m as usize));
+        // This instance's entry, else limits.max_num_seqs, never above the configured value.
+        let cap = self.control.as_ref().map_or(base, |c| c.max_num_seqs(base));
         if cap != self.sched.config().max_num_seqs {
             self.sched.set_max_num_seqs(cap);
         }
@@ -526,6 +590,10 @@ impl<B: ModelBackend> Engine<B> {
             .map(|(id, _)| *id)
             .collect();
         for id in gone {
+            let tokens = self.sched.seq(id).map_or(0, |s| s.output().len()) as u64;
+            self.abandoned += 1;
+            self.abandoned_tokens += tokens;
+            self.metrics.inc_abandoned(tokens);
             self.finish(id, |stats| SeqEvent::Finished {
                 reason: FinishReason::Abort,
                 stats,
@@ -708,6 +776,12 @@ impl<B: ModelBackend> Engine<B> {
             (p - self.last_preemptions) as f64,
         );
         self.last_preemptions = p;
+        let reserve = self.sched.reserve_stats();
+        self.metrics
+            .set_engine_limits(self.sched.config().max_num_seqs, &reserve);
+        self.shared
+            .noncritical_block_cap
+            .store(self.sched.noncritical_block_cap(), Ordering::Relaxed);
         let mut st = self
             .shared
             .status
@@ -720,6 +794,9 @@ impl<B: ModelBackend> Engine<B> {
             num_preemptions_total: p,
             max_num_seqs: self.sched.config().max_num_seqs,
             steps: self.steps,
+            critical_reserve: reserve,
+            abandoned_total: self.abandoned,
+            abandoned_tokens_total: self.abandoned_tokens,
         };
     }
 }

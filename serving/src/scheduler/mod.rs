@@ -11,7 +11,8 @@ pub mod sampling;
 pub mod toy;
 
 pub use batch::{
-    AdmissionError, FinishReason, NewSeq, ScheduledChunk, Scheduler, SchedulerConfig, StepPlan,
+    AdmissionError, FinishReason, NewSeq, ReserveStats, ScheduledChunk, Scheduler, SchedulerConfig,
+    SchedulingPolicy, StepPlan,
 };
 pub use sampling::{Sampler, SamplingParams};
 

@@ -18,6 +18,7 @@ fn sched(num_blocks: usize, block_size: usize, max_num_seqs: usize, budget: usiz
             max_num_seqs,
             max_num_batched_tokens: budget,
             max_model_len: 1024,
+            ..SchedulerConfig::default()
         },
         kv,
     )
@@ -235,4 +236,170 @@ fn admission_refuses_what_can_never_fit_and_limits_change_at_run_time() {
     step(&mut s);
     assert_eq!(s.num_running(), 4, "lowering max_num_seqs preempts nobody");
     assert_eq!(ids(&s.waiting_ids()), [9]);
+}
+
+fn sched_with(
+    num_blocks: usize,
+    block_size: usize,
+    max_num_seqs: usize,
+    policy: SchedulingPolicy,
+    ratio: f64,
+) -> Scheduler {
+    let kv = KvCacheManager::new(KvConfig {
+        num_blocks,
+        block_size,
+        mode: AllocMode::Paged,
+        enable_prefix_caching: true,
+    });
+    Scheduler::new(
+        SchedulerConfig {
+            max_num_seqs,
+            max_num_batched_tokens: 100,
+            max_model_len: 1024,
+            policy,
+            critical_reserve_ratio: ratio,
+        },
+        kv,
+    )
+}
+
+/// The same arrivals under both policies, one slot: `priority` serves the critical request
+/// first (and it displaces the running sheddable one); `fcfs` serves strictly by arrival and
+/// never preempts for criticality.
+#[test]
+fn fcfs_serves_by_arrival_and_priority_by_criticality() {
+    use Criticality::*;
+    let run = |policy| {
+        let mut s = sched_with(64, 4, 1, policy, 0.2);
+        s.add(req(1, 3, 3, Sheddable)).unwrap();
+        step(&mut s); // 1 is running
+        for (id, c) in [(2, Default), (3, Sheddable), (4, Critical)] {
+            s.add(req(id, 3, 3, c)).unwrap();
+        }
+        let mut order = Vec::new();
+        let mut preempted = Vec::new();
+        while s.has_work() {
+            let (plan, done) = step(&mut s);
+            preempted.extend(ids(&plan.preempted));
+            order.extend(done);
+        }
+        (order, preempted, s.reserve_seqs(), s.reserve_blocks())
+    };
+    let (order, preempted, rs, rb) = run(SchedulingPolicy::Fcfs);
+    assert_eq!(order, [1, 2, 3, 4]);
+    assert!(preempted.is_empty());
+    assert_eq!((rs, rb), (0, 0), "fcfs has no critical reserve");
+    let (order, preempted, _, rb) = run(SchedulingPolicy::Priority);
+    assert_eq!(order, [4, 2, 1, 3]);
+    assert_eq!(
+        preempted,
+        [1],
+        "the critical request displaced the sheddable one"
+    );
+    assert_eq!(rb, 13, "round(64 × 0.2)");
+}
+
+/// 5 slots, 20 % reserve = 1 slot: non-critical traffic fills 4, a critical request arriving
+/// then runs at once from the reserve without preempting anyone.
+#[test]
+fn a_critical_request_is_served_from_the_reserved_slot() {
+    let mut s = sched_with(256, 4, 5, SchedulingPolicy::Priority, 0.2);
+    for id in 1..=8 {
+        s.add(req(id, 4, 40, Criticality::Default)).unwrap();
+    }
+    step(&mut s);
+    assert_eq!(s.num_running(), 4, "one of 5 slots is kept for critical");
+    assert_eq!(s.num_waiting(), 4);
+    assert_eq!(s.reserve_stats().seqs_used, 0);
+    step(&mut s);
+    assert_eq!(s.num_running(), 4, "still 4 after another step");
+    s.add(req(9, 4, 3, Criticality::Critical)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert!(plan.preempted.is_empty());
+    assert!(plan.chunks.iter().any(|c| c.seq == SeqId(9)));
+    assert_eq!(s.num_running(), 5);
+    let r = s.reserve_stats();
+    assert_eq!((r.seqs, r.seqs_used), (1, 1));
+    let mut finished = Vec::new();
+    while s.has_work() {
+        finished.extend(step(&mut s).1);
+    }
+    assert_eq!(finished[0], 9, "the critical one finished first");
+}
+
+/// 10 blocks of 4, 20 % = 2 blocks reserved: non-critical sequences together hold at most 8
+/// (growing past that preempts the latest of them), while a critical one takes the last 2.
+#[test]
+fn non_critical_sequences_never_hold_the_reserved_blocks() {
+    let mut s = sched_with(10, 4, 8, SchedulingPolicy::Priority, 0.2);
+    assert_eq!(s.noncritical_block_cap(), 8);
+    for id in 1..=4 {
+        // 8 prompt tokens = 2 blocks each at first, growing to 8 blocks.
+        s.add(req(id, 8, 24, Criticality::Default)).unwrap();
+    }
+    let mut max_used = 0;
+    let mut preempted = 0;
+    for _ in 0..6 {
+        let (plan, _) = step(&mut s);
+        preempted += plan.preempted.len();
+        max_used = max_used.max(s.kv().num_used_blocks());
+        assert!(
+            s.kv().num_used_blocks() <= 8,
+            "non-critical took a reserved block"
+        );
+    }
+    assert_eq!(max_used, 8);
+    assert!(preempted > 0, "growth past the share preempted");
+    assert_eq!(s.kv().num_free_blocks(), 2);
+    // A critical request needing 2 blocks gets them with no preemption.
+    s.add(req(9, 7, 4, Criticality::Critical)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert!(plan.preempted.is_empty(), "{:?}", plan.preempted);
+    assert!(
+        plan.chunks
+            .iter()
+            .any(|c| c.seq == SeqId(9) && c.start_pos == 0)
+    );
+    assert_eq!(s.reserve_stats().blocks_used, 2);
+    // A non-critical request that could only fit by using the reserve is refused up front.
+    assert_eq!(
+        s.add(req(20, 30, 10, Criticality::Default)),
+        Err(AdmissionError::OverKvQuota {
+            needed: 10,
+            quota: 8
+        })
+    );
+    assert!(s.add(req(21, 30, 10, Criticality::Critical)).is_ok());
+    while s.has_work() {
+        step(&mut s);
+    }
+}
+
+/// Sequences sharing a cached prefix count its blocks once against the non-critical share.
+#[test]
+fn shared_prefix_blocks_count_once_against_the_share() {
+    let mut s = sched_with(10, 4, 8, SchedulingPolicy::Priority, 0.2);
+    let shared: Vec<u32> = (0..12).collect();
+    let mk = |id: u64| NewSeq {
+        id,
+        prompt: shared.iter().copied().chain([100 + id as u32]).collect(),
+        params: SamplingParams {
+            max_tokens: 3,
+            ..SamplingParams::default()
+        },
+        criticality: Criticality::Default,
+        route: Route::Primary,
+        eos_token_ids: vec![],
+    };
+    s.add(mk(1)).unwrap();
+    step(&mut s); // 1 computes and caches the 3 shared blocks
+    for id in 2..=4 {
+        s.add(mk(id)).unwrap();
+    }
+    let (plan, _) = step(&mut s);
+    // 3 shared + 1 own block each: 3 + 4 = 7 distinct, within the share of 8 (16 if counted per
+    // holder, which would have kept two of them waiting).
+    assert!(plan.preempted.is_empty());
+    assert_eq!(s.num_running(), 4);
+    assert!(s.kv().num_used_blocks() <= 8);
 }

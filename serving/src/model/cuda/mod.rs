@@ -1,4 +1,5 @@
-//! The CUDA backend: kernels written in CUDA C (`kernels.rs`), compiled with NVRTC when the
+//! The CUDA backend: kernels written in CUDA C (`kernels.cu`, launched from `kernels.rs`, which
+//! also generates the `#define`s of the constants they share), compiled with NVRTC when the
 //! backend starts, and a runner (`runner.rs`) that keeps the primary route's weights and an
 //! engine's K/V blocks in device memory.
 //!
