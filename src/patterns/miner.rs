@@ -1,12 +1,16 @@
 //! The online template miner: one pass, stable ids, bounded memory.
 //!
 //! ```text
+//!  line ──> line cache (hash of the line) ── hit ──> template id
+//!    │ miss: mask (super::mask)
+//!    v
 //!  masked line ──> exact-match cache (hash of the masked line) ── hit ──> template id
 //!        │ miss
 //!        v
-//!  templates of the same token count: every position equal, a variable on either side, the
-//!  same punctuation around a variable (`()` ~ `(<*>)`), or two values (see below); at least
-//!  half the compared constants equal ── best ──> join (differing positions become <*>)
+//!  templates in the line's buckets (token count + first literal word): every position equal,
+//!  a variable on either side, the same punctuation around a variable (`()` ~ `(<*>)`), or two
+//!  values (see below); at least half the compared constants equal ── best ──> join
+//!  (differing positions become <*>)
 //!        │ none
 //!        v
 //!  same tokens once runs of <*> are collapsed (`delete <*> <*> <*>` ~ `delete <*>`) ──> join
@@ -32,7 +36,8 @@
 //! Ids are a hash of the template's first masked line (salted on a collision), so the same
 //! input gives the same ids in any process; [`MinerState`] carries templates, aliases and word
 //! slots across restarts. Memory is bounded by `max_templates`: when full, the coldest
-//! sixteenth is evicted (counted); the exact-match cache, aliases and slots are capped too.
+//! sixteenth is evicted (counted); the two caches, aliases and slots are capped too, and a
+//! search compares at most [`MAX_SCAN`] templates per bucket.
 
 use std::collections::HashMap;
 use std::fmt;
