@@ -37,7 +37,7 @@
 //! input gives the same ids in any process; [`MinerState`] carries templates, aliases and word
 //! slots across restarts. Memory is bounded by `max_templates`: when full, the coldest
 //! sixteenth is evicted (counted); the two caches, aliases and slots are capped too, and a
-//! search compares at most [`MAX_SCAN`] templates per bucket.
+//! search compares at most `MAX_SCAN` templates per bucket.
 
 use std::collections::HashMap;
 use std::fmt;
