@@ -41,6 +41,12 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    // `patterns` needs no async runtime; starting one (a thread per core) would dominate a
+    // short `patterns mine` run.
+    let cli = match cli.cmd {
+        Cmd::Patterns(a) => return exit(brownout::patterns::run_blocking(a)),
+        cmd => Cli { cmd },
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -63,6 +69,10 @@ fn main() -> std::process::ExitCode {
             Cmd::Drill(a) => brownout::drill::run(a).await,
         }
     });
+    exit(result)
+}
+
+fn exit(result: anyhow::Result<()>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -102,3 +102,71 @@ fn template_ids_survive_a_restart_through_the_state_file() {
     );
     assert!(second.contains("user <*> logged in from <*>"), "{second}");
 }
+
+fn brownout_bytes(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_brownout"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn mine_prints_the_final_group_of_every_line_of_a_file() {
+    // The slot after `the` becomes a variable at its third word: in a file every line gets the
+    // merged template; on stdin (and with --online) each line is printed as it was read.
+    let lines = "calling the weather service\ncalling the hotel service\n\
+                 disk full on /dev/sda1\ncalling the maps service\n";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("in.log");
+    std::fs::write(&file, lines).unwrap();
+    let out = brownout_bytes(&["patterns", "mine", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<(&str, &str)> = text.lines().map(|l| l.split_once('\t').unwrap()).collect();
+    assert_eq!(rows.len(), 4);
+    for i in [0, 1, 3] {
+        assert_eq!(rows[i], (rows[0].0, "calling the <*> service"), "{text}");
+    }
+    assert_eq!(rows[2].1, "disk full on <*>");
+    assert_ne!(rows[2].0, rows[0].0);
+
+    let online = brownout(&["patterns", "mine", "-"], lines);
+    let ids: Vec<&str> = online
+        .lines()
+        .map(|l| l.split('\t').next().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 4);
+    assert_ne!(ids[0], ids[1], "the second word is not yet a variable");
+    assert_eq!(ids[3], rows[0].0, "the merge keeps the oldest id");
+    let again = brownout_bytes(&["patterns", "mine", "--online", file.to_str().unwrap()]);
+    assert_eq!(String::from_utf8(again.stdout).unwrap(), online);
+}
+
+#[test]
+fn a_line_that_is_not_utf8_loses_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.log");
+    let mut bytes = b"Received block blk_1 of size 10 from 10.0.0.1\r\n".to_vec();
+    bytes.extend_from_slice(b"bad \xff\xfe bytes 42\n");
+    bytes.extend_from_slice(b"Received block blk_2 of size 20 from 10.0.0.2");
+    std::fs::write(&file, &bytes).unwrap();
+    let out = brownout_bytes(&["patterns", "mine", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<(&str, &str)> = text.lines().map(|l| l.split_once('\t').unwrap()).collect();
+    assert_eq!(rows.len(), 3, "{text}");
+    assert_eq!(rows[0], rows[2]);
+    assert_eq!(rows[0].1, "Received block <*> of size <*> from <*>");
+    assert_eq!(rows[1].1, "bad \u{fffd}\u{fffd} bytes <*>");
+    let missing = brownout_bytes(&["patterns", "mine", "/nonexistent/x.log"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/x.log"));
+}

@@ -109,10 +109,12 @@ pub fn load_corpora(dir: &Path) -> anyhow::Result<Vec<Corpus>> {
     Ok(out)
 }
 
-/// Mines a corpus with a fresh miner (default configuration); template id per line.
+/// Mines a corpus with a fresh miner (default configuration); the final template id of each
+/// line (templates merged later in the pass are resolved, as `patterns mine` prints them).
 pub fn mine_corpus(lines: &[String]) -> Vec<TemplateId> {
     let mut m = TemplateMiner::default();
-    lines.iter().map(|l| m.add(l)).collect()
+    let ids: Vec<TemplateId> = lines.iter().map(|l| m.add(l)).collect();
+    ids.into_iter().map(|id| m.resolve(id)).collect()
 }
 
 /// CPU time of the calling thread in seconds (Linux `/proc/thread-self/schedstat`), or `None`.

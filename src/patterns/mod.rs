@@ -54,12 +54,19 @@ enum PatternsCmd {
         out: Option<PathBuf>,
     },
     /// Print `<template_id>\t<template>` for every input line, in order.
+    ///
+    /// For a file, the lines are printed once the whole file is mined, each with the final id
+    /// and template of its group; for stdin (or with `--online`) each line is printed as it is
+    /// read, with the template as it is at that moment.
     Mine {
         /// Log file (`-` for stdin): raw lines or NDJSON failure events.
         file: String,
         /// Load and save the miner state (template ids survive between runs).
         #[arg(long)]
         state: Option<PathBuf>,
+        /// Print each line as it is read, even for a file.
+        #[arg(long)]
+        online: bool,
     },
     /// Print `<pattern_id>\t<label>` for every input line, in order.
     Cluster {
@@ -90,7 +97,12 @@ pub async fn run(args: PatternsArgs) -> anyhow::Result<()> {
         .context("patterns task panicked")?
 }
 
-fn run_blocking(args: PatternsArgs) -> anyhow::Result<()> {
+/// Runs `brownout patterns` on the calling thread (no async runtime: a short `mine` run is
+/// mostly process start-up, so the CLI calls this directly).
+///
+/// # Errors
+/// As [`run`].
+pub fn run_blocking(args: PatternsArgs) -> anyhow::Result<()> {
     match args.cmd {
         PatternsCmd::Synth {
             lines,
@@ -99,7 +111,11 @@ fn run_blocking(args: PatternsArgs) -> anyhow::Result<()> {
             truth,
             out,
         } => cmd_synth(lines, seed, raw, truth, out),
-        PatternsCmd::Mine { file, state } => cmd_mine(&file, state),
+        PatternsCmd::Mine {
+            file,
+            state,
+            online,
+        } => cmd_mine(&file, state, online || file == "-"),
         PatternsCmd::Cluster { file } => cmd_cluster(&file),
         PatternsCmd::Bench {
             corpus,
@@ -195,7 +211,58 @@ fn cmd_synth(
     Ok(())
 }
 
-fn cmd_mine(file: &str, state: Option<PathBuf>) -> anyhow::Result<()> {
+/// Bytes of a line the CLI reads; the rest of a longer line is skipped.
+const MAX_READ_LINE: usize = 1 << 20;
+
+/// Reads `input` line by line (without the line break; at most [`MAX_READ_LINE`] bytes of a
+/// line; invalid UTF-8 replaced, so one bad line loses nothing else), calling `f` for each line.
+fn for_each_line(
+    input: &mut dyn BufRead,
+    file: &str,
+    mut f: impl FnMut(&str) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut raw = Vec::with_capacity(4096);
+    loop {
+        raw.clear();
+        let mut any = false;
+        loop {
+            let buf = input
+                .fill_buf()
+                .with_context(|| format!("reading {file}"))?;
+            if buf.is_empty() {
+                break;
+            }
+            any = true;
+            let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
+                Some(k) => (&buf[..=k], true),
+                None => (buf, false),
+            };
+            let room = MAX_READ_LINE.saturating_sub(raw.len());
+            raw.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            let used = chunk.len();
+            input.consume(used);
+            if done {
+                break;
+            }
+        }
+        if !any {
+            return Ok(());
+        }
+        while raw.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+            raw.pop();
+        }
+        match std::str::from_utf8(&raw) {
+            Ok(s) => f(s)?,
+            Err(_) => f(&String::from_utf8_lossy(&raw))?,
+        }
+    }
+}
+
+/// Texts of evicted templates `mine` keeps for a file's final output.
+const MAX_EVICTED_TEXTS: usize = 1 << 18;
+
+fn cmd_mine(file: &str, state: Option<PathBuf>, online: bool) -> anyhow::Result<()> {
+    use std::fmt::Write as _;
     let store = state.map(miner::JsonFileStateStore);
     let mut m = match &store {
         Some(s) => match s.load()? {
@@ -204,23 +271,61 @@ fn cmd_mine(file: &str, state: Option<PathBuf>) -> anyhow::Result<()> {
         },
         None => TemplateMiner::default(),
     };
-    let (input, size) = open_input(file)?;
+    let (mut input, size) = open_input(file)?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
     let mut progress = Progress::new(size, file);
     let mut buf = String::new();
     let mut n = 0u64;
-    for line in input.lines() {
-        let line = line.with_context(|| format!("reading {file}"))?;
-        let (msg, _) = message_of(&line);
+    // Final mode: the id of every line (8 bytes a line), merges and evicted texts on the side.
+    let mut ids: Vec<TemplateId> = Vec::new();
+    let mut merged: std::collections::HashMap<TemplateId, TemplateId> = Default::default();
+    let mut gone: std::collections::HashMap<TemplateId, String> = Default::default();
+    for_each_line(&mut *input, file, |line| {
+        let (msg, _) = message_of(line);
         let id = m.add(&msg);
-        buf.clear();
-        use std::fmt::Write as _;
-        let _ = write!(buf, "{id}\t");
-        m.write_template(id, &mut buf);
-        buf.push('\n');
-        out.write_all(buf.as_bytes())?;
         n += 1;
         progress.tick(n);
+        if online {
+            buf.clear();
+            let _ = write!(buf, "{id}\t");
+            m.write_template(id, &mut buf);
+            buf.push('\n');
+            out.write_all(buf.as_bytes())?;
+        } else {
+            ids.push(id);
+            merged.extend(m.drain_merged());
+            for (id, text) in m.drain_evicted_templates() {
+                // Bounded: beyond this many evicted templates their lines print no text.
+                if gone.len() < MAX_EVICTED_TEXTS {
+                    gone.insert(id, text);
+                }
+            }
+        }
+        Ok(())
+    })?;
+    if !online {
+        let resolve = |mut id: TemplateId| {
+            for _ in 0..64 {
+                match merged.get(&id) {
+                    Some(&to) => id = to,
+                    None => break,
+                }
+            }
+            id
+        };
+        let mut rendered: std::collections::HashMap<TemplateId, Vec<u8>> = Default::default();
+        for id in ids {
+            let r = rendered.entry(id).or_insert_with(|| {
+                let fin = resolve(id);
+                let mut s = format!("{fin}\t");
+                if !m.write_template(fin, &mut s) {
+                    s.push_str(gone.get(&fin).map_or("", String::as_str));
+                }
+                s.push('\n');
+                s.into_bytes()
+            });
+            out.write_all(r)?;
+        }
     }
     out.flush()?;
     if let Some(s) = &store {
@@ -230,7 +335,7 @@ fn cmd_mine(file: &str, state: Option<PathBuf>) -> anyhow::Result<()> {
 }
 
 fn cmd_cluster(file: &str) -> anyhow::Result<()> {
-    let (input, size) = open_input(file)?;
+    let (mut input, size) = open_input(file)?;
     let mut progress = Progress::new(size, file);
     // Pass 1: mine, remembering per template the metadata clustering looks at.
     struct Meta {
@@ -249,9 +354,9 @@ fn cmd_cluster(file: &str) -> anyhow::Result<()> {
     });
     let mut ids = Vec::new();
     let mut meta: std::collections::HashMap<TemplateId, Meta> = std::collections::HashMap::new();
-    for (i, line) in input.lines().enumerate() {
-        let line = line.with_context(|| format!("reading {file}"))?;
-        let (msg, ev) = message_of(&line);
+    let mut i = 0usize;
+    for_each_line(&mut *input, file, |line| {
+        let (msg, ev) = message_of(line);
         let id = m.add(&msg);
         let e = meta.entry(id).or_insert_with(|| {
             let (category, error_type, service, feature, model) = match &ev {
@@ -285,8 +390,26 @@ fn cmd_cluster(file: &str) -> anyhow::Result<()> {
         });
         e.count += 1;
         ids.push(id);
-        progress.tick(i as u64 + 1);
+        i += 1;
+        progress.tick(i as u64);
+        Ok(())
+    })?;
+    // Templates merged later in the pass: their lines and counts go to the surviving id.
+    for id in &mut ids {
+        *id = m.resolve(*id);
     }
+    let mut folded: std::collections::HashMap<TemplateId, Meta> = std::collections::HashMap::new();
+    let mut entries: Vec<(TemplateId, Meta)> = meta.into_iter().collect();
+    entries.sort_by_key(|(_, x)| x.first_line);
+    for (id, x) in entries {
+        match folded.entry(m.resolve(id)) {
+            std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().count += x.count,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(x);
+            }
+        }
+    }
+    let mut meta = folded;
     // Pass 2: cluster the final templates.
     let mut tids: Vec<TemplateId> = meta.keys().copied().collect();
     tids.sort_by_key(|t| meta[t].first_line);
@@ -476,6 +599,7 @@ fn cmd_bench(corpus: &std::path::Path, peer: &str, min_cpu_s: f64) -> anyhow::Re
 pub fn cluster_lines(lines: &[String]) -> Vec<PatternId> {
     let mut m = TemplateMiner::default();
     let ids: Vec<TemplateId> = lines.iter().map(|l| m.add(&message_of(l).0)).collect();
+    let ids: Vec<TemplateId> = ids.into_iter().map(|id| m.resolve(id)).collect();
     let mut first: Vec<TemplateId> = Vec::new();
     let mut counts: std::collections::HashMap<TemplateId, u64> = std::collections::HashMap::new();
     for id in &ids {
