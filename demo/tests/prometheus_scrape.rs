@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use brownout::demo::{World, WorldOptions};
+use brownout_demo::{World, WorldOptions};
 use brownout_protocol::Tier;
 use serde_json::{Value, json};
 
@@ -64,7 +64,7 @@ fn exception(e: &Expr) -> Option<Exception> {
 }
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 fn files_in(dir: &Path, ext: &str) -> Vec<PathBuf> {

@@ -1,4 +1,9 @@
-//! `brownout demo`: the whole loop in one process on embedded defaults.
+//! `brownout-demo`: the whole loop in one process on embedded defaults (`brownout-demo demo`),
+//! and the overload benchmark over the same deployment (`brownout-demo bench overload`).
+//!
+//! This crate is the only one that links the control plane (`brownout`), the bundled serving
+//! tier (`brownout-serving`, the Llama runner) and the gpu-agent together: `brownout serve`
+//! does not link the model.
 //!
 //! ```text
 //!  loadgen (evening peak, agent flows) ──> engine-1, engine-2 (brownout-serve, CPU, real model)
@@ -15,11 +20,11 @@ pub mod world;
 
 use std::time::Duration;
 
-use crate::loadgen::{LoadConfig, LoadShape};
+use brownout::loadgen::{LoadConfig, LoadShape};
 
 pub use world::{World, WorldOptions};
 
-/// Command-line arguments of `brownout demo`.
+/// Command-line arguments of `brownout-demo demo`.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Stop after this many seconds (0: run until Ctrl-C).
@@ -43,7 +48,7 @@ pub struct DemoArgs {
     pub no_load: bool,
 }
 
-/// `brownout bench …`.
+/// `brownout-demo bench …`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     #[command(subcommand)]
@@ -57,7 +62,7 @@ pub enum BenchWhat {
     Overload(overload::OverloadArgs),
 }
 
-/// Runs `brownout bench`.
+/// Runs `brownout-demo bench`.
 ///
 /// # Errors
 /// When the benchmark cannot start its deployment.
@@ -69,14 +74,14 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
 
 /// The model the demo runs when none is named: SmolLM2 when cached, else the tiny model.
 pub fn default_model() -> String {
-    if crate::demo::world::smollm2_cached() {
+    if world::smollm2_cached() {
         "smollm2".into()
     } else {
         "tiny-random".into()
     }
 }
 
-/// Runs `brownout demo`.
+/// Runs `brownout-demo demo`.
 ///
 /// # Errors
 /// When a port is taken, the model cannot be loaded, or a component fails to start.
@@ -96,7 +101,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         policy_yaml: world::DEMO_POLICY.to_string(),
         ..WorldOptions::default()
     };
-    eprintln!("brownout demo: starting (model {model}; loading and warming up two engines)…");
+    eprintln!("brownout-demo: starting (model {model}; loading and warming up two engines)…");
     let world = World::start(opts).await?;
     print_banner(&world, &model);
 
@@ -108,7 +113,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             let mut seed = 1;
             loop {
                 let cfg = demo_load(targets.clone(), speed, seed);
-                match crate::loadgen::run_load(cfg).await {
+                match brownout::loadgen::run_load(cfg).await {
                     Ok(r) => eprintln!("{}", r.human()),
                     Err(e) => eprintln!("loadgen: {e:#}"),
                 }
@@ -128,7 +133,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
     };
     stop.await;
-    eprintln!("brownout demo: stopping");
+    eprintln!("brownout-demo: stopping");
     if let Some(l) = load {
         l.abort();
     }
@@ -169,7 +174,7 @@ fn print_banner(w: &World, model: &str) {
         "in-process bus (set REDIS_URL for Redis)"
     };
     println!(
-        "\nbrownout demo is running.\n\
+        "\nbrownout-demo is running.\n\
          \n  web UI        {ui}/login?token={read}\n  JSON API      {ui}/api/v1/... (Authorization: Bearer <read token>)\n  metrics       {ui}/metrics\n  weekly report {ui}/reports/current\n  OTLP          grpc://{grpc}  http://{otlp}\n\
          \n  engines       {engines}   (model: {model})\n  gpu-agents    {agents}   (GPUs SIMULATED)\n  command bus   {bus}\n\
          \n  ingest token  {ingest}\n  read token    {read}\n  admin token   {admin}\n\

@@ -1,4 +1,4 @@
-//! `brownout bench overload`: the proof that the loop protects users.
+//! `brownout-demo bench overload`: the proof that the loop protects users.
 //!
 //! The same 3× overload burst hits the bundled serving tier twice: once with the control loop on
 //! (the controller publishes its decisions) and once with it off (the controller decides in dry
@@ -13,9 +13,9 @@ use brownout_protocol::{Criticality, Tier};
 use serde::Serialize;
 
 use super::world::{World, WorldOptions};
-use crate::loadgen::{LoadConfig, LoadReport, LoadShape};
+use brownout::loadgen::{LoadConfig, LoadReport, LoadShape};
 
-/// Arguments of `brownout bench overload`.
+/// Arguments of `brownout-demo bench overload`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct OverloadArgs {
     /// `smollm2`, `tiny-random` or a GGUF path (default: SmolLM2 when cached).
@@ -75,7 +75,7 @@ async fn measure_capacity(
     max_tokens: u32,
     secs: u64,
 ) -> anyhow::Result<f64> {
-    let client = crate::loadgen::http_client()?;
+    let client = brownout::loadgen::http_client()?;
     let deadline = Instant::now() + Duration::from_secs(secs);
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -103,8 +103,11 @@ async fn measure_capacity(
 
 /// Average calls per flow in the load mix.
 fn calls_per_flow() -> f64 {
-    let total: u32 = crate::loadgen::FlowKind::MIX.iter().map(|(_, w)| w).sum();
-    crate::loadgen::FlowKind::MIX
+    let total: u32 = brownout::loadgen::FlowKind::MIX
+        .iter()
+        .map(|(_, w)| w)
+        .sum();
+    brownout::loadgen::FlowKind::MIX
         .iter()
         .map(|(k, w)| k.calls().len() as f64 * f64::from(*w))
         .sum::<f64>()
@@ -150,7 +153,7 @@ async fn one_run(
         max_retries: 2,
         progress: true,
     };
-    let load = crate::loadgen::run_load(cfg).await?;
+    let load = brownout::loadgen::run_load(cfg).await?;
     let decisions = world.plane().degrade.decisions();
     let changes: Vec<_> = decisions
         .iter()

@@ -1,6 +1,6 @@
 //! A whole brownout deployment in one process: the control plane, serving engines and
-//! gpu-agents, talking over loopback HTTP/gRPC (and Redis when given). Used by `brownout demo`,
-//! `brownout bench overload` and the end-to-end tests.
+//! gpu-agents, talking over loopback HTTP/gRPC (and Redis when given). Used by
+//! `brownout-demo demo`, `brownout-demo bench overload` and the end-to-end tests.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,11 +14,11 @@ use brownout_serving::telemetry::{Telemetry, TelemetryConfig};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::auth::Tokens;
-use crate::config::{Config, Secret};
-use crate::degrade::{InProcBus, Policy, Transport};
-use crate::plane::{Plane, PlaneOptions};
-use crate::serve::{App, Listeners};
+use brownout::auth::Tokens;
+use brownout::config::{Config, Secret};
+use brownout::degrade::{InProcBus, Policy, Transport};
+use brownout::plane::{Plane, PlaneOptions};
+use brownout::serve::{App, Listeners};
 
 /// The demo's policy: the production thresholds of `examples/policy.yaml` scaled to two small
 /// CPU engines, with short hold-downs so a first-time user sees tiers rise and fall in minutes.
@@ -169,7 +169,7 @@ impl World {
         policy.dry_run = opts.dry_run;
         let mut plane_opts = PlaneOptions::defaults(&opts.cluster, &command_key, transport)?;
         plane_opts.policy = policy;
-        plane_opts.ui = Some(crate::web::model::DataOrigin::Simulated);
+        plane_opts.ui = Some(brownout::web::model::DataOrigin::Simulated);
         let plane = Plane::start(app, listeners, plane_opts).await?;
         let cp_url = format!("http://{http_addr}");
 

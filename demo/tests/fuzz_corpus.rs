@@ -1,11 +1,11 @@
 //! Replays every committed fuzz corpus file (`fuzz/corpus/<target>/*`) through the same checks
 //! the cargo-fuzz targets run (`fuzz/checks.rs`), so CI covers the corpus on stable Rust.
 //!
-//! `UPDATE_FUZZ_SEEDS=1 cargo test --test fuzz_corpus` (re)writes the seed files (`seed-*`) from
+//! `UPDATE_FUZZ_SEEDS=1 cargo test -p brownout-demo --test fuzz_corpus` (re)writes the seed files (`seed-*`) from
 //! real inputs: example YAML, protocol examples, a tokenizer-only GGUF written by the tiny model's
 //! writer, OTLP protobuf/JSON built from opentelemetry-proto types.
 
-#[path = "../fuzz/checks.rs"]
+#[path = "../../fuzz/checks.rs"]
 mod checks;
 
 use std::path::{Path, PathBuf};
@@ -24,7 +24,7 @@ const TARGETS: &[(&str, Check)] = &[
 
 fn corpus_dir(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
+        .join("../fuzz/corpus")
         .join(target)
 }
 
@@ -93,7 +93,7 @@ fn write(target: &str, name: &str, data: &[u8]) {
 }
 
 fn write_seeds() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = &Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // Failure NDJSON: the protocol's example lines, a multi-line body with CRLF and bad lines.
     let full = r#"{"ts":1764460800000,"service":"muse","host":"gpu-3","request_id":"r1","trace_id":"abc","user_id":"u9","feature":"pdf_analysis","criticality":"sheddable","category":"tool_unavailable","error_type":"AgentExecutionFailed","message":"tool call to weather API timed out after 8000 ms","latency_ms":8001.5,"attributes":{"tool":"weather"}}"#;
     let short = r#"{"ts":"2026-11-27T20:15:00Z","service":"muse-agent","message":"boom"}"#;

@@ -2,8 +2,6 @@
 //! Redis restarted mid-run (own redis-server on a spare port), leader failover and fencing,
 //! the operator API and the Alertmanager webhook.
 
-use std::net::TcpListener;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -14,6 +12,8 @@ use brownout_protocol::{Command, FeatureState, Tier};
 use brownout_serving::control::{ControlHandle, SubscriberConfig, spawn_subscriber};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
+
+use brownout_test_support::OwnRedis;
 
 const KEY: &[u8] = b"degrade-test-key";
 
@@ -368,75 +368,6 @@ async fn operator_and_webhook_input_errors_are_4xx_with_codes() {
         let (st, v) = call(&app, json_req(m, uri, body)).await;
         assert_eq!(st, StatusCode::BAD_REQUEST, "{uri} {body}: {v}");
         assert_eq!(v["error"]["code"], code, "{uri} {body}: {v}");
-    }
-}
-
-/// A redis-server of our own on a spare port, without persistence (a restart loses everything:
-/// the hardest case for convergence).
-struct OwnRedis {
-    port: u16,
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-impl OwnRedis {
-    fn start() -> OwnRedis {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut r = OwnRedis {
-            port,
-            dir: tempfile::tempdir().unwrap(),
-            child: None,
-        };
-        r.spawn();
-        r
-    }
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-    fn spawn(&mut self) {
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (/usr/bin/redis-server) for the restart test");
-        self.child = Some(child);
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "own redis-server did not start on {}",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 

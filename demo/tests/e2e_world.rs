@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use brownout::demo::{World, WorldOptions};
+use brownout_demo::{World, WorldOptions};
 use brownout_protocol::Tier;
 use serde_json::{Value, json};
 
