@@ -17,6 +17,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod defaults;
 pub mod degrade;
 pub mod drill;
 pub mod ingest;

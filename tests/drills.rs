@@ -14,8 +14,7 @@ use brownout::auth::Tokens;
 use brownout::config::{Config, Secret};
 use brownout::degrade::Transport;
 use brownout::drill::{self, Fault, Target};
-use brownout::plane::{Plane, PlaneOptions};
-use brownout::serve::{App, Listeners};
+use brownout::plane::{App, Listeners, Plane, PlaneOptions};
 use brownout_test_support::OwnRedis;
 
 const INGEST: &str = "ingest-token-drills-aaaa";

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use brownout::auth::Tokens;
 use brownout::config::{Config, Secret};
-use brownout::serve::{App, Listeners, Running};
+use brownout::plane::{App, Listeners, Running};
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use brownout::auth::Tokens;
 use brownout::config::{Config, Secret};
-use brownout::serve::{App, Listeners, Running};
+use brownout::plane::{App, Listeners, Running};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};

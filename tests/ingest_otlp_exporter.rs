@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use brownout::auth::Tokens;
 use brownout::config::{Config, Secret};
-use brownout::serve::{App, Listeners, Running};
+use brownout::plane::{App, Listeners, Running};
 use opentelemetry::KeyValue;
 use opentelemetry::logs::{AnyValue, LogRecord as _, Logger as _, LoggerProvider as _, Severity};
 use opentelemetry::trace::{Span as _, Status, TraceContextExt, Tracer as _, TracerProvider as _};

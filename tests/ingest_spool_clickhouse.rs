@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use brownout::auth::Tokens;
 use brownout::config::{ClickHouseConfig, Config, Secret};
-use brownout::serve::{App, Listeners, Running};
+use brownout::plane::{App, Listeners, Running};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
 use opentelemetry_proto::tonic::resource::v1::Resource;

@@ -391,8 +391,8 @@ async fn weekly_task_stores_last_weeks_report_once() {
 async fn plane_serves_reports_behind_the_read_token_and_stores_last_week() {
     use brownout::auth::{Role, Tokens};
     use brownout::degrade::{InProcBus, Transport};
+    use brownout::plane::{App, Listeners};
     use brownout::plane::{Plane, PlaneOptions};
-    use brownout::serve::{App, Listeners};
     let dir = tempfile::tempdir().unwrap();
     let mut config = brownout::config::Config::defaults();
     config.data_dir = dir.path().to_path_buf();

@@ -19,7 +19,7 @@ use brownout::degrade::api::AlertmanagerWebhook;
 use brownout::degrade::{DegradeConfig, DegradeHandle, InProcBus, Policy, Transport};
 use brownout::ingest::FailureTagger;
 use brownout::patterns::{EngineConfig, PatternEngine, PatternId, SharedEngine};
-use brownout::serve::{App, Listeners, Running};
+use brownout::plane::{App, Listeners, Running};
 use brownout::slo::Evaluator;
 use brownout::slo::task::SloHandle;
 use brownout::store::{FailureQuery, Store};
@@ -331,7 +331,8 @@ async fn start(names: Option<&Names>) -> Plane {
         }
     }
     let source = Arc::new(LiveDataSource::new(LiveParts {
-        state: run.state.clone(),
+        store: run.state.store.clone(),
+        hosts: run.state.hosts.clone(),
         slo,
         degrade,
         patterns: patterns.clone(),

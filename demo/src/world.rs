@@ -17,8 +17,7 @@ use tokio::task::JoinHandle;
 use brownout::auth::Tokens;
 use brownout::config::{Config, Secret};
 use brownout::degrade::{InProcBus, Policy, Transport};
-use brownout::plane::{Plane, PlaneOptions};
-use brownout::serve::{App, Listeners};
+use brownout::plane::{App, Listeners, Plane, PlaneOptions};
 
 /// The demo's policy: the production thresholds of `examples/policy.yaml` scaled to two small
 /// CPU engines, with short hold-downs so a first-time user sees tiers rise and fall in minutes.

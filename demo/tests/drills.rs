@@ -18,8 +18,7 @@ use brownout::auth::Tokens;
 use brownout::config::{Config, Secret};
 use brownout::degrade::Transport;
 use brownout::drill::{self, Fault, Target};
-use brownout::plane::{Plane, PlaneOptions};
-use brownout::serve::{App, Listeners};
+use brownout::plane::{App, Listeners, Plane, PlaneOptions};
 use brownout_gpu_agent::{Agent, AgentConfig, EngineTarget};
 use brownout_test_support::OwnRedis;
 

@@ -17,9 +17,23 @@ use axum::{Json, Router};
 use brownout_protocol::{Category, Criticality};
 use serde::Deserialize;
 
-use crate::auth::{Guard, Role};
-use crate::serve::AppState;
-use crate::store::{FailureCursor, FailureQuery};
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::auth::{Guard, Role, Tokens};
+use crate::ingest::WriterStatus;
+use crate::ingest::hosts::HostRegistry;
+use crate::store::{FailureCursor, FailureQuery, Store};
+
+/// What the query API reads.
+#[derive(Clone)]
+pub struct ApiDeps {
+    pub store: Arc<dyn Store>,
+    pub hosts: HostRegistry,
+    /// The ingest writer's state, for `/api/v1/ingest/status`.
+    pub writer_status: watch::Receiver<WriterStatus>,
+}
 
 /// The one HTTP error type: a status, a stable machine-readable code and a human message.
 /// Internal details go to the log, never to the client.
@@ -100,10 +114,10 @@ pub fn parse_time(field: &str, s: &str) -> Result<u64, ApiError> {
 }
 
 /// The query API's routes, guarded by the read token.
-pub fn router(state: AppState) -> Router {
+pub fn router(deps: ApiDeps, tokens: Arc<Tokens>) -> Router {
     let guard = Guard {
         role: Role::Read,
-        tokens: state.tokens.clone(),
+        tokens,
     };
     Router::new()
         .route("/api/v1/traces/{trace_id}", get(trace))
@@ -114,11 +128,11 @@ pub fn router(state: AppState) -> Router {
             guard,
             crate::auth::require,
         ))
-        .with_state(state)
+        .with_state(deps)
 }
 
 async fn trace(
-    State(state): State<AppState>,
+    State(state): State<ApiDeps>,
     Path(trace_id): Path<String>,
 ) -> Result<Response, ApiError> {
     if trace_id.len() != 32 || !trace_id.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -236,7 +250,7 @@ fn failure_query(p: FailureParams, now_ms: u64) -> Result<FailureQuery, ApiError
 }
 
 async fn failures(
-    State(state): State<AppState>,
+    State(state): State<ApiDeps>,
     params: Result<Query<FailureParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(p) = params.map_err(|e| ApiError::bad_request("bad_parameter", e.body_text()))?;
@@ -249,12 +263,12 @@ async fn failures(
     Ok(Json(page).into_response())
 }
 
-async fn hosts(State(state): State<AppState>) -> Response {
+async fn hosts(State(state): State<ApiDeps>) -> Response {
     Json(serde_json::json!({"hosts": state.hosts.list(brownout_protocol::now_ms())}))
         .into_response()
 }
 
-async fn ingest_status(State(state): State<AppState>) -> Response {
+async fn ingest_status(State(state): State<ApiDeps>) -> Response {
     let s = *state.writer_status.borrow();
     Json(serde_json::json!({"backend": state.store.backend(), "store_up": s.store_up, "spool_bytes": s.spool_bytes}))
         .into_response()

@@ -10,7 +10,7 @@
 //! | degradation | [`DegradeHandle`] status and decisions, plus decisions persisted as store docs of kind `decision` |
 //!
 //! History (VRAM, KV usage, queues, budgets, alert transitions) is sampled at most every
-//! [`SAMPLE_EVERY_MS`] when a page is viewed, or continuously by [`LiveDataSource::spawn_sampler`].
+//! [`SAMPLE_EVERY_MS`] when a page is viewed, or continuously by [`LiveDataSource::run_sampler`].
 //! Nothing here blocks on a lock across an `.await`.
 //!
 //! [`PatternEngine::patterns`]: crate::patterns::engine::PatternEngine::patterns
@@ -28,7 +28,6 @@ use crate::degrade::{DecisionRecord, DegradeHandle};
 use crate::ingest::hosts::{HostRegistry, HostState as RegistryHostState, HostView};
 use crate::patterns::api::SharedEngine;
 use crate::patterns::engine::{Pattern, PatternId};
-use crate::serve::AppState;
 use crate::slo::task::{SloHandle, SloReport};
 use crate::slo::{AlertState as SloAlertState, Severity};
 use crate::store::{CountQuery, FailureQuery, FailureRow, Store};
@@ -62,7 +61,8 @@ const ALERT_EVENTS_KEPT: usize = 200;
 /// The real components the live source reads.
 #[derive(Clone)]
 pub struct LiveParts {
-    pub state: AppState,
+    pub store: Arc<dyn Store>,
+    pub hosts: HostRegistry,
     pub slo: SloHandle,
     pub degrade: DegradeHandle,
     pub patterns: SharedEngine,
@@ -179,26 +179,26 @@ impl LiveDataSource {
         }
     }
 
-    /// Samples the history every [`SAMPLE_EVERY_MS`] until the returned task is aborted (or
-    /// the runtime stops), so charts fill in even while nobody looks.
-    pub fn spawn_sampler(&self) -> tokio::task::JoinHandle<()> {
-        let me = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(SAMPLE_EVERY_MS));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                me.sample(now_ms());
+    /// Samples the history every [`SAMPLE_EVERY_MS`] until `shutdown` resolves, so charts
+    /// fill in even while nobody looks.
+    pub async fn run_sampler(self, shutdown: impl std::future::Future<Output = ()>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(SAMPLE_EVERY_MS));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return,
+                _ = tick.tick() => self.sample(now_ms()),
             }
-        })
+        }
     }
 
     fn store(&self) -> &Arc<dyn Store> {
-        &self.parts.state.store
+        &self.parts.store
     }
 
     fn registry(&self) -> &HostRegistry {
-        &self.parts.state.hosts
+        &self.parts.hosts
     }
 
     /// Records one history sample if the last is older than [`SAMPLE_EVERY_MS`]; new SLO

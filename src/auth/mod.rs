@@ -1,11 +1,15 @@
 //! Bearer-token authentication: three separate tokens (ingest, read, admin), compared in
 //! constant time. The admin token is also accepted wherever the read token is.
+//!
+//! [`middleware`] holds the axum layers that put routes behind them: [`require`] (one role),
+//! [`require_ui`] / [`protect_ui`] (the read token, or the browser's login cookie) and
+//! [`require_degrade_role`] (the role depends on the degradation route).
 
-use std::sync::Arc;
+pub mod middleware;
 
-use axum::extract::{Request, State};
+pub use middleware::{Guard, protect_ui, require, require_degrade_role, require_ui};
+
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
@@ -123,21 +127,6 @@ impl IntoResponse for AuthError {
             axum::Json(body),
         )
             .into_response()
-    }
-}
-
-/// State for [`require`]: which role, and the tokens.
-#[derive(Clone)]
-pub struct Guard {
-    pub role: Role,
-    pub tokens: Arc<Tokens>,
-}
-
-/// axum middleware: `router.route_layer(axum::middleware::from_fn_with_state(Guard{..}, require))`.
-pub async fn require(State(g): State<Guard>, req: Request, next: Next) -> Response {
-    match g.tokens.check(g.role, req.headers()) {
-        Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
     }
 }
 
