@@ -15,8 +15,9 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use brownout::auth::Tokens;
 use brownout::config::{Config, Secret};
-use brownout::degrade::api::AlertmanagerWebhook;
-use brownout::degrade::{DegradeConfig, DegradeHandle, InProcBus, Policy, Transport};
+use brownout::degrade::{
+    AlertmanagerWebhook, DegradeConfig, DegradeHandle, InProcBus, Policy, Transport,
+};
 use brownout::ingest::FailureTagger;
 use brownout::patterns::{EngineConfig, PatternEngine, PatternId, SharedEngine};
 use brownout::plane::{App, Listeners, Running};

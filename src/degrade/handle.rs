@@ -1,26 +1,19 @@
-//! The degradation component's edge: shared state and metrics ([`DegradeHandle`]), the HTTP
-//! router (Alertmanager webhook, operator API) and the controller task ([`run_controller`]).
+//! [`DegradeHandle`]: the degradation component's shared state (inputs, decisions, the command
+//! in force, acks) and its metrics. The HTTP routes ([`super::http`]) and the controller loop
+//! ([`super::run`]) both work through it.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::extract::rejection::JsonRejection;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use brownout_protocol::{Ack, AgentSnapshot, Command, SignedCommand, Tier, now_ms};
+use brownout_protocol::{Ack, AgentSnapshot, Command, Tier};
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde::{Deserialize, Serialize};
 
-use super::bus::InProcBus;
-use super::controller::{
-    Controller, Crossing, Decision, Inputs, Override, PatternRate, SloAlert, Transition,
-};
+use super::controller::{Crossing, Decision, Inputs, Override, PatternRate, SloAlert, Transition};
+use super::http::{AlertmanagerWebhook, ApiError};
 use super::policy::Policy;
-use super::redis::{AckEntry, PublishOutcome, RedisBus};
+use super::redis::AckEntry;
 
 /// Static configuration of the controller.
 #[derive(Debug, Clone)]
@@ -164,18 +157,19 @@ struct AmAlert {
     ends_at_ms: u64,
 }
 
+/// The handle's mutable state, behind one mutex (never held across an `.await`).
 #[derive(Default)]
-struct Shared {
+pub(super) struct Shared {
     snapshots: BTreeMap<String, AgentSnapshot>,
     slo_alerts: Vec<SloAlert>,
     am_alerts: BTreeMap<String, AmAlert>,
     patterns: Vec<PatternRate>,
-    operator_override: Option<Override>,
+    pub(super) operator_override: Option<Override>,
     /// An override change not yet written to Redis (`Some(None)`: a removal).
-    override_to_share: Option<Option<Override>>,
+    pub(super) override_to_share: Option<Option<Override>>,
     last: Option<Decision>,
     history: VecDeque<DecisionRecord>,
-    command: Option<Command>,
+    pub(super) command: Option<Command>,
     leader_epoch: Option<u64>,
     acks: Vec<AckView>,
     /// version → issued_at_ms of commands this replica published (bounded).
@@ -230,7 +224,7 @@ impl DegradeHandle {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Shared> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Shared> {
         self.inner
             .shared
             .lock()
@@ -403,9 +397,9 @@ impl DegradeHandle {
         self.lock().leader_epoch
     }
 
-    /// Records the decision if it changed the tier or the set of triggers; returns the index in
-    /// the history when recorded.
-    fn record(&self, d: &Decision) -> bool {
+    /// Records the decision if it changed the tier or the set of triggers; returns whether it
+    /// was recorded.
+    pub(super) fn record(&self, d: &Decision) -> bool {
         let dry_run = self.inner.cfg.policy.dry_run;
         let rec = {
             let mut s = self.lock();
@@ -460,7 +454,7 @@ impl DegradeHandle {
         true
     }
 
-    fn published(&self, cmd: &Command, elapsed: Option<Duration>) {
+    pub(super) fn published(&self, cmd: &Command, elapsed: Option<Duration>) {
         if let Some(e) = elapsed {
             self.inner.metrics.publish_seconds.observe(e.as_secs_f64());
         }
@@ -478,11 +472,11 @@ impl DegradeHandle {
         s.command = Some(cmd.clone());
     }
 
-    fn set_leader(&self, epoch: Option<u64>) {
+    pub(super) fn set_leader(&self, epoch: Option<u64>) {
         self.lock().leader_epoch = epoch;
     }
 
-    fn set_acks(&self, acks: BTreeMap<String, AckEntry>) {
+    pub(super) fn set_acks(&self, acks: BTreeMap<String, AckEntry>) {
         let mut views = Vec::with_capacity(acks.len());
         {
             let s = self.lock();
@@ -567,423 +561,4 @@ fn triggers(r: &[Crossing]) -> Vec<(Tier, &str, &str)> {
     r.iter()
         .map(|c| (c.tier, c.trigger.as_str(), c.condition.as_str()))
         .collect()
-}
-
-// ---------------------------------------------------------------------------------------------
-// HTTP
-// ---------------------------------------------------------------------------------------------
-
-/// Alertmanager's webhook payload (version 4). Unknown fields are ignored: Alertmanager adds
-/// fields over time.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AlertmanagerWebhook {
-    pub version: String,
-    #[serde(default)]
-    pub group_key: String,
-    #[serde(default)]
-    pub status: String,
-    #[serde(default)]
-    pub receiver: String,
-    #[serde(default)]
-    pub group_labels: BTreeMap<String, String>,
-    #[serde(default)]
-    pub common_labels: BTreeMap<String, String>,
-    #[serde(default)]
-    pub external_url: String,
-    pub alerts: Vec<AlertmanagerAlert>,
-}
-
-/// One alert of an Alertmanager webhook.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AlertmanagerAlert {
-    pub status: String,
-    pub labels: BTreeMap<String, String>,
-    #[serde(default)]
-    pub annotations: BTreeMap<String, String>,
-    #[serde(default)]
-    pub starts_at: Option<String>,
-    #[serde(default)]
-    pub ends_at: Option<String>,
-    #[serde(default, rename = "generatorURL")]
-    pub generator_url: String,
-    #[serde(default)]
-    pub fingerprint: String,
-}
-
-/// The error every handler returns: a stable code and a message, never internals.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-}
-
-impl ApiError {
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
-        (self.status, Json(body)).into_response()
-    }
-}
-
-impl From<JsonRejection> for ApiError {
-    fn from(r: JsonRejection) -> ApiError {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            code: "invalid_json",
-            message: r.body_text(),
-        }
-    }
-}
-
-/// `POST /api/v1/degrade/override` body.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OverrideRequest {
-    pub tier: u8,
-    pub duration_secs: u64,
-    pub reason: String,
-}
-
-const MAX_OVERRIDE_SECS: u64 = 7 * 24 * 3600;
-
-async fn post_alertmanager(
-    State(h): State<DegradeHandle>,
-    body: Result<Json<AlertmanagerWebhook>, JsonRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let Json(hook) = body?;
-    let firing = h.alertmanager_webhook(&hook, now_ms())?;
-    Ok(Json(
-        serde_json::json!({"accepted": hook.alerts.len(), "firing": firing}),
-    ))
-}
-
-async fn post_override(
-    State(h): State<DegradeHandle>,
-    body: Result<Json<OverrideRequest>, JsonRejection>,
-) -> Result<Json<Override>, ApiError> {
-    let Json(req) = body?;
-    let tier = Tier::try_from(req.tier)
-        .map_err(|e| ApiError::bad_request("invalid_tier", e.to_string()))?;
-    if req.duration_secs == 0 || req.duration_secs > MAX_OVERRIDE_SECS {
-        return Err(ApiError::bad_request(
-            "invalid_duration",
-            format!("duration_secs must be between 1 and {MAX_OVERRIDE_SECS}"),
-        ));
-    }
-    let reason = req.reason.trim();
-    if reason.is_empty() || reason.len() > 512 {
-        return Err(ApiError::bad_request(
-            "invalid_reason",
-            "reason must be 1-512 characters",
-        ));
-    }
-    let o = Override {
-        tier,
-        until_ms: now_ms() + req.duration_secs * 1000,
-        reason: reason.to_string(),
-    };
-    tracing::info!(tier = %o.tier, until_ms = o.until_ms, reason = %o.reason, "operator override set");
-    h.set_override(o.clone());
-    Ok(Json(o))
-}
-
-async fn delete_override(State(h): State<DegradeHandle>) -> Json<serde_json::Value> {
-    let removed = h.clear_override();
-    tracing::info!(removed, "operator override cleared");
-    Json(serde_json::json!({"removed": removed}))
-}
-
-async fn get_status(State(h): State<DegradeHandle>) -> Json<DegradeStatus> {
-    Json(h.status())
-}
-
-/// `POST /v1/alertmanager`, `POST|DELETE /api/v1/degrade/override`, `GET /api/v1/degrade`.
-/// The lead adds the admin-token middleware on the `/api/v1/degrade*` routes.
-pub fn router(handle: DegradeHandle) -> Router {
-    Router::new()
-        .route("/v1/alertmanager", post(post_alertmanager))
-        .route("/api/v1/degrade", get(get_status))
-        .route(
-            "/api/v1/degrade/override",
-            post(post_override).delete(delete_override),
-        )
-        .with_state(handle)
-}
-
-// ---------------------------------------------------------------------------------------------
-// The controller task
-// ---------------------------------------------------------------------------------------------
-
-/// How commands leave the controller.
-#[derive(Debug, Clone)]
-pub enum Transport {
-    /// Real Redis at this URL (leader lease, fenced publish, acks hash).
-    Redis { url: String },
-    /// The in-process bus of `brownout demo`.
-    InProc(InProcBus),
-}
-
-/// What the last publish looked like, to decide when the next is due.
-struct LastPublish {
-    decision: Decision,
-    issued_at_ms: u64,
-    epoch: u64,
-}
-
-fn due(last: Option<&LastPublish>, d: &Decision, epoch: u64, now: u64, lease_ms: u64) -> bool {
-    match last {
-        None => true,
-        Some(l) => {
-            l.epoch != epoch || !l.decision.same_effect(d) || now >= l.issued_at_ms + lease_ms / 3
-        }
-    }
-}
-
-/// Runs the controller until `shutdown` resolves: evaluates every policy interval, records
-/// decisions, and (unless dry-run) publishes through `transport` while holding the lease.
-///
-/// Redis being down is not an error: the task retries every interval and republishes the
-/// decision in force as soon as Redis answers (with a new epoch if the lease was lost).
-///
-/// # Errors
-/// Only when the cluster name is invalid for Redis keys.
-pub async fn run_controller(
-    handle: DegradeHandle,
-    transport: Transport,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), super::redis::RedisBusError> {
-    let cfg = handle.config().clone();
-    brownout_protocol::RedisKeys::new(&cfg.cluster)?;
-    let mut controller = Controller::new(cfg.policy.clone());
-    let mut tick = tokio::time::interval(cfg.policy.evaluate_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(shutdown);
-
-    let mut bus: Option<RedisBus> = None;
-    let mut epoch: Option<u64> = None;
-    let mut max_epoch_seen: u64 = 0;
-    let mut next_version: u64 = 1;
-    let mut last_refresh_ms: u64 = 0;
-    let mut last: Option<LastPublish> = None;
-    let lease_ms = cfg.policy.command_lease_ms;
-
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            _ = tick.tick() => {}
-        }
-        let now = now_ms();
-        let mut decision = controller.step(&handle.inputs(now));
-        handle.record(&decision);
-        if cfg.policy.dry_run {
-            continue;
-        }
-        match &transport {
-            Transport::InProc(ib) => {
-                if due(last.as_ref(), &decision, 1, now, lease_ms) {
-                    let cmd = decision.to_command(&cfg.cluster, 1, next_version, now, lease_ms);
-                    next_version += 1;
-                    ib.publish(SignedCommand::sign(&cmd, &cfg.hmac_key));
-                    handle.published(&cmd, None);
-                    last = Some(LastPublish {
-                        decision: decision.clone(),
-                        issued_at_ms: now,
-                        epoch: 1,
-                    });
-                }
-                handle.set_leader(Some(1));
-                handle.set_acks(
-                    ib.acks()
-                        .into_iter()
-                        .map(|(k, a)| (k, AckEntry::Ok(a)))
-                        .collect(),
-                );
-            }
-            Transport::Redis { url } => {
-                if bus.is_none() {
-                    match RedisBus::connect(
-                        url,
-                        &cfg.cluster,
-                        &cfg.replica_id,
-                        cfg.redis_timeout,
-                        &cfg.hmac_key,
-                    )
-                    .await
-                    {
-                        Ok(b) => bus = Some(b),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "degrade: redis unreachable; retrying next interval");
-                            continue;
-                        }
-                    }
-                }
-                let Some(b) = bus.as_mut() else { continue };
-                if let Err(e) = redis_round(
-                    b,
-                    &handle,
-                    &cfg,
-                    &mut controller,
-                    &mut decision,
-                    &mut epoch,
-                    &mut max_epoch_seen,
-                    &mut next_version,
-                    &mut last_refresh_ms,
-                    &mut last,
-                    now,
-                )
-                .await
-                {
-                    tracing::warn!(error = %e, "degrade: redis round failed; retrying next interval");
-                }
-                handle.set_leader(epoch);
-            }
-        }
-    }
-    if let (Some(b), Some(e)) = (bus.as_mut(), epoch) {
-        match b.release(e).await {
-            Ok(true) => tracing::info!(epoch = e, "degrade: leader lease released"),
-            Ok(false) => {}
-            Err(err) => tracing::warn!(error = %err, "degrade: could not release the lease"),
-        }
-    }
-    handle.set_leader(None);
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn redis_round(
-    b: &mut RedisBus,
-    handle: &DegradeHandle,
-    cfg: &DegradeConfig,
-    controller: &mut Controller,
-    decision: &mut Decision,
-    epoch: &mut Option<u64>,
-    max_epoch_seen: &mut u64,
-    next_version: &mut u64,
-    last_refresh_ms: &mut u64,
-    last: &mut Option<LastPublish>,
-    now: u64,
-) -> Result<(), super::redis::RedisBusError> {
-    let lease_ms = cfg.policy.command_lease_ms;
-    // The operator override is shared through Redis: write a local change, then read the truth.
-    let pending = handle.lock().override_to_share.take();
-    if let Some(o) = pending
-        && let Err(e) = b.put_override(o.as_ref(), now).await
-    {
-        handle.lock().override_to_share.get_or_insert(o);
-        return Err(e);
-    }
-    match b.get_override().await? {
-        // Absent (expired, never set, or lost with Redis's data): share ours again if active.
-        None => {
-            let mut s = handle.lock();
-            if s.override_to_share.is_none()
-                && s.operator_override
-                    .as_ref()
-                    .is_some_and(|o| o.until_ms > now)
-            {
-                s.override_to_share = Some(s.operator_override.clone());
-            }
-        }
-        Some(shared) => {
-            let mut s = handle.lock();
-            if s.override_to_share.is_none() && s.operator_override != shared {
-                s.operator_override = shared;
-                drop(s);
-                *decision = controller.step(&handle.inputs(now));
-                handle.record(decision);
-            }
-        }
-    }
-    // Keep or take the leader lease. Refreshed every round (one cheap script): this is also how
-    // a Redis that restarted empty is noticed within one interval.
-    if let Some(e) = *epoch {
-        if b.refresh(e, cfg.leader_lease_ms).await? {
-            *last_refresh_ms = now;
-        } else {
-            tracing::warn!(epoch = e, "degrade: leader lease lost");
-            *epoch = None;
-        }
-    }
-    if epoch.is_none() {
-        if let Some(e) = b.try_acquire(cfg.leader_lease_ms, *max_epoch_seen).await? {
-            tracing::info!(epoch = e, replica = %cfg.replica_id, "degrade: became leader");
-            *epoch = Some(e);
-            *max_epoch_seen = (*max_epoch_seen).max(e);
-            *last_refresh_ms = now;
-            // Continue from the tier in force rather than dropping it on failover.
-            if let Some(stored) = b.stored().await?
-                && let Ok(cmd) = stored.verify_for(&cfg.hmac_key, &cfg.cluster)
-            {
-                *next_version = (*next_version).max(cmd.version + 1);
-                if cmd.tier > controller.tier() && !cmd.is_expired(now) {
-                    controller.resume_at(cmd.tier, now);
-                    *decision = controller.step(&handle.inputs(now));
-                    handle.record(decision);
-                }
-            }
-        } else {
-            // Follower: show the leader's command and acks.
-            if let Some(stored) = b.stored().await?
-                && let Ok(cmd) = stored.verify_for(&cfg.hmac_key, &cfg.cluster)
-            {
-                *max_epoch_seen = (*max_epoch_seen).max(cmd.epoch);
-                *next_version = (*next_version).max(cmd.version + 1);
-                handle.lock().command = Some(cmd);
-            }
-            handle.set_acks(b.acks().await?);
-            return Ok(());
-        }
-    }
-    let Some(e) = *epoch else { return Ok(()) };
-    if due(last.as_ref(), decision, e, now, lease_ms) {
-        let d = decision.clone();
-        let cluster = cfg.cluster.clone();
-        let out = b
-            .publish(e, *next_version, &cfg.hmac_key, |v| {
-                d.to_command(&cluster, e, v, now, lease_ms)
-            })
-            .await?;
-        match out {
-            PublishOutcome::Published {
-                command, elapsed, ..
-            } => {
-                tracing::debug!(epoch = e, version = command.version, tier = %command.tier, "degrade: published");
-                *next_version = command.version + 1;
-                handle.published(&command, Some(elapsed));
-                *last = Some(LastPublish {
-                    decision: d,
-                    issued_at_ms: now,
-                    epoch: e,
-                });
-            }
-            PublishOutcome::NotLeader => {
-                tracing::warn!(epoch = e, "degrade: publish refused: lease not held");
-                *epoch = None;
-            }
-            PublishOutcome::Fenced { stored_epoch } => {
-                tracing::warn!(
-                    epoch = e,
-                    stored_epoch,
-                    "degrade: publish fenced by a newer leader"
-                );
-                *max_epoch_seen = (*max_epoch_seen).max(stored_epoch);
-                *epoch = None;
-            }
-        }
-    }
-    handle.set_acks(b.acks().await?);
-    Ok(())
 }
