@@ -19,6 +19,7 @@ use brownout::degrade::{
     AlertmanagerWebhook, DegradeConfig, DegradeHandle, InProcBus, Policy, Transport,
 };
 use brownout::ingest::FailureTagger;
+use brownout::patterns::feed::PatternFeed;
 use brownout::patterns::{EngineConfig, PatternEngine, PatternId, SharedEngine};
 use brownout::plane::{App, Listeners, Running};
 use brownout::slo::Evaluator;
@@ -78,6 +79,8 @@ fn plain_names() -> Names {
 struct Plane {
     run: Running,
     patterns: SharedEngine,
+    /// Published by hand (`publish_now`), so the test decides when the ranking changes.
+    feed: PatternFeed,
     source: Arc<LiveDataSource>,
     store: Arc<dyn Store>,
     _dir: tempfile::TempDir,
@@ -331,17 +334,20 @@ async fn start(names: Option<&Names>) -> Plane {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
+    let (feed, ranked) = PatternFeed::new(patterns.clone());
+    feed.publish_now(now_ms()).await;
     let source = Arc::new(LiveDataSource::new(LiveParts {
         store: run.state.store.clone(),
         hosts: run.state.hosts.clone(),
         slo,
         degrade,
-        patterns: patterns.clone(),
+        patterns: ranked,
         origin: DataOrigin::Live,
     }));
     Plane {
         run,
         patterns,
+        feed,
         source,
         store,
         _dir: dir,
@@ -556,7 +562,8 @@ async fn every_page_shows_what_was_ingested() {
         .filter_map(|e| e["message"].as_str())
         .collect();
     assert!(examples.contains(&n.messages[0].as_str()), "{pj}");
-    // Clustering is cached: a pattern observed just now shows only after the cache expires.
+    // The page shows the feed's latest ranking: a pattern observed just now shows only after
+    // the feed's next computation.
     {
         let mut e = p.patterns.lock().unwrap();
         for i in 0..3 {
@@ -573,16 +580,13 @@ async fn every_page_shows_what_was_ingested() {
     let again: serde_json::Value = serde_json::from_str(&again).unwrap();
     assert_eq!(
         again["patterns"], pj["patterns"],
-        "recomputed within the cache period"
+        "recomputed without a new publication"
     );
-    tokio::time::sleep(Duration::from_millis(
-        brownout::web::live::PATTERN_CACHE_MS + 100,
-    ))
-    .await;
+    p.feed.publish_now(now_ms()).await;
     let (_, later) = get(&app, "/ui/api/patterns").await;
     assert!(
         later.contains("Unexpected token"),
-        "cache never expired: {later}"
+        "the new publication is not shown: {later}"
     );
     let (_, dj) = get(&app, "/ui/api/degradation").await;
     let dj: serde_json::Value = serde_json::from_str(&dj).unwrap();

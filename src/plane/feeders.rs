@@ -1,8 +1,9 @@
 //! The tasks that carry one component's output into another's input:
 //!
 //! - [`feed_slo`]: every accepted failure and request span becomes an SLO observation;
-//! - [`feed_controller`]: once a second, host snapshots, SLO alerts and new patterns become the
-//!   degradation controller's inputs (and `brownout_host_up` is set).
+//! - [`feed_controller`]: once a second, host snapshots, SLO alerts and the new patterns of the
+//!   pattern feed's latest ranking become the degradation controller's inputs (and
+//!   `brownout_host_up` is set).
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use prometheus::IntGaugeVec;
 use crate::degrade::{DegradeHandle, PatternRate, SloAlert};
 use crate::ingest::IngestState;
 use crate::ingest::hosts::{HostRegistry, HostState};
-use crate::patterns::api::SharedEngine;
+use crate::patterns::feed::PatternsRx;
 use crate::slo::eval::Observation;
 use crate::slo::task::SloHandle;
 
@@ -65,9 +66,13 @@ pub struct ControllerFeed {
     /// `brownout_host_up`, set per host.
     pub host_up: IntGaugeVec,
     pub slo: SloHandle,
-    pub patterns: SharedEngine,
+    /// The pattern feed's latest ranking.
+    pub patterns: PatternsRx,
     pub degrade: DegradeHandle,
 }
+
+/// A pattern is new when its first failure is this recent; its rate is over this span.
+const NEW_PATTERN_MS: u64 = 5 * 60_000;
 
 /// Once a second, until `shutdown`: host snapshots, SLO alerts and new patterns into the
 /// controller's inputs.
@@ -79,13 +84,12 @@ pub async fn feed_controller(
         hosts,
         host_up,
         slo,
-        patterns,
+        mut patterns,
         degrade,
     } = feed;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
-    let mut ticks: u64 = 0;
     loop {
         tokio::select! {
             () = &mut shutdown => break,
@@ -102,27 +106,19 @@ pub async fn feed_controller(
             }
         }
         degrade.set_slo_alerts(slo_alerts(&slo));
-        // Clustering holds the engine's lock (which ingest's tagger also takes): new patterns
-        // are recomputed every 10 s, not every tick.
-        ticks += 1;
-        if ticks % 10 != 1 {
-            continue;
-        }
-        let fresh: Vec<PatternRate> = {
-            let e = patterns
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let since = now.saturating_sub(5 * 60_000);
-            e.patterns(since, now)
+        // The feed clusters; here only its latest ranking is read, when it changed.
+        if patterns.has_changed().unwrap_or(false) {
+            let fresh: Vec<PatternRate> = patterns
+                .borrow_and_update()
+                .new_pattern_rates(NEW_PATTERN_MS)
                 .into_iter()
-                .filter(|p| p.is_new)
-                .map(|p| PatternRate {
-                    pattern_id: p.id.0.clone(),
-                    per_min: p.count as f64 / 5.0,
+                .map(|(pattern_id, per_min)| PatternRate {
+                    pattern_id,
+                    per_min,
                 })
-                .collect()
-        };
-        degrade.set_new_patterns(fresh);
+                .collect();
+            degrade.set_new_patterns(fresh);
+        }
     }
 }
 

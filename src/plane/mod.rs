@@ -4,8 +4,9 @@
 //! ```text
 //!  Config ──> App (store, ingest: spool + pipeline + receivers, host registry, query API, /metrics)
 //!               │ IngestState ── failures ──> pattern engine (the ingest tagger assigns ids)
-//!               │            └── failures, spans ──> feed_slo ──> SLO evaluator ── report ─┐
-//!               └─ HostRegistry ── snapshots ───────────────────> feed_controller <──────┘ <── patterns
+//!               │                               └─> PatternFeed (clusters every 5 s) ── watch ──┬─> web UI
+//!               │            └── failures, spans ──> feed_slo ──> SLO evaluator ── report ─┐   │
+//!               └─ HostRegistry ── snapshots ───────────────────> feed_controller <────────┴───┘
 //!                                                                   └──> degradation controller ──> bus
 //!  routers: api(ApiDeps) · ingest(IngestState) · patterns(engine) · slo(handle) · reports(store)
 //!           · degrade(handle) · web(LiveDataSource over store, hosts, slo, degrade, patterns)
@@ -37,6 +38,7 @@ use crate::degrade::{self, DegradeConfig, DegradeHandle, Policy, Transport};
 use crate::ingest::FailureTagger;
 use crate::patterns::api::SharedEngine;
 use crate::patterns::engine::PatternId;
+use crate::patterns::feed::{PatternFeed, PatternsRx};
 use crate::slo::eval::Evaluator;
 use crate::slo::spec::SloSpec;
 use crate::slo::task::{SloHandle, SloMetrics};
@@ -55,6 +57,8 @@ pub struct PlaneOptions {
     /// Extra routes merged as they are (they bring their own auth).
     pub extra: Option<Router>,
     pub slo_interval: Duration,
+    /// How often the pattern feed re-ranks the patterns.
+    pub patterns_interval: Duration,
     /// This replica's name in the leader lease; `None`: `<hostname>-<pid>`.
     pub replica_id: Option<String>,
 }
@@ -78,6 +82,7 @@ impl PlaneOptions {
             ui: Some(crate::web::model::DataOrigin::Live),
             extra: None,
             slo_interval: Duration::from_secs(2),
+            patterns_interval: crate::patterns::feed::DEFAULT_EVERY,
             replica_id: None,
         })
     }
@@ -132,6 +137,9 @@ pub struct Plane {
     pub slo: SloHandle,
     pub degrade: DegradeHandle,
     pub patterns: SharedEngine,
+    /// The pattern feed's latest ranking (the one clustering, shared by the UI and the
+    /// controller).
+    pub ranked_patterns: PatternsRx,
     /// Every background task, by name; each ends when `stop` is signalled.
     tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)>,
     stop: tokio::sync::watch::Sender<bool>,
@@ -201,6 +209,11 @@ impl Plane {
             }
         };
         let mut tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)> = Vec::new();
+        let (feed, ranked_patterns) = PatternFeed::new(patterns.clone());
+        tasks.push((
+            "pattern feed",
+            tokio::spawn(feed.run(opts.patterns_interval, stopped())),
+        ));
 
         let tokens = state.tokens.clone();
         let read_api = crate::patterns::api::router(patterns.clone())
@@ -225,7 +238,7 @@ impl Plane {
                 hosts: state.hosts.clone(),
                 slo: slo.clone(),
                 degrade: degrade.clone(),
-                patterns: patterns.clone(),
+                patterns: ranked_patterns.clone(),
                 origin,
             });
             tasks.push((
@@ -283,7 +296,7 @@ impl Plane {
                     hosts: state.hosts.clone(),
                     host_up: state.metrics.host_up.clone(),
                     slo: slo.clone(),
-                    patterns: patterns.clone(),
+                    patterns: ranked_patterns.clone(),
                     degrade: degrade.clone(),
                 },
                 stopped(),
@@ -305,6 +318,7 @@ impl Plane {
             slo,
             degrade,
             patterns,
+            ranked_patterns,
             tasks,
             stop,
         })

@@ -5,7 +5,7 @@
 //! | overview | [`overview`] | everything below, summarised |
 //! | hosts, host detail | [`hosts`] | [`HostRegistry::list`] (latest snapshot per host) + the sampled history |
 //! | services and instances (the drill-down of docs/REQUIREMENTS.md R7) | [`services`] | one bounded failure query and one request-count query of the last hour, cached for [`SERVICE_CACHE_MS`]; instances are the engines (`host/engine`) on the hosts the service reported from; an instance's logs are the service's recent failures from the store (one query, [`LOG_SCAN`] rows), filtered to the instance's host |
-//! | patterns | [`patterns`] | [`PatternEngine::patterns`] over 24 h, cached for [`PATTERN_CACHE_MS`] (clustering is not free) |
+//! | patterns | [`patterns`] | the latest ranking the pattern feed published ([`crate::patterns::feed`]: 24 h, recomputed every few seconds by one task); examples from the store, once per publication |
 //! | SLOs | [`slos`] | [`SloHandle::latest`]; burn-down from a ring of sampled reports |
 //! | degradation | [`degradation`] | [`DegradeHandle`] status and decisions, plus decisions persisted as store docs of kind `decision` |
 //! | `/debug/resource` | [`resource`] | snapshots + the sampled queue history |
@@ -15,8 +15,6 @@
 //! [`LiveDataSource::run_sampler`]. In each page module the async function only gathers (store
 //! queries, component handles); what the page shows is computed by plain functions from what
 //! was gathered. Nothing here blocks on a lock across an `.await`.
-//!
-//! [`PatternEngine::patterns`]: crate::patterns::engine::PatternEngine::patterns
 
 mod degradation;
 mod hosts;
@@ -37,7 +35,7 @@ use futures::future::BoxFuture;
 use super::model::*;
 use crate::degrade::DegradeHandle;
 use crate::ingest::hosts::{HostRegistry, HostState as RegistryHostState, HostView};
-use crate::patterns::api::SharedEngine;
+use crate::patterns::feed::PatternsRx;
 use crate::slo::task::SloHandle;
 use crate::store::Store;
 
@@ -45,8 +43,6 @@ use crate::store::Store;
 pub const SAMPLE_EVERY_MS: u64 = 5_000;
 /// History kept per series (one hour at [`SAMPLE_EVERY_MS`]).
 pub const HISTORY_LEN: usize = 720;
-/// How long a computed pattern list is reused.
-pub const PATTERN_CACHE_MS: u64 = 5_000;
 /// How long the service index (failures + request counts of the last hour) is reused.
 pub const SERVICE_CACHE_MS: u64 = 3_000;
 /// Failures read for the service index (the newest of the last hour).
@@ -66,7 +62,8 @@ pub struct LiveParts {
     pub hosts: HostRegistry,
     pub slo: SloHandle,
     pub degrade: DegradeHandle,
-    pub patterns: SharedEngine,
+    /// The pattern feed's latest ranking.
+    pub patterns: PatternsRx,
     /// [`DataOrigin::Live`], or [`DataOrigin::Simulated`] under `brownout-demo`.
     pub origin: DataOrigin,
 }
@@ -88,6 +85,7 @@ struct Caches {
     last_report_ms: u64,
     /// SLO name → alert transitions, newest first, deduplicated.
     alert_events: HashMap<String, VecDeque<AlertEvent>>,
+    /// (the publication it was built from, the details).
     patterns: Option<(u64, Arc<Vec<PatternDetail>>)>,
     services: Option<(u64, Arc<services::ServiceIndex>)>,
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use brownout_protocol::now_ms;
 
-use super::{HOUR_MS, LiveDataSource, PATTERN_CACHE_MS, finite, lock, unavailable};
+use super::{HOUR_MS, LiveDataSource, finite, lock};
 use crate::patterns::engine::{Pattern, PatternId};
 use crate::store::{FailureQuery, FailureRow};
 use crate::web::model::{
@@ -78,25 +78,17 @@ fn examples_of(p: &Pattern, rows: Vec<FailureRow>) -> Vec<PatternExample> {
 }
 
 impl LiveDataSource {
-    /// The ranked patterns with details, cached for [`PATTERN_CACHE_MS`].
+    /// The latest published patterns ([`crate::patterns::feed`]) with details, computed once
+    /// per publication.
     pub(super) async fn patterns_now(&self, now: u64) -> Result<Arc<Vec<PatternDetail>>, UiError> {
+        let snapshot = self.parts.patterns.borrow().clone();
         if let Some((at, p)) = &lock(&self.caches).patterns
-            && now < at + PATTERN_CACHE_MS
+            && *at == snapshot.computed_at_ms
         {
             return Ok(p.clone());
         }
-        // Clustering takes a while: off the async workers.
-        let engine = self.parts.patterns.clone();
-        let ranked: Vec<Pattern> = tokio::task::spawn_blocking(move || {
-            let e = engine
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            e.patterns(now.saturating_sub(24 * HOUR_MS), now + 1)
-        })
-        .await
-        .map_err(|e| unavailable("patterns", e))?;
-        let mut out = Vec::with_capacity(ranked.len());
-        for (i, p) in ranked.into_iter().enumerate() {
+        let mut out = Vec::with_capacity(snapshot.patterns.len());
+        for (i, p) in snapshot.patterns.iter().cloned().enumerate() {
             let examples = if i < PATTERNS_WITH_EXAMPLES {
                 self.examples(&p, now).await
             } else {
@@ -105,7 +97,7 @@ impl LiveDataSource {
             out.push(pattern_detail(p, examples, now));
         }
         let out = Arc::new(out);
-        lock(&self.caches).patterns = Some((now, out.clone()));
+        lock(&self.caches).patterns = Some((snapshot.computed_at_ms, out.clone()));
         Ok(out)
     }
 
