@@ -17,6 +17,7 @@ use brownout::degrade::{
 };
 use brownout_protocol::{RedisTls, Tier, redis_client_with};
 use brownout_serving::control::{ControlHandle, SubscriberConfig, spawn_subscriber};
+use brownout_test_support::wait_for;
 
 const KEY: &[u8] = b"tls-test-key";
 const POLICY: &str = r"
@@ -162,14 +163,6 @@ async fn ping(client: &redis::Client) -> Result<String, String> {
         .query_async::<String>(&mut c)
         .await
         .map_err(|e| e.to_string())
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

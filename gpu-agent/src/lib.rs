@@ -26,7 +26,6 @@
 //! ```
 
 pub mod agent;
-pub mod bench;
 pub mod config;
 pub mod engine;
 pub mod exporter;

@@ -2,7 +2,6 @@
 //!
 //! - [`model`]: the view-model structs of every page and the [`UiDataSource`] trait the process
 //!   wiring implements over the real components (store, patterns, SLO engine, degrade, agents);
-//! - [`demo`]: [`DemoDataSource`], fixed realistic sample data for tests and screenshots;
 //! - [`chart`]: SVG sparklines, line charts with thresholds, tier timelines, gauge bars;
 //! - this file: [`router`], the Tera templates (`templates/web/*.html`, embedded at compile time),
 //!   the formatting filters and the error page.
@@ -18,7 +17,6 @@
 //! URLs. A strict Content-Security-Policy (no inline script) is a second fence, not the first.
 
 pub mod chart;
-pub mod demo;
 pub mod live;
 pub mod model;
 
@@ -33,7 +31,6 @@ use axum::routing::get;
 use serde::Serialize;
 use serde_json::Value;
 
-pub use demo::{DemoDataSource, Vocabulary};
 pub use model::*;
 
 use chart::{LineOpts, Severity, Threshold, YFormat};

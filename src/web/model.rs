@@ -1,8 +1,9 @@
 //! View models: what each page shows, as plain values, and the [`UiDataSource`] that fills them.
 //!
 //! The web layer is a pure rendering layer: it never reads the store, the SLO engine or Redis
-//! itself. Whoever wires the process implements [`UiDataSource`] over the real components;
-//! [`super::demo::DemoDataSource`] implements it over fixed sample data for tests and screenshots.
+//! itself. [`super::live::LiveDataSource`] implements [`UiDataSource`] over the real components
+//! (the composition root builds it); the dev-only `brownout_test_support::ui::SampleDataSource`
+//! implements it over fixed sample data for tests and screenshots.
 //!
 //! Conventions: times are unix milliseconds (`*_ms`), ratios are 0–1 (`*_ratio`), durations carry
 //! their unit. Every `String` here may be user-controlled and is escaped when rendered.
@@ -35,8 +36,8 @@ impl UiError {
     }
 }
 
-/// The data behind every page. Implemented by the lead over the real components and by
-/// [`super::demo::DemoDataSource`]. Each call is one page view; implementations should answer
+/// The data behind every page. Implemented over the real components by
+/// [`super::live::LiveDataSource`] and over sample data by the tests' `SampleDataSource`. Each call is one page view; implementations should answer
 /// from in-memory state or one bounded query, never a scan.
 pub trait UiDataSource: Send + Sync + 'static {
     /// `/`: tiers, SLOs, hosts, services and the top failure patterns now.
@@ -70,9 +71,9 @@ pub trait UiDataSource: Send + Sync + 'static {
 pub enum DataOrigin {
     /// Real components.
     Live,
-    /// Fixed sample data ([`super::demo::DemoDataSource`]).
+    /// Fixed sample data (the tests' and screenshots' `SampleDataSource`).
     Sample,
-    /// Live control plane, but the GPU figures come from the simulated probe (`brownout demo`).
+    /// Live control plane, but the GPU figures come from the simulated probe (`brownout-demo`).
     Simulated,
 }
 

@@ -1,13 +1,22 @@
 //! Dev-only helpers for brownout's tests (never a dependency of a shipped binary).
 //!
-//! - [`wait_for`] / [`eventually`] (and their `_async` forms): poll a condition until it holds,
-//!   failing with what was awaited after a generous liveness limit. They measure nothing: the
+//! - [`wait_for`] / [`eventually`] (their `_async` forms, and [`poll`]): poll a condition until
+//!   it holds, failing with what was awaited after a generous liveness limit. They measure nothing: the
 //!   limit is there so a broken build fails instead of hanging, not to assert a speed. They use
 //!   tokio's clock, so they work under `tokio::time::pause` too.
 //! - [`unique`]: names (cluster ids, Redis key prefixes) no other test or run shares.
 //! - [`redis_url`] / [`require_redis`]: the shared test Redis (`REDIS_TEST_URL`);
 //!   [`OwnRedis`]: a redis-server of the test's own on a spare port, to kill and restart.
 //! - [`repo_root`] and [`free_port`].
+//! - `ui` (feature `ui`): [`ui::SampleDataSource`], the web UI over fixed sample data.
+//! - `engines` (feature `engines`): fixture engines in vLLM's and the bundled tier's formats and
+//!   a snapshot sink (the same file `gpu-agent bench` runs).
+
+#[cfg(feature = "engines")]
+#[path = "../../gpu-agent/src/bench/engines.rs"]
+pub mod engines;
+#[cfg(feature = "ui")]
+pub mod ui;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -17,7 +26,7 @@ use std::time::Duration;
 /// The first pause between two polls; it doubles up to [`MAX_POLL`].
 const FIRST_POLL: Duration = Duration::from_millis(5);
 /// The longest pause between two polls.
-const MAX_POLL: Duration = Duration::from_millis(100);
+const MAX_POLL: Duration = Duration::from_millis(25);
 
 fn next_pause(p: Duration) -> Duration {
     (p * 2).min(MAX_POLL)
@@ -48,7 +57,20 @@ pub async fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> O
 
 /// Polls the future `f` makes until it yields `Some`, and returns the value. Panics naming
 /// `what` after `limit`.
-pub async fn eventually_async<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> T
+pub async fn eventually_async<T, F, Fut>(what: &str, limit: Duration, f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    match poll(limit, f).await {
+        Some(v) => v,
+        None => panic!("gave up after {limit:?} waiting for {what}"),
+    }
+}
+
+/// Polls the future `f` makes until it yields `Some` (the value), or `limit` passes (`None`:
+/// the caller says what it waited for, with whatever it last saw).
+pub async fn poll<T, F, Fut>(limit: Duration, mut f: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -57,21 +79,21 @@ where
     let mut pause = FIRST_POLL;
     loop {
         if let Some(v) = f().await {
-            return v;
+            return Some(v);
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gave up after {limit:?} waiting for {what}"
-        );
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
         tokio::time::sleep(pause).await;
         pause = next_pause(pause);
     }
 }
 
-/// `{prefix}-{12 random hex digits}`: a cluster id or key prefix nobody else uses.
+/// `{prefix}{12 random hex digits}`: a cluster id, key prefix or table prefix nobody else uses
+/// (the prefix brings its separator: `unique("t-")`, `unique("tbl_")`).
 pub fn unique(prefix: &str) -> String {
     format!(
-        "{prefix}-{}",
+        "{prefix}{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     )
 }
@@ -209,9 +231,10 @@ mod tests {
 
     #[test]
     fn unique_names_differ_and_keep_the_prefix() {
-        let (a, b) = (unique("t"), unique("t"));
+        let (a, b) = (unique("t-"), unique("t-"));
         assert_ne!(a, b);
         assert!(a.starts_with("t-") && a.len() == 14, "{a}");
+        assert!(unique("tbl_")[4..].bytes().all(|b| b.is_ascii_hexdigit()));
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! Takes the screenshots in `docs/screenshots/` (headless Chromium against the UI on
-//! `DemoDataSource`). Ignored by default because it rewrites committed files; run it with
-//! `scripts/screenshots.sh` (or `cargo test --test web_screenshots -- --ignored`).
+//! `SampleDataSource`). Ignored by default because it rewrites committed files; run it with
+//! `scripts/screenshots.sh` (or `cargo test -p brownout --test it web_screenshots:: -- --ignored`).
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
-use brownout::web::{self, DemoDataSource};
+use brownout::web;
+use brownout_test_support::ui::SampleDataSource;
 
 const PAGES: &[(&str, &str)] = &[
     ("overview", "/"),
@@ -35,7 +36,7 @@ fn take_screenshots() {
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .expect("bind loopback");
     let addr = listener.local_addr().expect("addr");
-    let source = Arc::new(DemoDataSource::new(brownout_protocol::now_ms()));
+    let source = Arc::new(SampleDataSource::new(brownout_protocol::now_ms()));
     rt.spawn(async move { axum::serve(listener, web::router(source)).await });
 
     let out_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/screenshots");

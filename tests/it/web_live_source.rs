@@ -156,17 +156,17 @@ async fn start(names: Option<&Names>) -> Plane {
     for (file, text) in [
         (
             "examples/slo/chat.yaml",
-            include_str!("../examples/slo/chat.yaml"),
+            include_str!("../../examples/slo/chat.yaml"),
         ),
         (
             "examples/slo/agent.yaml",
-            include_str!("../examples/slo/agent.yaml"),
+            include_str!("../../examples/slo/agent.yaml"),
         ),
     ] {
         specs.extend(brownout::slo::spec::parse_str(text, file).unwrap());
     }
     let slo = SloHandle::new(Evaluator::new(specs));
-    let policy = Policy::from_yaml(include_str!("../examples/policy.yaml")).unwrap();
+    let policy = Policy::from_yaml(include_str!("../../examples/policy.yaml")).unwrap();
     let degrade = DegradeHandle::new(
         DegradeConfig::new("prod-eu", b"0123456789abcdef0123456789abcdef", policy),
         &prometheus::Registry::new(),
@@ -400,13 +400,7 @@ fn spans(n: &Names, total: u8, failed: u8) -> ExportTraceServiceRequest {
 }
 
 async fn eventually<T>(what: &str, f: impl Fn() -> Option<T>) -> T {
-    for _ in 0..100 {
-        if let Some(v) = f() {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{what} never happened");
+    brownout_test_support::eventually(what, Duration::from_secs(5), f).await
 }
 
 /// Percent-encodes a path segment.

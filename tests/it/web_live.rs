@@ -9,15 +9,16 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use brownout::web::{self, DemoDataSource, UiDataSource, UiError};
+use brownout::web::{self, UiDataSource, UiError};
 use brownout_protocol::Tier;
+use brownout_test_support::ui::SampleDataSource;
 use futures::future::{BoxFuture, FutureExt};
 
 const NOW_MS: u64 = 1_764_460_800_000;
 
 /// The demo source, except that the first overview says T0 and every later one says T3.
 struct Escalating {
-    demo: DemoDataSource,
+    demo: SampleDataSource,
     calls: AtomicUsize,
 }
 
@@ -101,7 +102,7 @@ fn tier_card(dom: &str) -> &str {
 #[test]
 fn overview_tier_badges_update_from_the_json_endpoint() {
     let source = Arc::new(Escalating {
-        demo: DemoDataSource::new(NOW_MS),
+        demo: SampleDataSource::new(NOW_MS),
         calls: AtomicUsize::new(0),
     });
     let rt = tokio::runtime::Builder::new_multi_thread()

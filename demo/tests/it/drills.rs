@@ -68,7 +68,7 @@ struct ChildEngine {
 fn spawn_child_engine() -> ChildEngine {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
-            "child_engine_process",
+            "drills::child_engine_process",
             "--exact",
             "--ignored",
             "--nocapture",

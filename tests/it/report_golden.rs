@@ -1,5 +1,5 @@
 //! Same data → same report: golden HTML, Markdown and JSON for fixed WeekData (regenerate with
-//! `UPDATE_GOLDEN=1 cargo test --test report_golden`), escaping of user-controlled text, the
+//! `UPDATE_GOLDEN=1 cargo test -p brownout --test it report_golden::`), escaping of user-controlled text, the
 //! empty week, and playbook parsing.
 
 use std::path::{Path, PathBuf};

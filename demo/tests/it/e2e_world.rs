@@ -3,26 +3,12 @@
 //! tier 3; both engines apply it, ack it, shed sheddable traffic with 429 + Retry-After and keep
 //! serving critical traffic; the UI and the APIs show it; clearing the pin steps back down.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use brownout_demo::{World, WorldOptions};
 use brownout_protocol::Tier;
+use brownout_test_support::{wait_for, wait_for_async};
 use serde_json::{Value, json};
-
-async fn eventually<F, Fut>(what: &str, timeout: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for: {what}");
-}
 
 /// Polls `GET url` (bearer `token`) until `pred` holds for the JSON body.
 async fn eventually_json(
@@ -34,7 +20,7 @@ async fn eventually_json(
     pred: impl Fn(&Value) -> bool,
 ) {
     let pred = &pred;
-    eventually(what, timeout, || async move {
+    wait_for_async(what, timeout, || async move {
         let v: Value = c
             .get(url)
             .bearer_auth(token)
@@ -115,10 +101,8 @@ async fn operator_tier3_reaches_every_engine_sheds_sheddable_and_keeps_critical(
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
 
     for h in world.engine_controls() {
-        let h2 = h.clone();
-        eventually("engine applied T3", Duration::from_secs(10), move || {
-            let h = h2.clone();
-            async move { h.tier() == Tier::T3 }
+        wait_for("engine applied T3", Duration::from_secs(10), || {
+            h.tier() == Tier::T3
         })
         .await;
     }
@@ -262,9 +246,9 @@ async fn operator_tier3_reaches_every_engine_sheds_sheddable_and_keeps_critical(
         .await
         .unwrap();
     assert!(r.status().is_success());
-    eventually("stepped down to T2", Duration::from_secs(40), || {
-        let h = world.engine_controls()[0].clone();
-        async move { h.tier() == Tier::T2 }
+    let h = world.engine_controls()[0].clone();
+    wait_for("stepped down to T2", Duration::from_secs(40), || {
+        h.tier() == Tier::T2
     })
     .await;
 

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use brownout_protocol::{Ack, Command, Criticality, Limits, Reason, Shed, Tier};
 
-const DOC: &str = include_str!("../docs/PROTOCOL.md");
+const DOC: &str = include_str!("../../docs/PROTOCOL.md");
 
 fn blocks(lang: &str) -> Vec<String> {
     let fence = format!("```{lang}\n");

@@ -495,17 +495,6 @@ async fn chat(
         .unwrap_or(0)
 }
 
-async fn wait_for(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> bool) {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("timed out after {limit:?} waiting for {what}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prometheus_scrapes_the_demo_and_every_dashboard_and_rule_expression_has_data() {
     let started = Instant::now();
@@ -590,7 +579,7 @@ async fn prometheus_scrapes_the_demo_and_every_dashboard_and_rule_expression_has
         .unwrap();
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
     for h in world.engine_controls() {
-        wait_for("engine applied T3", Duration::from_secs(10), async || {
+        brownout_test_support::wait_for("engine applied T3", Duration::from_secs(10), || {
             h.tier() == Tier::T3
         })
         .await;

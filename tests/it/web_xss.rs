@@ -9,7 +9,8 @@
 use std::process::Command;
 use std::sync::Arc;
 
-use brownout::web::{self, DemoDataSource, Vocabulary};
+use brownout::web;
+use brownout_test_support::ui::{SampleDataSource, Vocabulary};
 
 const NOW_MS: u64 = 1_764_460_800_000;
 
@@ -90,7 +91,7 @@ fn dump_dom(url: &str, budget_ms: u32) -> String {
 
 #[test]
 fn hostile_strings_render_as_text_and_never_run_in_chromium() {
-    let source = Arc::new(DemoDataSource::with_vocabulary(
+    let source = Arc::new(SampleDataSource::with_vocabulary(
         NOW_MS,
         hostile_vocabulary(),
     ));

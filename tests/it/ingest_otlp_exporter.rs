@@ -184,16 +184,14 @@ fn emit(
 }
 
 async fn eventually(c: &reqwest::Client, url: String, pred: impl Fn(u16, &J) -> bool) -> J {
-    for _ in 0..200 {
-        let r = c.get(&url).bearer_auth(READ).send().await.unwrap();
+    let (pred, url) = (&pred, url.as_str());
+    brownout_test_support::eventually_async(url, Duration::from_secs(5), || async move {
+        let r = c.get(url).bearer_auth(READ).send().await.unwrap();
         let st = r.status().as_u16();
         let j: J = r.json().await.unwrap_or(J::Null);
-        if pred(st, &j) {
-            return j;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("{url}: condition never held");
+        pred(st, &j).then_some(j)
+    })
+    .await
 }
 
 async fn round_trip(transport: Transport) {

@@ -527,7 +527,7 @@ fn eval_cli_output_matches_golden() {
     let want = std::fs::read_to_string(&path).expect("golden (UPDATE_GOLDEN=1 to create)");
     assert_eq!(
         got, want,
-        "UPDATE_GOLDEN=1 cargo test --test slo_eval to accept"
+        "UPDATE_GOLDEN=1 cargo test -p brownout --test it slo_eval:: to accept"
     );
     assert!(got.contains("  page   1h/5m     firing    factor 13.44    SLOErrorBudgetBurn since 2026-01-01T02:00:50Z"), "{got}");
 }

@@ -1,7 +1,7 @@
 //! SLO specs (three formats, every example, bad input) and Prometheus rule generation (golden
 //! files, `promtool check rules`, `promtool test rules`).
 //!
-//! Regenerate the golden files and alerts/slo-*.yml with `UPDATE_GOLDEN=1 cargo test --test slo_spec`.
+//! Regenerate the golden files and alerts/slo-*.yml with `UPDATE_GOLDEN=1 cargo test -p brownout --test it slo_spec::`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -38,7 +38,7 @@ fn golden(path: &Path, got: &str) {
     });
     assert!(
         got == want,
-        "{} differs from the generator's output; run `UPDATE_GOLDEN=1 cargo test --test slo_spec` \
+        "{} differs from the generator's output; run `UPDATE_GOLDEN=1 cargo test -p brownout --test it slo_spec::` \
          and review the diff",
         path.display()
     );

@@ -13,7 +13,7 @@ use brownout_serving::control::{ControlHandle, SubscriberConfig, spawn_subscribe
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
-use brownout_test_support::OwnRedis;
+use brownout_test_support::{OwnRedis, redis_url, require_redis, unique, wait_for};
 
 const KEY: &[u8] = b"degrade-test-key";
 
@@ -36,28 +36,8 @@ tiers:
     params: { admit_min_criticality: critical, retry_after_base_secs: 20, jitter_ratio: 0.5, recovery_eta_max_secs: 600 }
 "#;
 
-fn redis_url() -> String {
-    std::env::var("REDIS_TEST_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-async fn require_redis(url: &str) {
-    let client = redis::Client::open(url).unwrap();
-    let ok = tokio::time::timeout(
-        Duration::from_secs(2),
-        client.get_multiplexed_async_connection(),
-    )
-    .await;
-    assert!(
-        matches!(ok, Ok(Ok(_))),
-        "Redis is not reachable at {url}: start it with scripts/test.sh (or `redis-server --port 6379`)"
-    );
-}
-
 fn cluster(name: &str) -> String {
-    format!(
-        "t-{name}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
+    unique(&format!("t-{name}-"))
 }
 
 fn cfg(cluster: &str, replica: &str) -> DegradeConfig {
@@ -79,17 +59,6 @@ fn subscriber_cfg(url: &str, cluster: &str, inst: &str) -> SubscriberConfig {
     c.reconnect_min = Duration::from_millis(20);
     c.reconnect_max = Duration::from_millis(100);
     c
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 async fn call(app: &axum::Router, req: Request<Body>) -> (StatusCode, serde_json::Value) {
@@ -140,7 +109,7 @@ fn am_payload(status: &str) -> String {
 #[tokio::test]
 async fn decision_applied_and_acked_end_to_end_via_alertmanager_webhook() {
     let url = redis_url();
-    require_redis(&url).await;
+    require_redis(&url);
     let cl = cluster("e2e");
     let h = handle(cfg(&cl, "cp-a"));
     let app = router(h.clone());
@@ -454,7 +423,7 @@ async fn redis_restart_mid_run_loses_no_command_and_converges() {
 #[tokio::test]
 async fn leader_failover_within_one_lease_period_and_stale_leader_is_fenced() {
     let url = redis_url();
-    require_redis(&url).await;
+    require_redis(&url);
     let cl = cluster("failover");
     let a = handle(cfg(&cl, "cp-a"));
     let b = handle(cfg(&cl, "cp-b"));
@@ -559,7 +528,7 @@ async fn leader_failover_within_one_lease_period_and_stale_leader_is_fenced() {
 #[tokio::test]
 async fn dry_run_records_decisions_but_publishes_nothing() {
     let url = redis_url();
-    require_redis(&url).await;
+    require_redis(&url);
     let cl = cluster("dry");
     let mut c = cfg(&cl, "cp-d");
     c.policy.dry_run = true;
@@ -657,7 +626,7 @@ async fn in_process_bus_drives_serving_handles_without_redis() {
 #[tokio::test]
 async fn override_posted_to_a_follower_is_published_by_the_leader() {
     let url = redis_url();
-    require_redis(&url).await;
+    require_redis(&url);
     let cl = cluster("shared-override");
     let a = handle(cfg(&cl, "cp-a"));
     let b = handle(cfg(&cl, "cp-b"));
@@ -778,7 +747,7 @@ async fn override_survives_redis_losing_its_data() {
 #[tokio::test]
 async fn overrides_and_acks_written_without_the_key_are_refused() {
     let url = redis_url();
-    require_redis(&url).await;
+    require_redis(&url);
     let cl = cluster("forged");
     let h = handle(cfg(&cl, "cp-f"));
     let ctl = tokio::spawn(run_controller(

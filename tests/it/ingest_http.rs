@@ -80,12 +80,14 @@ impl Server {
 
     /// Polls a query until `pred` holds (ingest is asynchronous by up to a batch delay).
     async fn eventually(&self, path: &str, pred: impl Fn(u16, &J) -> bool) -> J {
-        for _ in 0..200 {
+        let pred = &pred;
+        let found = brownout_test_support::poll(Duration::from_secs(5), || async move {
             let (s, j) = self.get_json(path).await;
-            if pred(s, &j) {
-                return j;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            pred(s, &j).then_some(j)
+        })
+        .await;
+        if let Some(j) = found {
+            return j;
         }
         let (s, j) = self.get_json(path).await;
         panic!("{path}: condition never held; last answer {s} {j}");

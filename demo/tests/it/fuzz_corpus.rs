@@ -1,11 +1,11 @@
 //! Replays every committed fuzz corpus file (`fuzz/corpus/<target>/*`) through the same checks
 //! the cargo-fuzz targets run (`fuzz/checks.rs`), so CI covers the corpus on stable Rust.
 //!
-//! `UPDATE_FUZZ_SEEDS=1 cargo test -p brownout-demo --test fuzz_corpus` (re)writes the seed files (`seed-*`) from
+//! `UPDATE_FUZZ_SEEDS=1 cargo test -p brownout-demo --test it fuzz_corpus::` (re)writes the seed files (`seed-*`) from
 //! real inputs: example YAML, protocol examples, a tokenizer-only GGUF written by the tiny model's
 //! writer, OTLP protobuf/JSON built from opentelemetry-proto types.
 
-#[path = "../../fuzz/checks.rs"]
+#[path = "../../../fuzz/checks.rs"]
 mod checks;
 
 use std::path::{Path, PathBuf};

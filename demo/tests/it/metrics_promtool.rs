@@ -8,7 +8,8 @@ fn degradation_and_serving_metrics_pass_promtool() {
     let cfg = brownout::degrade::DegradeConfig::new(
         "prod",
         b"k",
-        brownout::degrade::Policy::from_yaml(include_str!("../../examples/policy.yaml")).unwrap(),
+        brownout::degrade::Policy::from_yaml(include_str!("../../../examples/policy.yaml"))
+            .unwrap(),
     );
     let h = brownout::degrade::DegradeHandle::new(cfg, &registry).unwrap();
     h.metrics()

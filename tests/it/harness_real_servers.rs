@@ -5,17 +5,10 @@
 //! absent these tests fail with a message that says how to start it.
 
 use brownout_protocol::{Command, RedisKeys, SignedCommand, Tier, now_ms};
-
-fn redis_url() -> String {
-    std::env::var("REDIS_TEST_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
+use brownout_test_support::{redis_url, unique};
 
 fn clickhouse_url() -> String {
     std::env::var("CLICKHOUSE_TEST_URL").unwrap_or_else(|_| "http://127.0.0.1:8123".into())
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}{}_{}", std::process::id(), now_ms())
 }
 
 #[tokio::test]

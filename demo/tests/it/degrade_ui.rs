@@ -16,13 +16,10 @@ use brownout_serving::control::http::router;
 use brownout_serving::control::{
     ControlHandle, FeatureCatalog, SubscriberConfig, spawn_subscriber,
 };
+use brownout_test_support::redis_url;
 
 const KEY: &[u8] = b"ui-test-key";
 const CHROMIUM: &str = "/usr/bin/chromium";
-
-fn redis_url() -> String {
-    std::env::var("REDIS_TEST_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
 
 #[tokio::test]
 async fn button_greys_out_within_100ms_of_publish_in_headless_chromium() {

@@ -62,7 +62,7 @@ async fn stop_releases_the_leader_lease() {
     use redis::AsyncCommands as _;
     let url = brownout_test_support::redis_url();
     brownout_test_support::require_redis(&url);
-    let cluster = brownout_test_support::unique("lease");
+    let cluster = brownout_test_support::unique("lease-");
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::defaults();
     config.data_dir = dir.path().to_path_buf();

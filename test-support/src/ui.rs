@@ -1,6 +1,7 @@
-//! [`DemoDataSource`]: an in-memory [`UiDataSource`] over fixed, realistic sample data (an
-//! evening peak on a five-host GPU cluster, after seeds 000/001/003), for tests, screenshots and
-//! `brownout` runs without components. Every page it feeds says "sample data".
+//! [`SampleDataSource`]: an in-memory [`UiDataSource`] over fixed, realistic sample data (an
+//! evening peak on a five-host GPU cluster, with the thresholds of docs/REQUIREMENTS.md R2), for
+//! the web tests and the screenshots (`scripts/screenshots.sh`). Every page it feeds says
+//! "sample data". Dev-only: the control plane never serves it.
 //!
 //! All names come from a [`Vocabulary`], so tests can replace every user-controlled string with
 //! hostile input (the XSS test does) and keep the same shape of data.
@@ -12,7 +13,7 @@ use brownout_protocol::{
 };
 use futures::future::{BoxFuture, FutureExt};
 
-use super::model::*;
+use brownout::web::model::*;
 
 /// Every string the sample data shows that would be user- or operator-controlled in production.
 /// Lists are used round-robin; names must be unique within a list.
@@ -99,7 +100,7 @@ impl Default for Vocabulary {
 
 /// In-memory [`UiDataSource`] over sample data generated once at construction.
 #[derive(Debug, Clone)]
-pub struct DemoDataSource {
+pub struct SampleDataSource {
     now_ms: u64,
     vocab: Vocabulary,
     hosts: Vec<HostSummary>,
@@ -134,14 +135,14 @@ fn series(now_ms: u64, n: usize, step_ms: u64, f: impl Fn(usize) -> f64) -> Vec<
         .collect()
 }
 
-impl DemoDataSource {
+impl SampleDataSource {
     /// Sample data with realistic names, as of `now_ms`.
-    pub fn new(now_ms: u64) -> DemoDataSource {
-        DemoDataSource::with_vocabulary(now_ms, Vocabulary::default())
+    pub fn new(now_ms: u64) -> SampleDataSource {
+        SampleDataSource::with_vocabulary(now_ms, Vocabulary::default())
     }
 
     /// Sample data using `vocab` for every displayed name and message.
-    pub fn with_vocabulary(now_ms: u64, vocab: Vocabulary) -> DemoDataSource {
+    pub fn with_vocabulary(now_ms: u64, vocab: Vocabulary) -> SampleDataSource {
         // Floor: the longest series reaches 30 days back, and timestamps are unsigned.
         let now = now_ms.max(60 * 24 * 60 * MIN);
         let hosts = build_hosts(now, &vocab);
@@ -149,7 +150,7 @@ impl DemoDataSource {
         let patterns = build_patterns(now, &vocab);
         let slos = build_slos(now, &vocab);
         let clusters = build_clusters(now, &vocab, &service_to_instances);
-        DemoDataSource {
+        SampleDataSource {
             now_ms: now,
             vocab,
             hosts,
@@ -915,7 +916,7 @@ fn ready<'a, T: Send + 'a>(v: T) -> BoxFuture<'a, T> {
     futures::future::ready(v).boxed()
 }
 
-impl UiDataSource for DemoDataSource {
+impl UiDataSource for SampleDataSource {
     fn overview(&self) -> BoxFuture<'_, Result<OverviewView, UiError>> {
         ready(Ok(self.overview_now()))
     }

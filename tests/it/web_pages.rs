@@ -6,15 +6,16 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use brownout::web::{self, DemoDataSource, UiDataSource, UiError};
+use brownout::web::{self, UiDataSource, UiError};
+use brownout_test_support::ui::SampleDataSource;
 use futures::future::{BoxFuture, FutureExt};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
 const NOW_MS: u64 = 1_764_460_800_000; // 2025-11-30 00:00 UTC
 
-fn demo() -> Arc<DemoDataSource> {
-    Arc::new(DemoDataSource::new(NOW_MS))
+fn demo() -> Arc<SampleDataSource> {
+    Arc::new(SampleDataSource::new(NOW_MS))
 }
 
 async fn get(
@@ -342,11 +343,11 @@ async fn static_assets_and_security_headers() {
 
 #[tokio::test]
 async fn non_http_trace_links_are_shown_as_text() {
-    let vocab = web::Vocabulary {
+    let vocab = brownout_test_support::ui::Vocabulary {
         trace_url_prefix: "javascript:alert(1)//".into(),
-        ..web::Vocabulary::default()
+        ..brownout_test_support::ui::Vocabulary::default()
     };
-    let d = Arc::new(DemoDataSource::with_vocabulary(NOW_MS, vocab));
+    let d = Arc::new(SampleDataSource::with_vocabulary(NOW_MS, vocab));
     let (status, _, body) = get(d, "/patterns").await;
     assert_eq!(status, StatusCode::OK);
     assert!(

@@ -11,7 +11,7 @@ use brownout_protocol::{
 };
 use proptest::prelude::*;
 
-const EXAMPLE: &str = include_str!("../examples/policy.yaml");
+const EXAMPLE: &str = include_str!("../../examples/policy.yaml");
 
 /// A small policy with short windows for table tests.
 const SMALL: &str = r#"
