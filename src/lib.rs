@@ -20,6 +20,7 @@ pub mod config;
 pub mod defaults;
 pub mod degrade;
 pub mod drill;
+pub mod error;
 pub mod ingest;
 pub mod loadgen;
 pub mod logging;

@@ -83,7 +83,7 @@ pub async fn require_ui(State(tokens): State<Arc<Tokens>>, req: Request, next: N
     if ok {
         return next.run(req).await;
     }
-    if req.uri().path().starts_with("/api/") {
+    if crate::error::is_json_path(req.uri().path()) {
         // JSON clients get the JSON 401 that says what was missing.
         if let Err(e) = tokens.check(Role::Read, req.headers()) {
             return e.into_response();
@@ -110,7 +110,11 @@ async fn ui_login(
     q: Result<axum::extract::Query<LoginQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let Ok(axum::extract::Query(q)) = q else {
-        return (StatusCode::BAD_REQUEST, "use /login?token=<read token>").into_response();
+        return crate::error::ApiError::bad_request(
+            "bad_parameter",
+            "use /login?token=<read token>",
+        )
+        .into_response();
     };
     let valid = !q.token.is_empty()
         && q.token
@@ -118,11 +122,12 @@ async fn ui_login(
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
         && tokens.allows(Role::Read, &q.token);
     if !valid {
-        return (
+        return crate::error::ApiError::new(
             StatusCode::UNAUTHORIZED,
+            "unauthorized",
             "that token is not a read or admin token",
         )
-            .into_response();
+        .into_response();
     }
     (
         StatusCode::SEE_OTHER,

@@ -11,9 +11,10 @@ use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Reg
 use serde::{Deserialize, Serialize};
 
 use super::controller::{Crossing, Decision, Inputs, Override, PatternRate, SloAlert, Transition};
-use super::http::{AlertmanagerWebhook, ApiError};
+use super::http::AlertmanagerWebhook;
 use super::policy::Policy;
 use super::redis::AckEntry;
+use crate::error::ApiError;
 
 /// Static configuration of the controller.
 #[derive(Debug, Clone)]

@@ -6,8 +6,6 @@ use std::collections::BTreeMap;
 
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use brownout_protocol::{Tier, now_ms};
@@ -15,6 +13,7 @@ use serde::Deserialize;
 
 use super::controller::Override;
 use super::handle::{DegradeHandle, DegradeStatus};
+pub use crate::error::ApiError;
 
 /// Alertmanager's webhook payload (version 4). Unknown fields are ignored: Alertmanager adds
 /// fields over time.
@@ -53,41 +52,6 @@ pub struct AlertmanagerAlert {
     pub generator_url: String,
     #[serde(default)]
     pub fingerprint: String,
-}
-
-/// The error every handler returns: a stable code and a message, never internals.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-}
-
-impl ApiError {
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
-        (self.status, Json(body)).into_response()
-    }
-}
-
-impl From<JsonRejection> for ApiError {
-    fn from(r: JsonRejection) -> ApiError {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            code: "invalid_json",
-            message: r.body_text(),
-        }
-    }
 }
 
 /// `POST /api/v1/degrade/override` body.

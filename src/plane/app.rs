@@ -253,8 +253,14 @@ impl App {
         };
         let grace = state.config.shutdown_grace;
 
-        let main = main_router(&state).merge(extra);
-        let otlp_http = crate::ingest::http::router(state.ingest.clone());
+        // One error contract (crate::error): 405 in its shape everywhere; the UI router brings
+        // the path-aware 404 fallback when it is mounted.
+        let main = main_router(&state)
+            .merge(extra)
+            .method_not_allowed_fallback(crate::error::method_not_allowed);
+        let otlp_http = crate::ingest::http::router(state.ingest.clone())
+            .fallback(crate::error::no_route)
+            .method_not_allowed_fallback(crate::error::method_not_allowed);
         let cap = |l: TcpListener, name: &str, over: OverCap| {
             let refused = state
                 .metrics

@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Json, Response};
@@ -86,7 +87,7 @@ const VRAM_WARN: f64 = 0.75;
 const TTFT_SLO_S: f64 = 2.0;
 
 #[derive(Clone)]
-struct AppState {
+struct UiState {
     source: Arc<dyn UiDataSource>,
     tera: Arc<tera::Tera>,
 }
@@ -115,7 +116,7 @@ pub fn templates() -> tera::Tera {
 
 /// The UI router over `source`. Mount it at the root of the control plane's HTTP server.
 pub fn router(source: Arc<dyn UiDataSource>) -> Router {
-    let state = AppState {
+    let state = UiState {
         source,
         tera: Arc::new(templates()),
     };
@@ -184,6 +185,14 @@ enum PageError {
     /// A template failed to render: a defect. Logged; the client sees a generic page.
     Render(tera::Error),
     NoRoute,
+    /// A path segment that cannot be read (not UTF-8 once decoded).
+    BadPath(String),
+}
+
+impl From<PathRejection> for PageError {
+    fn from(r: PathRejection) -> Self {
+        PageError::BadPath(r.body_text())
+    }
 }
 
 impl From<UiError> for PageError {
@@ -209,6 +218,7 @@ impl PageError {
                 "this page could not be rendered".into(),
             ),
             PageError::NoRoute => (StatusCode::NOT_FOUND, "not_found", "no such page".into()),
+            PageError::BadPath(m) => (StatusCode::BAD_REQUEST, "bad_parameter", m.clone()),
         }
     }
 }
@@ -237,27 +247,33 @@ impl IntoResponse for PageError {
 
 static ERROR_TERA: std::sync::LazyLock<tera::Tera> = std::sync::LazyLock::new(templates);
 
-/// JSON endpoints answer errors as `{"code", "message"}`.
+/// The JSON twins (`/ui/api/...`) answer errors in the control plane's one contract
+/// ([`crate::error::ApiError`]: `{"error": {"code", "message"}}`).
 struct ApiError(UiError);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if let UiError::Unavailable { component, detail } = &self.0 {
+            tracing::warn!(component, detail, "ui data source unavailable");
+        }
         let (status, code, message) = PageError::Ui(self.0).parts();
-        (
-            status,
-            Json(serde_json::json!({"code": code, "message": message})),
-        )
-            .into_response()
+        crate::error::ApiError::new(status, code, message).into_response()
     }
 }
 
-async fn not_found() -> PageError {
-    PageError::NoRoute
+/// The fallback of the merged control-plane router: JSON under the API prefixes, the HTML
+/// error page elsewhere (browsers).
+async fn not_found(uri: axum::http::Uri) -> Response {
+    if crate::error::is_json_path(uri.path()) {
+        crate::error::ApiError::no_route().into_response()
+    } else {
+        PageError::NoRoute.into_response()
+    }
 }
 
 type Page = Result<Html<String>, PageError>;
 
-fn render(st: &AppState, name: &str, page: &str, view: &impl Serialize, extra: Value) -> Page {
+fn render(st: &UiState, name: &str, page: &str, view: &impl Serialize, extra: Value) -> Page {
     let mut ctx = tera::Context::from_serialize(view).map_err(PageError::Render)?;
     ctx.insert("page", page);
     if let Value::Object(m) = extra {
@@ -273,17 +289,18 @@ fn render(st: &AppState, name: &str, page: &str, view: &impl Serialize, extra: V
 
 // ---- pages ------------------------------------------------------------------------------------
 
-async fn overview(State(st): State<AppState>) -> Page {
+async fn overview(State(st): State<UiState>) -> Page {
     let v = st.source.overview().await?;
     render(&st, "overview.html", "overview", &v, Value::Null)
 }
 
-async fn hosts(State(st): State<AppState>) -> Page {
+async fn hosts(State(st): State<UiState>) -> Page {
     let v = st.source.hosts().await?;
     render(&st, "hosts.html", "hosts", &v, Value::Null)
 }
 
-async fn host(State(st): State<AppState>, Path(name): Path<String>) -> Page {
+async fn host(State(st): State<UiState>, name: Result<Path<String>, PathRejection>) -> Page {
+    let Path(name) = name?;
     let v = st.source.host(&name).await?;
     let vram = chart::line_chart(
         &[model::Series {
@@ -349,7 +366,8 @@ fn kv_thresholds() -> Vec<Threshold> {
     ]
 }
 
-async fn service(State(st): State<AppState>, Path(name): Path<String>) -> Page {
+async fn service(State(st): State<UiState>, name: Result<Path<String>, PathRejection>) -> Page {
+    let Path(name) = name?;
     let v = st.source.service(&name).await?;
     let err = chart::line_chart(
         &[model::Series {
@@ -372,19 +390,20 @@ async fn service(State(st): State<AppState>, Path(name): Path<String>) -> Page {
 }
 
 async fn instance(
-    State(st): State<AppState>,
-    Path((service, inst)): Path<(String, String)>,
+    State(st): State<UiState>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Page {
+    let Path((service, inst)) = path?;
     let v = st.source.instance(&service, &inst).await?;
     render(&st, "instance.html", "overview", &v, Value::Null)
 }
 
-async fn patterns(State(st): State<AppState>) -> Page {
+async fn patterns(State(st): State<UiState>) -> Page {
     let v = st.source.patterns().await?;
     render(&st, "patterns.html", "patterns", &v, Value::Null)
 }
 
-async fn slos(State(st): State<AppState>) -> Page {
+async fn slos(State(st): State<UiState>) -> Page {
     let v = st.source.slos().await?;
     let charts: Vec<chart::Svg> = v
         .slos
@@ -431,7 +450,7 @@ async fn slos(State(st): State<AppState>) -> Page {
     )
 }
 
-async fn degradation(State(st): State<AppState>) -> Page {
+async fn degradation(State(st): State<UiState>) -> Page {
     let v = st.source.degradation().await?;
     let charts: Vec<chart::Svg> = v
         .clusters
@@ -447,7 +466,7 @@ async fn degradation(State(st): State<AppState>) -> Page {
     )
 }
 
-async fn resource(State(st): State<AppState>) -> Page {
+async fn resource(State(st): State<UiState>) -> Page {
     let v = st.source.resource().await?;
     render(
         &st,
@@ -460,21 +479,21 @@ async fn resource(State(st): State<AppState>) -> Page {
 
 // ---- JSON -------------------------------------------------------------------------------------
 
-async fn api_overview(State(st): State<AppState>) -> Result<Json<OverviewView>, ApiError> {
+async fn api_overview(State(st): State<UiState>) -> Result<Json<OverviewView>, ApiError> {
     st.source.overview().await.map(Json).map_err(ApiError)
 }
-async fn api_hosts(State(st): State<AppState>) -> Result<Json<HostsView>, ApiError> {
+async fn api_hosts(State(st): State<UiState>) -> Result<Json<HostsView>, ApiError> {
     st.source.hosts().await.map(Json).map_err(ApiError)
 }
 async fn api_host(
-    State(st): State<AppState>,
-    Path(host): Path<String>,
+    State(st): State<UiState>,
+    crate::error::Path(host): crate::error::Path<String>,
 ) -> Result<Json<HostDetailView>, ApiError> {
     st.source.host(&host).await.map(Json).map_err(ApiError)
 }
 async fn api_service(
-    State(st): State<AppState>,
-    Path(service): Path<String>,
+    State(st): State<UiState>,
+    crate::error::Path(service): crate::error::Path<String>,
 ) -> Result<Json<ServiceView>, ApiError> {
     st.source
         .service(&service)
@@ -483,8 +502,8 @@ async fn api_service(
         .map_err(ApiError)
 }
 async fn api_instance(
-    State(st): State<AppState>,
-    Path((service, instance)): Path<(String, String)>,
+    State(st): State<UiState>,
+    crate::error::Path((service, instance)): crate::error::Path<(String, String)>,
 ) -> Result<Json<InstanceView>, ApiError> {
     st.source
         .instance(&service, &instance)
@@ -492,16 +511,16 @@ async fn api_instance(
         .map(Json)
         .map_err(ApiError)
 }
-async fn api_patterns(State(st): State<AppState>) -> Result<Json<PatternsView>, ApiError> {
+async fn api_patterns(State(st): State<UiState>) -> Result<Json<PatternsView>, ApiError> {
     st.source.patterns().await.map(Json).map_err(ApiError)
 }
-async fn api_slos(State(st): State<AppState>) -> Result<Json<SloView>, ApiError> {
+async fn api_slos(State(st): State<UiState>) -> Result<Json<SloView>, ApiError> {
     st.source.slos().await.map(Json).map_err(ApiError)
 }
-async fn api_degradation(State(st): State<AppState>) -> Result<Json<DegradationView>, ApiError> {
+async fn api_degradation(State(st): State<UiState>) -> Result<Json<DegradationView>, ApiError> {
     st.source.degradation().await.map(Json).map_err(ApiError)
 }
-async fn api_resource(State(st): State<AppState>) -> Result<Json<ResourceView>, ApiError> {
+async fn api_resource(State(st): State<UiState>) -> Result<Json<ResourceView>, ApiError> {
     st.source.resource().await.map(Json).map_err(ApiError)
 }
 

@@ -479,7 +479,7 @@ async fn api_lists_slos_and_refuses_unknown_names() {
     assert_eq!(resp.status(), 404);
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
-    assert_eq!(v["code"], "slo_not_found");
+    assert_eq!(v["error"]["code"], "slo_not_found");
     assert!(
         !String::from_utf8_lossy(&body).contains("<script>"),
         "the name is not echoed"

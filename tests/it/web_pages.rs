@@ -301,7 +301,7 @@ async fn json_endpoints_serve_the_views() {
     let (status, _, body) = get(d.clone(), "/ui/api/hosts/nope").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let v: serde_json::Value = serde_json::from_str(&body).expect("JSON error");
-    assert_eq!(v["code"], "not_found");
+    assert_eq!(v["error"]["code"], "not_found");
     let (_, _, body) = get(d, "/ui/api/overview").await;
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["clusters"][0]["tier"], 2, "tiers are numbers on the wire");
