@@ -36,7 +36,7 @@ pub struct AgentConfig {
     pub backoff_max: Duration,
     /// TTFT quantiles look back over this many scrapes.
     pub ttft_window_scrapes: usize,
-    /// Seed 000's GPU-memory watermark (used over total).
+    /// The GPU-memory watermark (used over total; docs/REQUIREMENTS.md R2.2).
     pub vram_watermark_ratio: f64,
     /// How often to try NVML again after it failed to start.
     pub nvml_retry: Duration,

@@ -215,7 +215,7 @@ pub fn render(report: Option<&CycleReport>, ctx: &RenderContext<'_>) -> String {
         (
             "brownout_gpu_vram_used_ratio",
             "gauge",
-            "GPU memory used over total (0-1); seed 000 alerts above 0.75.",
+            "GPU memory used over total (0-1); alerts fire above the 0.75 watermark.",
             |g| Some(g.stats.vram_used_ratio()),
         ),
         (
@@ -262,7 +262,7 @@ pub fn render(report: Option<&CycleReport>, ctx: &RenderContext<'_>) -> String {
     o.family(
         "brownout_gpu_vram_watermark_ratio",
         "gauge",
-        "The VRAM watermark in force (seed 000: 0.75).",
+        "The VRAM watermark in force (0.75, docs/REQUIREMENTS.md R2.2).",
     );
     o.sample(
         "brownout_gpu_vram_watermark_ratio",

@@ -1,4 +1,4 @@
-//! The degradation command (ARCHITECTURE.md §3).
+//! The degradation command (docs/ARCHITECTURE.md §3, docs/PROTOCOL.md).
 //!
 //! Field names are the contract: fields may be added, never renamed.
 //!

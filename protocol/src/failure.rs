@@ -1,5 +1,5 @@
-//! Failure events (ARCHITECTURE.md §4): one JSON object per NDJSON line on `POST /v1/failures`,
-//! or an OTLP log record / error span with the same attribute names.
+//! Failure events (docs/ARCHITECTURE.md §5): one JSON object per NDJSON line on
+//! `POST /v1/failures`, or an OTLP log record / error span with the same attribute names.
 //!
 //! Parsing is strict about shape and lenient about content: unknown fields, a wrong type, an
 //! unparseable `ts` or a NUL byte are errors that name the field; a missing or unknown
@@ -12,7 +12,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::command::Criticality;
 
-/// What kind of failure it was (seed 001 §2's tags).
+/// What kind of failure it was (docs/REQUIREMENTS.md R1.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Category {

@@ -2,7 +2,7 @@
 //!
 //! This crate owns every byte that crosses a process boundary:
 //!
-//! - [`command`]: the degradation command the control plane publishes (ARCHITECTURE.md §3),
+//! - [`command`]: the degradation command the control plane publishes (docs/ARCHITECTURE.md §3),
 //!   its tiers, criticalities, feature states and shed parameters;
 //! - [`signing`]: HMAC-SHA256 over a command's exact JSON bytes, verified in constant time, and
 //!   domain-separated seals for the other values kept in Redis (acks, the operator override);

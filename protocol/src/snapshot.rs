@@ -25,7 +25,7 @@ pub struct GpuStats {
 }
 
 impl GpuStats {
-    /// Used over total, 0 when total is unknown (seed 000's watermark is 0.75).
+    /// Used over total, 0 when total is unknown (the watermark is 0.75: docs/REQUIREMENTS.md R2.2).
     pub fn vram_used_ratio(&self) -> f64 {
         if self.memory_total_bytes == 0 {
             0.0
@@ -35,7 +35,7 @@ impl GpuStats {
     }
 }
 
-/// KV-cache figures over physical blocks (ARCHITECTURE.md §4). `B` block size, `N` usable
+/// KV-cache figures over physical blocks (docs/ARCHITECTURE.md §5). `B` block size, `N` usable
 /// blocks, `A` blocks in use.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct KvStats {

@@ -11,9 +11,10 @@
 //! ```
 //!
 //! So VRAM moves with the KV blocks in use: an engine at 100% KV usage puts its GPU near
-//! `kv_pool_ratio` (0.9), and seed 000's 75% watermark is crossed at roughly 83% KV usage. A
-//! real card under vLLM shows the whole pool as used from start-up; that is why the control plane
-//! takes KV usage from the engines and VRAM from NVML, and why this probe says it is simulated.
+//! `kv_pool_ratio` (0.9), and the 75% watermark (docs/REQUIREMENTS.md R2.2) is crossed at
+//! roughly 83% KV usage. A real card under vLLM shows the whole pool as used from start-up; that
+//! is why the control plane takes KV usage from the engines and VRAM from NVML, and why this probe
+//! says it is simulated.
 
 use super::{GpuProbe, GpuSample, ProbeError, ProbeKind};
 use crate::engine::EngineReport;

@@ -1,5 +1,5 @@
 //! The OpenAI-compatible HTTP API, `/metrics`, `/health` and `/debug/kv`, and the degradation
-//! rules applied to every request (ARCHITECTURE.md §2):
+//! rules applied to every request (docs/ARCHITECTURE.md §3):
 //!
 //! | tier | rule here |
 //! |---|---|

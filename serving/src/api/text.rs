@@ -2,8 +2,9 @@
 
 use unicode_normalization::UnicodeNormalization;
 
-/// NFC-normalises `s` and strips C0 control characters except `\n` and `\t` (seed 000): a NUL
-/// or an escape sequence in a prompt never reaches the model or the logs.
+/// NFC-normalises `s` and strips C0 control characters except `\n` and `\t`
+/// (docs/REQUIREMENTS.md R6.3): a NUL or an escape sequence in a prompt never reaches the model or
+/// the logs.
 pub fn sanitize(s: &str) -> String {
     s.nfc()
         .filter(|&c| !(c < '\u{20}' && c != '\n' && c != '\t'))

@@ -29,8 +29,8 @@ impl FeatureCatalog {
         FeatureCatalog { features }
     }
 
-    /// The seeds' features: PDF analysis, image generation, multilingual e-mail (P2), web search,
-    /// simple tasks (P1), basic Q&A and login (P0).
+    /// The features of docs/REQUIREMENTS.md R3.1: PDF analysis, image generation, multilingual
+    /// e-mail (P2), web search, simple tasks (P1), basic Q&A and login (P0).
     pub fn seed_default() -> FeatureCatalog {
         let f = |n: &str, c| (n.to_string(), c);
         FeatureCatalog::new(vec![

@@ -8,7 +8,7 @@
 //! nothing.
 //!
 //! - [`receive`]: the one verification path every transport uses (signature, cluster, version);
-//! - [`subscriber`]: the Redis subscriber (ARCHITECTURE.md §3) and its config from the env;
+//! - [`subscriber`]: the Redis subscriber (docs/PROTOCOL.md) and its config from the env;
 //! - [`inproc`]: the in-process subscriber of `brownout demo`;
 //! - [`http`]: `/v1/features`, its SSE stream and the grey-out demo page.
 

@@ -1,4 +1,4 @@
-//! The Redis subscriber (ARCHITECTURE.md §3).
+//! The Redis subscriber (docs/ARCHITECTURE.md §3, docs/PROTOCOL.md).
 //!
 //! ```text
 //!  connect ─> SUBSCRIBE notify ─> HGETALL state ─> verify, apply if newer, ack

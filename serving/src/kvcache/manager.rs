@@ -407,7 +407,7 @@ impl KvCacheManager {
         fill
     }
 
-    /// The ARCHITECTURE.md §4 figures over physical blocks.
+    /// The KV figures of docs/ARCHITECTURE.md §5, over physical blocks.
     pub fn stats(&self) -> KvStats {
         let bs = self.cfg.block_size;
         let n = self.cfg.num_blocks;
