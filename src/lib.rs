@@ -1,6 +1,6 @@
 //! brownout's control plane.
 //!
-//! Data flows left to right (ARCHITECTURE.md §1):
+//! Data flows left to right (docs/ARCHITECTURE.md §2):
 //!
 //! ```text
 //! ingest (OTLP, NDJSON, snapshots, webhooks) ─> store (ClickHouse | SQLite)

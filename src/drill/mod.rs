@@ -1,6 +1,6 @@
-//! `brownout drill NAME --target URL …`: fault drills against a running deployment (seed 000's
-//! "故障注入常态化" and seed 003's chaos drills). Each drill injects one fault with a command the
-//! operator gives (`--inject`, optionally `--recover`), watches the deployment through its
+//! `brownout drill NAME --target URL …`: fault drills against a running deployment (the regular
+//! fault injection and chaos drills of docs/REQUIREMENTS.md R8.2 and R8.3). Each drill injects
+//! one fault with a command the operator gives (`--inject`, optionally `--recover`), watches the deployment through its
 //! public APIs, and reports each step with its time and a verdict:
 //!
 //! | drill | fault (`--inject`) | passes when |

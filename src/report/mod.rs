@@ -1,5 +1,5 @@
-//! Weekly stability roadmap report (seed 000 §5: every failure becomes an engineering item; the
-//! top three come first).
+//! Weekly stability roadmap report (docs/REQUIREMENTS.md R9: every failure becomes an
+//! engineering item; the top three come first).
 //!
 //! - [`model`]: the input [`WeekData`], the [`Playbook`] (playbooks/default.toml, user
 //!   extendable) and [`build`] → [`Report`] (pure).

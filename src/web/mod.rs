@@ -7,9 +7,9 @@
 //!   the formatting filters and the error page.
 //!
 //! Pages: `/` overview → `/services/{service}` → `/services/{service}/instances/{instance}` (its
-//! logs) is seed 003's three-level drill-down, one click per level; `/hosts`, `/hosts/{host}`,
-//! `/patterns`, `/slos`, `/degradation`, `/debug/resource` (seed 001's console). Every view is
-//! also served as JSON under `/ui/api/...` (same paths). The only script (`/static/brownout.js`)
+//! logs) is the three-level drill-down of docs/REQUIREMENTS.md R7.3, one click per level;
+//! `/hosts`, `/hosts/{host}`, `/patterns`, `/slos`, `/degradation`, `/debug/resource` (the console
+//! of R7.4). Every view is also served as JSON under `/ui/api/...` (same paths). The only script (`/static/brownout.js`)
 //! polls `/ui/api/overview` to keep the tier badges live, writing text only (`textContent`).
 //!
 //! Escaping: Tera autoescapes every `.html` template; the only `| safe` output is SVG built by
@@ -79,11 +79,12 @@ const JS: &str = include_str!("../../templates/web/static/brownout.js");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
                    connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-/// Seed 003's KV alert thresholds (P2 at 85 %, P1 at 92 %) and seed 000's VRAM watermark.
+/// The KV alert thresholds of docs/REQUIREMENTS.md R2.3 (P2 at 85 %, P1 at 92 %) and R2.2's VRAM
+/// watermark.
 const KV_WARN: f64 = 0.85;
 const KV_CRIT: f64 = 0.92;
 const VRAM_WARN: f64 = 0.75;
-/// The TTFT SLO (seed 001: basic Q&A under 2 s is P0).
+/// The TTFT SLO (docs/REQUIREMENTS.md R2.4: basic Q&A under 2 s is P0).
 const TTFT_SLO_S: f64 = 2.0;
 
 #[derive(Clone)]

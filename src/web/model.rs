@@ -37,8 +37,9 @@ impl UiError {
 }
 
 /// The data behind every page. Implemented over the real components by
-/// [`super::live::LiveDataSource`] and over sample data by the tests' `SampleDataSource`. Each call is one page view; implementations should answer
-/// from in-memory state or one bounded query, never a scan.
+/// [`super::live::LiveDataSource`] and over sample data by the tests' `SampleDataSource`. Each
+/// call is one page view; implementations should answer from in-memory state or one bounded
+/// query, never a scan.
 pub trait UiDataSource: Send + Sync + 'static {
     /// `/`: tiers, SLOs, hosts, services and the top failure patterns now.
     fn overview(&self) -> BoxFuture<'_, Result<OverviewView, UiError>>;
@@ -60,7 +61,8 @@ pub trait UiDataSource: Send + Sync + 'static {
     fn slos(&self) -> BoxFuture<'_, Result<SloView, UiError>>;
     /// `/degradation`: tier timeline per cluster, acks and lag per instance.
     fn degradation(&self) -> BoxFuture<'_, Result<DegradationView, UiError>>;
-    /// `/debug/resource`: seed 001's console (queues, model load/warm-up, KV fragmentation).
+    /// `/debug/resource`: the console of docs/REQUIREMENTS.md R7.4 (queues, model load/warm-up, KV
+    /// fragmentation).
     fn resource(&self) -> BoxFuture<'_, Result<ResourceView, UiError>>;
 }
 
@@ -101,7 +103,7 @@ pub struct OverviewView {
     pub clusters: Vec<ClusterTier>,
     pub slos: Vec<SloSummary>,
     pub hosts: Vec<HostSummary>,
-    /// Level 1 of seed 003's drill-down: services with their golden signals.
+    /// Level 1 of the drill-down (docs/REQUIREMENTS.md R7.3): services with their golden signals.
     pub services: Vec<ServiceSummary>,
     pub top_patterns: Vec<PatternSummary>,
 }
@@ -421,7 +423,7 @@ pub struct InstanceAck {
 
 // ---- /debug/resource --------------------------------------------------------------------------
 
-/// `/debug/resource`: seed 001's console.
+/// `/debug/resource`: the console of docs/REQUIREMENTS.md R7.4.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ResourceView {
     pub origin: DataOrigin,

@@ -709,7 +709,7 @@ fn build_slos(now: u64, v: &Vocabulary) -> Vec<SloDetail> {
             3.2,
             6.4,
             AlertState::Ticket,
-            "99% of requests have TTFT under 2 s (seed 001: basic Q&A < 2 s is P0)",
+            "99% of requests have TTFT under 2 s (docs/REQUIREMENTS.md R2.4: basic Q&A < 2 s is P0)",
         ),
         (
             0.98,

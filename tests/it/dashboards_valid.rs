@@ -256,7 +256,7 @@ fn a_broken_expression_is_caught() {
 
 #[test]
 fn dashboards_use_the_contract_metric_names() {
-    // The names ARCHITECTURE.md §4 promises; a renamed metric would leave a panel empty.
+    // The names docs/ARCHITECTURE.md §6 promises; a renamed metric would leave a panel empty.
     let text: String = dashboards().iter().map(|(_, d)| d.to_string()).collect();
     for metric in [
         "DCGM_FI_DEV_FB_USED",

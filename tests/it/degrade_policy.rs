@@ -100,9 +100,9 @@ fn example_policy_parses_and_follows_the_seeds() {
     assert_eq!(
         gpu_enter,
         vec![(0.95, 30_000), (0.98, 30_000), (0.995, 30_000)],
-        "seed 001"
+        "docs/REQUIREMENTS.md R2.1"
     );
-    assert!(p.tiers[0].enter.iter().any(|c| matches!(c, Condition::Threshold { signal: Signal::Vram, above, .. } if *above == 0.75)), "seed 000");
+    assert!(p.tiers[0].enter.iter().any(|c| matches!(c, Condition::Threshold { signal: Signal::Vram, above, .. } if *above == 0.75)), "docs/REQUIREMENTS.md R2.2");
     let f = |n: &str| p.features.iter().find(|f| f.name == n).unwrap().clone();
     for n in ["pdf_analysis", "image_generation", "multilingual_email"] {
         assert_eq!(f(n).disable_at, Some(Tier::T1), "{n}");

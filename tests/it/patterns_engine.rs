@@ -1,4 +1,4 @@
-//! End to end through the pure core: synthetic agent failures (seed 000 §4.1's scenarios) into
+//! End to end through the pure core: synthetic agent failures (the scenarios of docs/REQUIREMENTS.md R1.3) into
 //! the PatternEngine, ranked patterns out, and the HTTP API over it.
 
 use std::sync::{Arc, Mutex};

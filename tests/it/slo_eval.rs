@@ -120,7 +120,7 @@ fn total_outage_at_three_nines_pages_within_about_a_minute() {
     // 5 m window at 60 s, bucket-aligned (the open bucket and the 29 before it): 23 whole
     // buckets before the outage (2 300 ok) and 600 failures → 600 / 2 900 → 206.9×.
     assert_eq!(run[5].1.burn_rate(300), Some(206.896552));
-    // Seed 003's fast burn (20% of the 28 d budget in 30 min: 268.8×, 26.88% errors over
+    // The fast burn of docs/REQUIREMENTS.md R2.9 (20% of the 28 d budget in 30 min: 268.8×, 26.88% errors over
     // 30 min) needs 483.9 s of total outage → the 490 s evaluation.
     assert_eq!(first_firing(&run, "30m/2m30s"), Some(490));
 }

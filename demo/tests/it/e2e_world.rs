@@ -1,5 +1,5 @@
 //! End to end, in one process but over real sockets: the control plane, two serving engines on
-//! the tiny model and two simulated-GPU agents (the `brownout demo` deployment). An operator pins
+//! the tiny model and two simulated-GPU agents (the `brownout-demo` deployment). An operator pins
 //! tier 3; both engines apply it, ack it, shed sheddable traffic with 429 + Retry-After and keep
 //! serving critical traffic; the UI and the APIs show it; clearing the pin steps back down.
 

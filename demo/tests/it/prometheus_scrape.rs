@@ -1,5 +1,5 @@
 //! A real Prometheus (Debian package `prometheus`, `/usr/bin/prometheus`) scrapes a running
-//! `brownout demo` deployment (control plane, two serving engines on the tiny model, two
+//! `brownout-demo` deployment (control plane, two serving engines on the tiny model, two
 //! simulated-GPU agents) with the rule files in `alerts/` loaded, while the test drives traffic
 //! that succeeds, times out in the queue (outcome `error`), is shed (429) and hits a disabled
 //! feature (503). Then every PromQL expression of `dashboards/*.json` (panel targets and template
