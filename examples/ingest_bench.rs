@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use brownout::auth::Tokens;
 use brownout::config::{ClickHouseConfig, Config};
-use brownout::serve::{App, Listeners};
+use brownout::plane::{App, Listeners};
 use opentelemetry::KeyValue;
 use opentelemetry::trace::{
     Span as _, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,

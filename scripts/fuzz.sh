@@ -11,7 +11,7 @@
 # the default is none (the code under test is safe Rust; panics and aborts are what we hunt).
 # Crashes land in fuzz/artifacts/<target>/; reproduce with
 #   RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer none -O <target> fuzz/artifacts/<target>/<file>
-# The committed corpus is replayed on stable by `cargo test --test fuzz_corpus`.
+# The committed corpus is replayed on stable by `cargo test -p brownout-demo --test fuzz_corpus`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,6 +1,6 @@
 //! brownout's control plane.
 //!
-//! Data flows left to right (ARCHITECTURE.md §1):
+//! Data flows left to right (docs/ARCHITECTURE.md §2):
 //!
 //! ```text
 //! ingest (OTLP, NDJSON, snapshots, webhooks) ─> store (ClickHouse | SQLite)
@@ -17,11 +17,13 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod defaults;
 pub mod degrade;
-pub mod demo;
 pub mod drill;
+pub mod error;
 pub mod ingest;
 pub mod loadgen;
+pub mod logging;
 pub mod metrics;
 pub mod patterns;
 pub mod plane;

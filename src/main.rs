@@ -15,8 +15,9 @@ struct Cli {
 enum Cmd {
     /// Run the control plane (HTTP :8080, OTLP :4317/:4318).
     Serve(brownout::serve::ServeArgs),
-    /// Run the whole loop in one process on embedded defaults.
-    Demo(brownout::demo::DemoArgs),
+    /// Moved: the demo world is `brownout-demo demo` (it links the serving tier).
+    #[command(hide = true)]
+    Demo(Moved),
     /// Mine templates and cluster failure patterns from log files.
     Patterns(brownout::patterns::PatternsArgs),
     /// SLO tools: generate Prometheus rules, evaluate budgets.
@@ -25,22 +26,24 @@ enum Cmd {
     Report(brownout::report::ReportArgs),
     /// Drive an OpenAI-compatible endpoint with realistic agent traffic.
     Loadgen(brownout::loadgen::LoadgenArgs),
-    /// Benchmarks (overload: the control loop on vs off).
-    Bench(brownout::demo::BenchArgs),
+    /// Moved: the overload benchmark is `brownout-demo bench overload`.
+    #[command(hide = true)]
+    Bench(Moved),
     /// Fault drills against a running deployment (engine-kill, redis-restart, clickhouse-kill,
     /// leader-kill).
     Drill(brownout::drill::DrillArgs),
 }
 
+/// The arguments of a command that moved to `brownout-demo`, taken as they are.
+#[derive(Debug, clap::Args)]
+struct Moved {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    _args: Vec<String>,
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    brownout::logging::init();
     // `patterns` needs no async runtime; starting one (a thread per core) would dominate a
     // short `patterns mine` run.
     let cli = match cli.cmd {
@@ -60,13 +63,19 @@ fn main() -> std::process::ExitCode {
     let result = rt.block_on(async move {
         match cli.cmd {
             Cmd::Serve(a) => brownout::serve::run(a).await,
-            Cmd::Demo(a) => brownout::demo::run(a).await,
             Cmd::Patterns(a) => brownout::patterns::run(a).await,
             Cmd::Slo(a) => brownout::slo::run(a).await,
             Cmd::Report(a) => brownout::report::run(a).await,
             Cmd::Loadgen(a) => brownout::loadgen::run(a).await,
-            Cmd::Bench(a) => brownout::demo::bench(a).await,
             Cmd::Drill(a) => brownout::drill::run(a).await,
+            Cmd::Demo(_) => Err(anyhow::anyhow!(
+                "`brownout demo` moved to its own binary: run `brownout-demo demo` \
+                 (from the repository: cargo run --release -p brownout-demo -- demo)"
+            )),
+            Cmd::Bench(_) => Err(anyhow::anyhow!(
+                "`brownout bench` moved to its own binary: run `brownout-demo bench overload` \
+                 (from the repository: cargo run --release -p brownout-demo -- bench overload)"
+            )),
         }
     });
     exit(result)

@@ -1,12 +1,13 @@
 //! The control plane's own metrics (`brownout_*`), in one Prometheus registry that every
 //! component registers into and `/metrics` renders.
 //!
-//! Ingest's signals are fields of [`IngestMetrics`]; other components call
-//! [`Metrics::registry`] and register their own collectors.
+//! Ingest's signals are fields of [`IngestMetrics`], the host registry's is
+//! [`Metrics::host_up`]; other components call [`Metrics::registry`] and register their own
+//! collectors.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Reasons a request or row was refused; the `reason` label's whole value set.
@@ -49,6 +50,9 @@ pub struct IngestMetrics {
 pub struct Metrics {
     registry: Registry,
     pub ingest: IngestMetrics,
+    /// `brownout_host_up{host}`: 1 while the host's gpu-agent reports (fresh or stale), 0 once
+    /// it is down. Set once a second by the composition root's controller feeder.
+    pub host_up: IntGaugeVec,
 }
 
 impl Default for Metrics {
@@ -157,7 +161,22 @@ impl Metrics {
             ),
             connections_refused_total,
         };
-        Metrics { registry, ingest }
+        let host_up = IntGaugeVec::new(
+            Opts::new(
+                "brownout_host_up",
+                "Whether the host's gpu-agent is reporting (0 once it is down).",
+            ),
+            &["host"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(host_up.clone()))
+            .expect("unique metric");
+        Metrics {
+            registry,
+            ingest,
+            host_up,
+        }
     }
 
     /// Register other components' collectors here.

@@ -74,7 +74,7 @@ impl Shared {
 }
 
 /// A cheap, cloneable view of a running (or not yet running) agent, for in-process callers such
-/// as `brownout demo`.
+/// as `brownout-demo`.
 #[derive(Debug, Clone)]
 pub struct AgentHandle {
     shared: Arc<Shared>,

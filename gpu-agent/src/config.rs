@@ -8,7 +8,7 @@ use reqwest::Url;
 use crate::engine::EngineTarget;
 use crate::probe::simulated::SimulatedGpuSpec;
 
-/// Everything `gpu-agent` (or `brownout demo`, in-process) needs to run.
+/// Everything `gpu-agent` (or `brownout-demo`, in-process) needs to run.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// `Hostname` label and [`brownout_protocol::AgentSnapshot::host`].

@@ -7,7 +7,7 @@
 //! to the control plane ([`push`], bounded queue, backoff with jitter). [`agent`] wires the
 //! parts; [`config`] holds the typed configuration.
 //!
-//! In-process use (`brownout demo`):
+//! In-process use (`brownout-demo`):
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -26,7 +26,6 @@
 //! ```
 
 pub mod agent;
-pub mod bench;
 pub mod config;
 pub mod engine;
 pub mod exporter;

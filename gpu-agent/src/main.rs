@@ -1,11 +1,13 @@
 //! `gpu-agent`: parse the command line, build the config, run until Ctrl-C / SIGTERM.
 
+mod bench;
+
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use brownout_gpu_agent::AgentConfig;
 use brownout_gpu_agent::config::{default_host, parse_control_plane, parse_engine};
-use brownout_gpu_agent::{AgentConfig, bench};
 use clap::{Args, Parser, Subcommand};
 
 /// brownout's GPU node agent: NVML (or simulated GPUs) + engine scrape, a DCGM-compatible

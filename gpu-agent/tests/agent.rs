@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use brownout_gpu_agent::bench::{VLLM_V1_METRICS, spawn_engine};
 use brownout_gpu_agent::config::{parse_control_plane, parse_engine};
 use brownout_gpu_agent::probe::nvml;
 use brownout_gpu_agent::{Agent, AgentConfig};
+use brownout_test_support::engines::{VLLM_V1_METRICS, spawn_engine};
 
 /// Without libnvidia-ml (CI and the dev machines) the agent starts anyway, reports
 /// `brownout_gpu_probe_up 0` with no GPU series, and still exports the engines. On a GPU

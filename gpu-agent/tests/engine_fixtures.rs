@@ -1,13 +1,13 @@
 //! vLLM's and the bundled tier's exact `/metrics` formats, parsed from fixtures and scraped over
 //! real HTTP from fixture servers.
 
-use brownout_gpu_agent::bench::{
-    BROWNOUT_SERVE_DEBUG_KV, BROWNOUT_SERVE_METRICS, VLLM_0_6_METRICS, VLLM_V1_METRICS,
-    spawn_engine,
-};
 use brownout_gpu_agent::config::parse_engine;
 use brownout_gpu_agent::engine::parse::{parse_metrics, series_count};
 use brownout_gpu_agent::engine::{EngineScraper, ScrapeErrorKind};
+use brownout_test_support::engines::{
+    BROWNOUT_SERVE_DEBUG_KV, BROWNOUT_SERVE_METRICS, VLLM_0_6_METRICS, VLLM_V1_METRICS,
+    spawn_engine,
+};
 
 fn client() -> reqwest::Client {
     brownout_gpu_agent::ensure_crypto_provider();

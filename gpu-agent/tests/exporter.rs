@@ -6,15 +6,15 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use brownout_gpu_agent::bench::{
-    BROWNOUT_SERVE_DEBUG_KV, BROWNOUT_SERVE_METRICS, VLLM_V1_METRICS, spawn_engine,
-};
 use brownout_gpu_agent::config::parse_engine;
 use brownout_gpu_agent::exporter::{RenderContext, render};
 use brownout_gpu_agent::probe::{GpuSample, ProbeKind, ProcessVram};
 use brownout_gpu_agent::push::PushCounts;
 use brownout_gpu_agent::{Agent, AgentConfig, CycleReport};
 use brownout_protocol::GpuStats;
+use brownout_test_support::engines::{
+    BROWNOUT_SERVE_DEBUG_KV, BROWNOUT_SERVE_METRICS, VLLM_V1_METRICS, spawn_engine,
+};
 use tokio::net::TcpListener;
 
 /// `promtool check metrics` on `text`: (success, promtool's words).

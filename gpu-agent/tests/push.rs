@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use brownout_gpu_agent::bench::SnapshotSink;
 use brownout_gpu_agent::push::{PushTarget, SnapshotQueue, run_pusher};
 use brownout_gpu_agent::{Agent, AgentConfig, config::parse_control_plane};
 use brownout_protocol::AgentSnapshot;
+use brownout_test_support::engines::SnapshotSink;
 use bytes::Bytes;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -31,14 +31,8 @@ fn snapshot(ts_ms: u64) -> Bytes {
 }
 
 /// Polls `cond` every 10 ms for up to 5 s.
-async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..500 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for: {what}");
+async fn eventually(what: &str, cond: impl FnMut() -> bool) {
+    brownout_test_support::wait_for(what, Duration::from_secs(5), cond).await;
 }
 
 #[tokio::test]

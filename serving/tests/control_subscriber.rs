@@ -14,16 +14,13 @@ use brownout_serving::control::http::{FeaturesView, escape_html, router};
 use brownout_serving::control::{
     ControlHandle, FeatureCatalog, SubscriberConfig, spawn_subscriber,
 };
+use brownout_test_support::{redis_url, wait_for};
 use futures::StreamExt;
 use http_body_util::BodyExt;
 use redis::AsyncCommands;
 use tower::ServiceExt;
 
 const KEY: &[u8] = b"control-test-key";
-
-fn redis_url() -> String {
-    std::env::var("REDIS_TEST_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
 
 async fn redis() -> redis::aio::MultiplexedConnection {
     let url = redis_url();
@@ -108,14 +105,6 @@ async fn put(
         .query_async(conn)
         .await
         .unwrap();
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 async fn ack_of(

@@ -9,101 +9,44 @@
 //!
 //! `since`/`until` take unix milliseconds or RFC 3339; defaults are the last hour.
 
-use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use brownout_protocol::{Category, Criticality};
 use serde::Deserialize;
 
-use crate::auth::{Guard, Role};
-use crate::serve::AppState;
-use crate::store::{FailureCursor, FailureQuery};
+use std::sync::Arc;
 
-/// The one HTTP error type: a status, a stable machine-readable code and a human message.
-/// Internal details go to the log, never to the client.
-#[derive(Debug, Clone)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-    pub retry_after_secs: Option<u32>,
+use tokio::sync::watch;
+
+use crate::auth::{Guard, Role, Tokens};
+use crate::error::{Path, Query};
+use crate::ingest::WriterStatus;
+use crate::ingest::hosts::HostRegistry;
+use crate::store::{FailureCursor, FailureQuery, Store};
+
+/// What the query API reads.
+#[derive(Clone)]
+pub struct ApiDeps {
+    pub store: Arc<dyn Store>,
+    pub hosts: HostRegistry,
+    /// The ingest writer's state, for `/api/v1/ingest/status`.
+    pub writer_status: watch::Receiver<WriterStatus>,
 }
 
-impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-            retry_after_secs: None,
-        }
-    }
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, code, message)
-    }
-    pub fn not_found(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
-    }
-    pub fn unavailable(
-        code: &'static str,
-        message: impl Into<String>,
-        retry_after_secs: u32,
-    ) -> ApiError {
-        ApiError {
-            retry_after_secs: Some(retry_after_secs),
-            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
-        }
-    }
-    /// Logs `err` and answers 500 without details.
-    pub fn internal(context: &str, err: &dyn std::fmt::Display) -> ApiError {
-        tracing::error!(error = %err, "{context}");
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("{context}; see the server log"),
-        )
-    }
-    /// A store that cannot answer is "unavailable", not a bug: 503.
-    pub fn store(err: &crate::store::StoreError) -> ApiError {
-        tracing::warn!(error = %err, "store query failed");
-        ApiError::unavailable("store_unavailable", "the store cannot answer right now", 5)
-    }
-}
+pub use crate::error::ApiError;
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
-        let mut r = (self.status, Json(body)).into_response();
-        if let Some(s) = self.retry_after_secs {
-            r.headers_mut().insert(header::RETRY_AFTER, s.into());
-        }
-        r
-    }
-}
-
-/// Parses unix ms or RFC 3339.
-pub fn parse_time(field: &str, s: &str) -> Result<u64, ApiError> {
-    if let Ok(ms) = s.parse::<u64>() {
-        return Ok(ms);
-    }
-    chrono::DateTime::parse_from_rfc3339(s)
-        .ok()
-        .and_then(|t| u64::try_from(t.timestamp_millis()).ok())
-        .ok_or_else(|| {
-            ApiError::bad_request(
-                "bad_parameter",
-                format!("{field}={s:?} is neither unix milliseconds nor RFC 3339"),
-            )
-        })
+/// `parse_time` with the query API's code.
+fn time_param(field: &str, s: &str) -> Result<u64, ApiError> {
+    crate::error::parse_time(field, s).map_err(|m| ApiError::bad_request("bad_parameter", m))
 }
 
 /// The query API's routes, guarded by the read token.
-pub fn router(state: AppState) -> Router {
+pub fn router(deps: ApiDeps, tokens: Arc<Tokens>) -> Router {
     let guard = Guard {
         role: Role::Read,
-        tokens: state.tokens.clone(),
+        tokens,
     };
     Router::new()
         .route("/api/v1/traces/{trace_id}", get(trace))
@@ -114,11 +57,11 @@ pub fn router(state: AppState) -> Router {
             guard,
             crate::auth::require,
         ))
-        .with_state(state)
+        .with_state(deps)
 }
 
 async fn trace(
-    State(state): State<AppState>,
+    State(state): State<ApiDeps>,
     Path(trace_id): Path<String>,
 ) -> Result<Response, ApiError> {
     if trace_id.len() != 32 || !trace_id.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -165,13 +108,13 @@ fn failure_query(p: FailureParams, now_ms: u64) -> Result<FailureQuery, ApiError
     let since_ms = p
         .since
         .as_deref()
-        .map(|s| parse_time("since", s))
+        .map(|s| time_param("since", s))
         .transpose()?
         .unwrap_or(now_ms.saturating_sub(3_600_000));
     let until_ms = p
         .until
         .as_deref()
-        .map(|s| parse_time("until", s))
+        .map(|s| time_param("until", s))
         .transpose()?
         .unwrap_or(now_ms + 60_000);
     if until_ms <= since_ms {
@@ -236,10 +179,9 @@ fn failure_query(p: FailureParams, now_ms: u64) -> Result<FailureQuery, ApiError
 }
 
 async fn failures(
-    State(state): State<AppState>,
-    params: Result<Query<FailureParams>, axum::extract::rejection::QueryRejection>,
+    State(state): State<ApiDeps>,
+    Query(p): Query<FailureParams>,
 ) -> Result<Response, ApiError> {
-    let Query(p) = params.map_err(|e| ApiError::bad_request("bad_parameter", e.body_text()))?;
     let q = failure_query(p, brownout_protocol::now_ms())?;
     let page = state
         .store
@@ -249,12 +191,12 @@ async fn failures(
     Ok(Json(page).into_response())
 }
 
-async fn hosts(State(state): State<AppState>) -> Response {
+async fn hosts(State(state): State<ApiDeps>) -> Response {
     Json(serde_json::json!({"hosts": state.hosts.list(brownout_protocol::now_ms())}))
         .into_response()
 }
 
-async fn ingest_status(State(state): State<AppState>) -> Response {
+async fn ingest_status(State(state): State<ApiDeps>) -> Response {
     let s = *state.writer_status.borrow();
     Json(serde_json::json!({"backend": state.store.backend(), "store_up": s.store_up, "spool_bytes": s.spool_bytes}))
         .into_response()
@@ -271,7 +213,9 @@ mod tests {
 
     fn serde_urlencoded_like(q: &str) -> FailureParams {
         let uri: axum::http::Uri = format!("/x?{q}").parse().unwrap();
-        Query::<FailureParams>::try_from_uri(&uri).unwrap().0
+        axum::extract::Query::<FailureParams>::try_from_uri(&uri)
+            .unwrap()
+            .0
     }
 
     #[test]
@@ -304,7 +248,7 @@ mod tests {
         ];
         for (p, want) in bad {
             let e = failure_query(params(&p), 10_000_000).unwrap_err();
-            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
             assert!(e.message.contains(want), "{p:?}: {}", e.message);
         }
     }

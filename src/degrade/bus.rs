@@ -1,4 +1,4 @@
-//! The in-process transport of `brownout demo`: no Redis, same signed commands and acks.
+//! The in-process transport of `brownout-demo`: no Redis, same signed commands and acks.
 //!
 //! The controller sends each signed command into a `watch` channel; every serving tier in the
 //! process reads it with `brownout_serving::control::inproc::spawn_inproc_subscriber`, verifies

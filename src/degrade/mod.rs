@@ -8,7 +8,7 @@
 //!     │  every evaluation interval, in run_controller
 //!     v
 //!  transport ── Redis: leader lease (fencing epoch) + one Lua script per publish
-//!            └─ in-process bus (brownout demo): a watch channel the serving tiers read
+//!            └─ in-process bus (brownout-demo): a watch channel the serving tiers read
 //!     │
 //!     v  acks (Redis hash / channel) -> per-instance decision→applied lag
 //! ```
@@ -17,20 +17,25 @@
 //! - [`controller`]: the pure state machine;
 //! - [`redis`]: leader lease, fenced publisher, acks reader;
 //! - [`bus`]: the in-process transport;
-//! - [`api`]: [`DegradeHandle`] (shared state + metrics), the HTTP router (Alertmanager webhook,
-//!   operator API) and [`run_controller`].
+//! - [`handle`]: [`DegradeHandle`], the shared state (inputs, decisions, command, acks) and
+//!   metrics;
+//! - [`http`]: the router (Alertmanager webhook, operator API);
+//! - [`run`]: [`run_controller`], the loop that decides and publishes (its Redis side is
+//!   `run::Publisher`).
 
-pub mod api;
 pub mod bus;
 pub mod controller;
+pub mod handle;
+pub mod http;
 pub mod policy;
 pub mod redis;
+pub mod run;
 
-pub use api::{
-    AckView, DecisionRecord, DegradeConfig, DegradeHandle, Transport, router, run_controller,
-};
 pub use bus::InProcBus;
 pub use controller::{
     Controller, Crossing, Decision, Inputs, Override, PatternRate, SloAlert, Transition,
 };
+pub use handle::{AckView, DecisionRecord, DegradeConfig, DegradeHandle, DegradeStatus};
+pub use http::{AlertmanagerAlert, AlertmanagerWebhook, OverrideRequest, router};
 pub use policy::{Condition, FeaturePolicy, Policy, PolicyError, Signal};
+pub use run::{Transport, run_controller};

@@ -397,7 +397,8 @@ impl Policy {
         }
     }
 
-    /// A small built-in policy following the seeds (GPU 95% / 98% / 99.5% for 30 s, VRAM 75%).
+    /// A small built-in policy with the required thresholds (docs/REQUIREMENTS.md R2.1: GPU
+    /// 95% / 98% / 99.5% for 30 s; R2.2: VRAM 75%).
     pub fn seed_default() -> Policy {
         Policy::from_yaml(include_str!("../../examples/policy.yaml"))
             .expect("examples/policy.yaml is valid (checked by tests)")

@@ -1,4 +1,4 @@
-//! Redis side of the control plane (ARCHITECTURE.md §3): the leader lease with its fencing
+//! Redis side of the control plane (docs/ARCHITECTURE.md §3): the leader lease with its fencing
 //! epoch, the fenced atomic publisher, and the acks reader.
 //!
 //! Each of acquire / refresh / release / publish is one Lua script, so it is atomic and touches

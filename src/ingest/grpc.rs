@@ -17,17 +17,16 @@ use prost::Message;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
-use super::{Accepted, SubmitError, accept_reserved, otlp};
-use crate::serve::AppState;
+use super::{Accepted, IngestState, SubmitError, accept_reserved, otlp};
 
 /// Both services, sharing the app state.
 #[derive(Clone)]
 pub struct Otlp {
-    state: AppState,
+    state: IngestState,
 }
 
 /// Checks the ingest token and returns the tenant (`x-brownout-tenant` metadata).
-fn check_auth<T>(state: &AppState, req: &Request<T>) -> Result<String, Status> {
+fn check_auth<T>(state: &IngestState, req: &Request<T>) -> Result<String, Status> {
     let presented = req
         .metadata()
         .get("authorization")
@@ -141,12 +140,12 @@ impl LogsService for Otlp {
 /// # Errors
 /// When the transport fails.
 pub async fn serve(
-    state: AppState,
+    state: IngestState,
     listener: super::limits::CappedListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    let max = state.config.ingest.max_body_bytes;
-    let timeout = state.config.ingest.request_timeout;
+    let max = state.config.max_body_bytes;
+    let timeout = state.config.request_timeout;
     let svc = Otlp { state };
     let traces = TraceServiceServer::new(svc.clone())
         .accept_compressed(CompressionEncoding::Gzip)

@@ -28,14 +28,13 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use prost::Message;
 use serde::Serialize;
 
-use super::{Accepted, SubmitError, accept, accept_reserved, otlp};
+use super::{Accepted, IngestState, SubmitError, accept, accept_reserved, otlp};
 use crate::api::ApiError;
 use crate::auth::Role;
-use crate::serve::AppState;
 
 /// The ingest routes, guarded by the ingest token; each body must arrive within
 /// `ingest.request_timeout_ms` (408 past it).
-pub fn router(state: AppState) -> Router {
+pub fn router(state: IngestState) -> Router {
     Router::new()
         .route("/v1/traces", post(traces))
         .route("/v1/logs", post(logs))
@@ -52,7 +51,11 @@ pub fn router(state: AppState) -> Router {
 #[derive(Debug, Clone)]
 pub struct Tenant(pub String);
 
-async fn require_ingest(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+async fn require_ingest(
+    State(state): State<IngestState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     if let Err(e) = state.tokens.check(Role::Ingest, req.headers()) {
         state.metrics.reject("unauthorized");
         return e.into_response();
@@ -131,11 +134,11 @@ impl BodyError {
 /// `ingest.request_timeout_ms` for the whole body to arrive (a slow sender holds no slot
 /// forever; nothing has been accepted yet when it is cut off).
 async fn read_ingest_body(
-    state: &AppState,
+    state: &IngestState,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Bytes, BodyError> {
-    let ing = &state.config.ingest;
+    let ing = &state.config;
     tokio::time::timeout(
         ing.request_timeout,
         read_body(headers, body, ing.max_body_bytes),
@@ -312,7 +315,7 @@ fn decode<T: Message + Default + for<'de> serde::Deserialize<'de>>(
 }
 
 async fn otlp_prelude(
-    state: &AppState,
+    state: &IngestState,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(Encoding, Bytes), Response> {
@@ -338,7 +341,7 @@ async fn otlp_prelude(
 /// rows (before decoding, so a request waiting for memory holds only its body), then decoded.
 /// Every refusal is already an OTLP error response.
 async fn otlp_request<T: Message + Default + for<'de> serde::Deserialize<'de>>(
-    state: &AppState,
+    state: &IngestState,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(Encoding, T, super::pipeline::Reservation), Response> {
@@ -356,7 +359,7 @@ async fn otlp_request<T: Message + Default + for<'de> serde::Deserialize<'de>>(
 }
 
 async fn traces(
-    State(state): State<AppState>,
+    State(state): State<IngestState>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     headers: HeaderMap,
     body: Body,
@@ -388,7 +391,7 @@ async fn traces(
 }
 
 async fn logs(
-    State(state): State<AppState>,
+    State(state): State<IngestState>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     headers: HeaderMap,
     body: Body,
@@ -474,7 +477,7 @@ pub fn parse_ndjson(body: &[u8], max_line: usize) -> NdjsonParse {
 }
 
 async fn failures(
-    State(state): State<AppState>,
+    State(state): State<IngestState>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     headers: HeaderMap,
     body: Body,
@@ -486,7 +489,7 @@ async fn failures(
             return e.into_api().into_response();
         }
     };
-    let parsed = parse_ndjson(&bytes, state.config.ingest.max_ndjson_line_bytes);
+    let parsed = parse_ndjson(&bytes, state.config.max_ndjson_line_bytes);
     let m = &state.metrics;
     let too_long = parsed.num_too_long as u64;
     m.ingest
@@ -528,7 +531,7 @@ async fn failures(
 }
 
 async fn snapshot(
-    State(state): State<AppState>,
+    State(state): State<IngestState>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     headers: HeaderMap,
     body: Body,

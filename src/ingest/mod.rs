@@ -24,10 +24,47 @@ pub mod spool;
 use std::sync::Arc;
 
 use brownout_protocol::{AgentSnapshot, FailureEvent};
+use tokio::sync::broadcast;
 
-use crate::serve::AppState;
+use crate::auth::Tokens;
+use crate::config::IngestConfig;
+use crate::metrics::Metrics;
 use crate::store::{Batch, FailureRow, LogRow, SpanRow};
 pub use pipeline::{Pipeline, SubmitError, WriterStatus};
+
+/// What ingest's receivers use, and nothing else. Built by the composition root
+/// ([`crate::plane::App`]); cheap to clone.
+#[derive(Clone)]
+pub struct IngestState {
+    /// The `[ingest]` limits.
+    pub config: Arc<IngestConfig>,
+    pub metrics: Metrics,
+    pub hosts: hosts::HostRegistry,
+    pub tokens: Arc<Tokens>,
+    /// Per-tenant ingest rates (`ingest.tenant_items_per_sec`).
+    pub tenants: Arc<limits::TenantLimiter>,
+    /// Submit rows here (they are counted, spooled when needed, never lost).
+    pub pipeline: Pipeline,
+    /// Assigns pattern ids to failures at ingest; `None` leaves them empty.
+    pub tagger: Option<Arc<dyn FailureTagger>>,
+    /// Every accepted failure, live (lossy for slow subscribers: `broadcast`).
+    pub failures_tx: broadcast::Sender<Arc<FailureRow>>,
+    /// Every accepted request span (roots and server spans), live, one message per ingest batch
+    /// (lossy for slow subscribers: `broadcast`). Feeds the SLO evaluator.
+    pub spans_tx: broadcast::Sender<Arc<[SpanRow]>>,
+}
+
+impl IngestState {
+    /// Subscribes to accepted failures as they arrive.
+    pub fn subscribe_failures(&self) -> broadcast::Receiver<Arc<FailureRow>> {
+        self.failures_tx.subscribe()
+    }
+
+    /// Subscribes to accepted request spans as they arrive (one message per ingest batch).
+    pub fn subscribe_spans(&self) -> broadcast::Receiver<Arc<[SpanRow]>> {
+        self.spans_tx.subscribe()
+    }
+}
 
 /// Assigns a pattern id to a failure event at ingest (the patterns component provides one;
 /// without it, `pattern` stays empty). Must be fast: it runs on the request path.
@@ -50,7 +87,7 @@ pub struct Accepted {
 /// # Errors
 /// [`SubmitError`] when the pipeline cannot take them now (answer 503 + Retry-After).
 pub async fn accept(
-    state: &AppState,
+    state: &IngestState,
     tenant: &str,
     rows: Accepted,
     approx_bytes: usize,
@@ -65,7 +102,7 @@ pub async fn accept(
 /// # Errors
 /// [`SubmitError::Tenant`] over the tenant's rate, [`SubmitError::Closed`] after shutdown.
 pub fn accept_reserved(
-    state: &AppState,
+    state: &IngestState,
     tenant: &str,
     rows: Accepted,
     reservation: pipeline::Reservation,

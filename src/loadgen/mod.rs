@@ -41,7 +41,7 @@ pub struct LoadgenArgs {
     /// Multiplier of the evening peak over the base rate.
     #[arg(long, default_value_t = 3.0)]
     pub peak_factor: f64,
-    /// Compresses think time (seed 001 §5.1: 2–8 s between calls) by this factor.
+    /// Compresses think time (docs/REQUIREMENTS.md R10.2: 2–8 s between calls) by this factor.
     #[arg(long, default_value_t = 4.0)]
     pub speed: f64,
     /// Share of clients that ignore Retry-After and retry at once (a recovery storm).

@@ -6,14 +6,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 use super::engine::{Pattern, PatternEngine};
+use crate::error::{ApiError, Query, parse_time};
 
 /// The engine as shared between ingest (observe) and the API (query).
 pub type SharedEngine = Arc<Mutex<PatternEngine>>;
@@ -33,43 +32,13 @@ pub struct PatternsResponse {
     pub patterns: Vec<Pattern>,
 }
 
-/// An API error: a stable machine-readable code and a human message.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(serde_json::json!({"error": {"code": self.code, "message": self.message}})),
-        )
-            .into_response()
-    }
-}
-
 fn bad(message: String) -> ApiError {
-    ApiError {
-        status: StatusCode::BAD_REQUEST,
-        code: "bad_request",
-        message,
-    }
+    ApiError::bad_request("bad_request", message)
 }
 
-/// Parses unix milliseconds or RFC 3339.
-pub fn parse_time(name: &str, s: &str) -> Result<u64, String> {
-    if let Ok(ms) = s.parse::<u64>() {
-        return Ok(ms);
-    }
-    chrono::DateTime::parse_from_rfc3339(s)
-        .ok()
-        .and_then(|t| u64::try_from(t.timestamp_millis()).ok())
-        .ok_or_else(|| {
-            format!("query parameter `{name}`: {s:?} is neither unix milliseconds nor RFC 3339")
-        })
+/// `parse_time` with this API's code.
+fn time_param(name: &str, s: &str) -> Result<u64, ApiError> {
+    parse_time(name, s).map_err(bad)
 }
 
 /// The patterns router (`GET /api/v1/patterns`).
@@ -86,15 +55,13 @@ async fn list(
     let until = q
         .until
         .as_deref()
-        .map(|s| parse_time("until", s))
-        .transpose()
-        .map_err(bad)?;
+        .map(|s| time_param("until", s))
+        .transpose()?;
     let since = q
         .since
         .as_deref()
-        .map(|s| parse_time("since", s))
-        .transpose()
-        .map_err(bad)?;
+        .map(|s| time_param("since", s))
+        .transpose()?;
     let limit = match q.limit.as_deref() {
         None => 50,
         Some(s) => s
@@ -107,11 +74,9 @@ async fn list(
                 ))
             })?,
     };
-    let engine = engine.lock().map_err(|_| ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        code: "internal",
-        message: "pattern engine unavailable".into(),
-    })?;
+    let engine = engine
+        .lock()
+        .map_err(|_| ApiError::internal("pattern engine unavailable", &"its lock is poisoned"))?;
     let until_ms = until.unwrap_or_else(|| engine.newest_ms().saturating_add(1));
     let since_ms = since.unwrap_or_else(|| until_ms.saturating_sub(86_400_000));
     if since_ms > until_ms {

@@ -11,8 +11,8 @@
 //! categories reach at most cosine 0.24, so a pattern never mixes them ("KV cache exhausted"
 //! never joins a tool timeout). Within a known category and error type the templates join
 //! whatever their words ("tool call to the weather API timed out" joins "tool <*> exceeded its
-//! deadline"): a pattern is a failure *kind*, as in seed 000 §4.1. With another error type or
-//! service the words must share a little (text cosine ≳ 0.05–0.15). For `other` (plain logs,
+//! deadline"): a pattern is a failure *kind*, as in docs/REQUIREMENTS.md R1.3. With another
+//! error type or service the words must share a little (text cosine ≳ 0.05–0.15). For `other` (plain logs,
 //! no category) only near-identical wording (text cosine ≳ 0.79) joins.
 //! DBSCAN noise points become patterns of their own. Only the `max_items` most frequent templates
 //! are clustered (DBSCAN here is O(n²)); the rest are singletons.

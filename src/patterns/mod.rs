@@ -4,6 +4,8 @@
 //! - [`miner`]: the online template miner: stable ids, persistence, bounded memory (pure).
 //! - [`cluster`]: TF-IDF + metadata vectors, DBSCAN (linfa-clustering) into patterns (pure).
 //! - [`engine`]: [`PatternEngine`]: `observe(&FailureEvent)`, `patterns(since, until)` (pure).
+//! - [`feed`]: [`feed::PatternFeed`], the one task that clusters, publishing the ranked
+//!   patterns on a watch channel for the UI and the controller.
 //! - [`api`]: `GET /api/v1/patterns` ([`api::router`]).
 //! - [`synth`]: realistic agent failure logs with ground truth.
 //! - [`bench`]: grouping accuracy and speed against drain3.
@@ -13,6 +15,7 @@ pub mod api;
 pub mod bench;
 pub mod cluster;
 pub mod engine;
+pub mod feed;
 pub mod mask;
 pub mod miner;
 pub mod synth;

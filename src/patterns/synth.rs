@@ -1,9 +1,9 @@
 //! A generator of realistic agent failure logs with ground truth, for tests and benchmarks.
 //!
-//! Seed 000 §4.1's four scenarios in their shares (KV cache overflow 38 %, tool-call timeouts
-//! 29 %, serialization crashes 18 %, state-machine deadlocks 15 %) make up most failures; seed 001
-//! §2's other tags (GPU-queue resource timeouts, model errors), degraded fallbacks and rate limits
-//! are mixed in as noise; an evening peak (20:00–22:00 UTC) multiplies the rate and a KV-overflow
+//! The four scenarios of docs/REQUIREMENTS.md R1.3 in their shares (KV cache overflow 38 %,
+//! tool-call timeouts 29 %, serialization crashes 18 %, state-machine deadlocks 15 %) make up most
+//! failures; R1.2's other tags (GPU-queue resource timeouts, model errors), degraded fallbacks and
+//! rate limits are mixed in as noise; an evening peak (20:00–22:00 UTC) multiplies the rate and a KV-overflow
 //! burst sits on one evening. Every event carries its true template and true pattern.
 //! Deterministic: the same seed gives the same bytes (own SplitMix64, no `rand` version drift).
 

@@ -1,5 +1,5 @@
-//! Weekly stability roadmap report (seed 000 §5: every failure becomes an engineering item; the
-//! top three come first).
+//! Weekly stability roadmap report (docs/REQUIREMENTS.md R9: every failure becomes an
+//! engineering item; the top three come first).
 //!
 //! - [`model`]: the input [`WeekData`], the [`Playbook`] (playbooks/default.toml, user
 //!   extendable) and [`build`] → [`Report`] (pure).
@@ -186,16 +186,7 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
             let st = crate::store::open(&config)
                 .await
                 .context("opening the store")?;
-            let slos = match &config.slo_file {
-                Some(p) => crate::slo::spec::load_file(p)?,
-                None => {
-                    let mut v = Vec::new();
-                    for (file, text) in crate::plane::DEFAULT_SLOS {
-                        v.extend(crate::slo::spec::parse_str(text, file)?);
-                    }
-                    v
-                }
-            };
+            let slos = crate::defaults::slos_or(config.slo_file.as_deref())?;
             store::week_data(st.as_ref(), &slos, &args.week, &args.cluster).await?
         }
     };

@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use axum::Router;
-use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::extract::State;
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use brownout_protocol::now_ms;
 use chrono::Datelike as _;
@@ -29,6 +29,7 @@ use chrono::Datelike as _;
 use super::model::{Episode, PatternWeek, Playbook, SloWeek, WeekData};
 use super::render::{Format, render};
 use crate::degrade::DecisionRecord;
+use crate::error::{ApiError, Path, Query};
 use crate::patterns::PatternEngine;
 use crate::slo::spec::{Period, SliKind, SloSpec};
 use crate::store::{CountQuery, FailureCursor, FailureQuery, FailureRow, Store};
@@ -349,16 +350,17 @@ struct FormatQuery {
 }
 
 fn bad_request(msg: String) -> Response {
-    (StatusCode::BAD_REQUEST, msg).into_response()
+    ApiError::bad_request("bad_parameter", msg).into_response()
 }
 
 fn unavailable(e: &anyhow::Error) -> Response {
     tracing::warn!(error = %format!("{e:#}"), "report: store error");
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
+    ApiError::unavailable(
+        "store_unavailable",
         "the store is not answering; try again later",
+        5,
     )
-        .into_response()
+    .into_response()
 }
 
 /// `GET /reports/{week}` (`current`, `last` or `2026-W48`; `?format=html|md|json`) and
@@ -377,7 +379,7 @@ pub fn router(store: Arc<dyn Store>, slos: Arc<Vec<SloSpec>>, cluster: String) -
 async fn report(
     State(st): State<ReportState>,
     Path(week): Path<String>,
-    q: Result<Query<FormatQuery>, axum::extract::rejection::QueryRejection>,
+    q: Result<Query<FormatQuery>, ApiError>,
 ) -> Response {
     let Ok(Query(q)) = q else {
         return bad_request("bad query; use ?format=html|md|json".into());
@@ -420,12 +422,7 @@ async fn report(
     let body = match render(&super::build(&data, &Playbook::bundled()), format) {
         Ok(b) => b,
         Err(e) => {
-            tracing::error!(error = %e, "report: render failed");
-            return (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the report could not be rendered",
-            )
-                .into_response();
+            return ApiError::internal("the report could not be rendered", &e).into_response();
         }
     };
     let ct = match format {

@@ -71,7 +71,7 @@ impl Severity {
 pub enum PairKind {
     Page,
     Ticket,
-    /// Seed 003: 20% of the monthly budget within 30 minutes.
+    /// docs/REQUIREMENTS.md R2.9: 20% of the monthly budget within 30 minutes.
     FastBurn,
 }
 
@@ -115,8 +115,8 @@ pub const WORKBOOK_PAIRS: [(PairKind, u64, u64, f64); 4] = [
     (PairKind::Ticket, 259_200, 21_600, 0.10),
 ];
 
-/// Seed 003's alert: "20% of the monthly budget burnt within 30 minutes", with the Workbook's
-/// short window of 1/12 of the long one.
+/// The alert of docs/REQUIREMENTS.md R2.9: "20% of the monthly budget burnt within 30 minutes",
+/// with the Workbook's short window of 1/12 of the long one.
 pub const FAST_BURN_PAIR: (PairKind, u64, u64, f64) = (PairKind::FastBurn, 1_800, 150, 0.20);
 
 /// `budget_fraction · period / long_window`.

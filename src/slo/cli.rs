@@ -181,7 +181,7 @@ fn default_kind() -> EventKind {
 }
 
 /// Parses NDJSON: a line with an `ok` field is a request/task event, any other line a failure
-/// event (ARCHITECTURE.md §4). Blank lines are skipped.
+/// event (docs/ARCHITECTURE.md §5, docs/PROTOCOL.md). Blank lines are skipped.
 ///
 /// # Errors
 /// The first bad line, with its number and reason.

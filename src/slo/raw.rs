@@ -386,7 +386,9 @@ pub(crate) fn check_alert_labels(
 /// The metric names the serving tier is assumed to export (docs/SLO.md, "Metrics assumed").
 pub mod metrics {
     /// Counter of finished requests with labels `service`, `feature`, `criticality`, `outcome`
-    /// (`ok`, `error`, `shed`, `feature_disabled`).
+    /// (the finish reason — `stop`, `length`, `abort` — or `error`; only `error` is bad). Refused
+    /// requests (shed, feature disabled) are not in it: the serving tier counts them in
+    /// `brownout_serving_shed_total` and `brownout_serving_feature_disabled_total`.
     pub const REQUESTS: &str = "brownout_serving_requests_total";
     /// Counter of agent tasks with labels `service`, `feature`, `criticality`, `outcome`
     /// (`ok`, `error`).

@@ -6,8 +6,8 @@
 //!   when the low-traffic guard is on, `slo:sli_events:count<W>` (events in the window); then
 //!   the alerts, in the same group so they read this evaluation's ratios: one per multi-window
 //!   pair (`SLOErrorBudgetBurn`, severity `page` for 1h/5m and 6h/30m, `ticket` for 1d/2h and
-//!   3d/6h), seed 003's fast burn (`SLOErrorBudgetFastBurn`, 30m/2m30s, page) and
-//!   `SLOSLIAbsent` (no SLI series for a while);
+//!   3d/6h), the fast burn of docs/REQUIREMENTS.md R2.9 (`SLOErrorBudgetFastBurn`, 30m/2m30s,
+//!   page) and `SLOSLIAbsent` (no SLI series for a while);
 //! - `slo-<name>-meta`: `slo:objective:ratio`, `slo:error_budget:ratio`, the period's error
 //!   ratio `slo:sli_error:ratio_rate<P>`, `slo:period_burn_rate:ratio` and
 //!   `slo:period_error_budget_remaining:ratio`.

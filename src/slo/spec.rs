@@ -162,7 +162,8 @@ pub struct Alerting {
     pub page: AlertConfig,
     /// The two ticket pairs (1d/2h, 3d/6h).
     pub ticket: AlertConfig,
-    /// Seed 003's "20% of the monthly budget burnt within 30 minutes" (30m/2m30s), a page.
+    /// docs/REQUIREMENTS.md R2.9's "20% of the monthly budget burnt within 30 minutes"
+    /// (30m/2m30s), a page.
     pub fast_burn: AlertConfig,
     /// No SLI data at all for a while (Prometheus rules only).
     pub absent: AlertConfig,

@@ -1,4 +1,4 @@
-//! The ClickHouse store, within what ClickHouse 18.16 supports (ARCHITECTURE.md §4).
+//! The ClickHouse store, within what ClickHouse 18.16 supports (docs/ARCHITECTURE.md §4).
 //!
 //! - The client is built with `.with_validation(false)` (18.16 has no
 //!   `RowBinaryWithNamesAndTypes`), queries use `.bind()`, and no server setting is sent.

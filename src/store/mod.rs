@@ -1,7 +1,7 @@
 //! Storage: one [`Store`] trait, two real backends.
 //!
 //! - [`clickhouse::ClickHouseStore`] (when `CLICKHOUSE_URL` is set): the official crate, written
-//!   for ClickHouse 18.16 (ARCHITECTURE.md §4): no validation, `.bind()`, `DateTime` + `UInt64`
+//!   for ClickHouse 18.16 (docs/ARCHITECTURE.md §4): no validation, `.bind()`, `DateTime` + `UInt64`
 //!   micros, parallel `Array(String)` attributes, tables partitioned by day, retention by
 //!   dropping partitions.
 //! - [`sqlite::SqliteStore`] (the embedded default): rusqlite under the data dir, WAL mode, one

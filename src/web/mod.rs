@@ -2,15 +2,14 @@
 //!
 //! - [`model`]: the view-model structs of every page and the [`UiDataSource`] trait the process
 //!   wiring implements over the real components (store, patterns, SLO engine, degrade, agents);
-//! - [`demo`]: [`DemoDataSource`], fixed realistic sample data for tests and screenshots;
 //! - [`chart`]: SVG sparklines, line charts with thresholds, tier timelines, gauge bars;
 //! - this file: [`router`], the Tera templates (`templates/web/*.html`, embedded at compile time),
 //!   the formatting filters and the error page.
 //!
 //! Pages: `/` overview → `/services/{service}` → `/services/{service}/instances/{instance}` (its
-//! logs) is seed 003's three-level drill-down, one click per level; `/hosts`, `/hosts/{host}`,
-//! `/patterns`, `/slos`, `/degradation`, `/debug/resource` (seed 001's console). Every view is
-//! also served as JSON under `/ui/api/...` (same paths). The only script (`/static/brownout.js`)
+//! logs) is the three-level drill-down of docs/REQUIREMENTS.md R7.3, one click per level;
+//! `/hosts`, `/hosts/{host}`, `/patterns`, `/slos`, `/degradation`, `/debug/resource` (the console
+//! of R7.4). Every view is also served as JSON under `/ui/api/...` (same paths). The only script (`/static/brownout.js`)
 //! polls `/ui/api/overview` to keep the tier badges live, writing text only (`textContent`).
 //!
 //! Escaping: Tera autoescapes every `.html` template; the only `| safe` output is SVG built by
@@ -18,7 +17,6 @@
 //! URLs. A strict Content-Security-Policy (no inline script) is a second fence, not the first.
 
 pub mod chart;
-pub mod demo;
 pub mod live;
 pub mod model;
 
@@ -26,6 +24,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Json, Response};
@@ -33,7 +32,6 @@ use axum::routing::get;
 use serde::Serialize;
 use serde_json::Value;
 
-pub use demo::{DemoDataSource, Vocabulary};
 pub use model::*;
 
 use chart::{LineOpts, Severity, Threshold, YFormat};
@@ -81,15 +79,16 @@ const JS: &str = include_str!("../../templates/web/static/brownout.js");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
                    connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-/// Seed 003's KV alert thresholds (P2 at 85 %, P1 at 92 %) and seed 000's VRAM watermark.
+/// The KV alert thresholds of docs/REQUIREMENTS.md R2.3 (P2 at 85 %, P1 at 92 %) and R2.2's VRAM
+/// watermark.
 const KV_WARN: f64 = 0.85;
 const KV_CRIT: f64 = 0.92;
 const VRAM_WARN: f64 = 0.75;
-/// The TTFT SLO (seed 001: basic Q&A under 2 s is P0).
+/// The TTFT SLO (docs/REQUIREMENTS.md R2.4: basic Q&A under 2 s is P0).
 const TTFT_SLO_S: f64 = 2.0;
 
 #[derive(Clone)]
-struct AppState {
+struct UiState {
     source: Arc<dyn UiDataSource>,
     tera: Arc<tera::Tera>,
 }
@@ -118,7 +117,7 @@ pub fn templates() -> tera::Tera {
 
 /// The UI router over `source`. Mount it at the root of the control plane's HTTP server.
 pub fn router(source: Arc<dyn UiDataSource>) -> Router {
-    let state = AppState {
+    let state = UiState {
         source,
         tera: Arc::new(templates()),
     };
@@ -187,6 +186,14 @@ enum PageError {
     /// A template failed to render: a defect. Logged; the client sees a generic page.
     Render(tera::Error),
     NoRoute,
+    /// A path segment that cannot be read (not UTF-8 once decoded).
+    BadPath(String),
+}
+
+impl From<PathRejection> for PageError {
+    fn from(r: PathRejection) -> Self {
+        PageError::BadPath(r.body_text())
+    }
 }
 
 impl From<UiError> for PageError {
@@ -212,6 +219,7 @@ impl PageError {
                 "this page could not be rendered".into(),
             ),
             PageError::NoRoute => (StatusCode::NOT_FOUND, "not_found", "no such page".into()),
+            PageError::BadPath(m) => (StatusCode::BAD_REQUEST, "bad_parameter", m.clone()),
         }
     }
 }
@@ -240,27 +248,33 @@ impl IntoResponse for PageError {
 
 static ERROR_TERA: std::sync::LazyLock<tera::Tera> = std::sync::LazyLock::new(templates);
 
-/// JSON endpoints answer errors as `{"code", "message"}`.
+/// The JSON twins (`/ui/api/...`) answer errors in the control plane's one contract
+/// ([`crate::error::ApiError`]: `{"error": {"code", "message"}}`).
 struct ApiError(UiError);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if let UiError::Unavailable { component, detail } = &self.0 {
+            tracing::warn!(component, detail, "ui data source unavailable");
+        }
         let (status, code, message) = PageError::Ui(self.0).parts();
-        (
-            status,
-            Json(serde_json::json!({"code": code, "message": message})),
-        )
-            .into_response()
+        crate::error::ApiError::new(status, code, message).into_response()
     }
 }
 
-async fn not_found() -> PageError {
-    PageError::NoRoute
+/// The fallback of the merged control-plane router: JSON under the API prefixes, the HTML
+/// error page elsewhere (browsers).
+async fn not_found(uri: axum::http::Uri) -> Response {
+    if crate::error::is_json_path(uri.path()) {
+        crate::error::ApiError::no_route().into_response()
+    } else {
+        PageError::NoRoute.into_response()
+    }
 }
 
 type Page = Result<Html<String>, PageError>;
 
-fn render(st: &AppState, name: &str, page: &str, view: &impl Serialize, extra: Value) -> Page {
+fn render(st: &UiState, name: &str, page: &str, view: &impl Serialize, extra: Value) -> Page {
     let mut ctx = tera::Context::from_serialize(view).map_err(PageError::Render)?;
     ctx.insert("page", page);
     if let Value::Object(m) = extra {
@@ -276,17 +290,18 @@ fn render(st: &AppState, name: &str, page: &str, view: &impl Serialize, extra: V
 
 // ---- pages ------------------------------------------------------------------------------------
 
-async fn overview(State(st): State<AppState>) -> Page {
+async fn overview(State(st): State<UiState>) -> Page {
     let v = st.source.overview().await?;
     render(&st, "overview.html", "overview", &v, Value::Null)
 }
 
-async fn hosts(State(st): State<AppState>) -> Page {
+async fn hosts(State(st): State<UiState>) -> Page {
     let v = st.source.hosts().await?;
     render(&st, "hosts.html", "hosts", &v, Value::Null)
 }
 
-async fn host(State(st): State<AppState>, Path(name): Path<String>) -> Page {
+async fn host(State(st): State<UiState>, name: Result<Path<String>, PathRejection>) -> Page {
+    let Path(name) = name?;
     let v = st.source.host(&name).await?;
     let vram = chart::line_chart(
         &[model::Series {
@@ -352,7 +367,8 @@ fn kv_thresholds() -> Vec<Threshold> {
     ]
 }
 
-async fn service(State(st): State<AppState>, Path(name): Path<String>) -> Page {
+async fn service(State(st): State<UiState>, name: Result<Path<String>, PathRejection>) -> Page {
+    let Path(name) = name?;
     let v = st.source.service(&name).await?;
     let err = chart::line_chart(
         &[model::Series {
@@ -375,19 +391,20 @@ async fn service(State(st): State<AppState>, Path(name): Path<String>) -> Page {
 }
 
 async fn instance(
-    State(st): State<AppState>,
-    Path((service, inst)): Path<(String, String)>,
+    State(st): State<UiState>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Page {
+    let Path((service, inst)) = path?;
     let v = st.source.instance(&service, &inst).await?;
     render(&st, "instance.html", "overview", &v, Value::Null)
 }
 
-async fn patterns(State(st): State<AppState>) -> Page {
+async fn patterns(State(st): State<UiState>) -> Page {
     let v = st.source.patterns().await?;
     render(&st, "patterns.html", "patterns", &v, Value::Null)
 }
 
-async fn slos(State(st): State<AppState>) -> Page {
+async fn slos(State(st): State<UiState>) -> Page {
     let v = st.source.slos().await?;
     let charts: Vec<chart::Svg> = v
         .slos
@@ -434,7 +451,7 @@ async fn slos(State(st): State<AppState>) -> Page {
     )
 }
 
-async fn degradation(State(st): State<AppState>) -> Page {
+async fn degradation(State(st): State<UiState>) -> Page {
     let v = st.source.degradation().await?;
     let charts: Vec<chart::Svg> = v
         .clusters
@@ -450,7 +467,7 @@ async fn degradation(State(st): State<AppState>) -> Page {
     )
 }
 
-async fn resource(State(st): State<AppState>) -> Page {
+async fn resource(State(st): State<UiState>) -> Page {
     let v = st.source.resource().await?;
     render(
         &st,
@@ -463,21 +480,21 @@ async fn resource(State(st): State<AppState>) -> Page {
 
 // ---- JSON -------------------------------------------------------------------------------------
 
-async fn api_overview(State(st): State<AppState>) -> Result<Json<OverviewView>, ApiError> {
+async fn api_overview(State(st): State<UiState>) -> Result<Json<OverviewView>, ApiError> {
     st.source.overview().await.map(Json).map_err(ApiError)
 }
-async fn api_hosts(State(st): State<AppState>) -> Result<Json<HostsView>, ApiError> {
+async fn api_hosts(State(st): State<UiState>) -> Result<Json<HostsView>, ApiError> {
     st.source.hosts().await.map(Json).map_err(ApiError)
 }
 async fn api_host(
-    State(st): State<AppState>,
-    Path(host): Path<String>,
+    State(st): State<UiState>,
+    crate::error::Path(host): crate::error::Path<String>,
 ) -> Result<Json<HostDetailView>, ApiError> {
     st.source.host(&host).await.map(Json).map_err(ApiError)
 }
 async fn api_service(
-    State(st): State<AppState>,
-    Path(service): Path<String>,
+    State(st): State<UiState>,
+    crate::error::Path(service): crate::error::Path<String>,
 ) -> Result<Json<ServiceView>, ApiError> {
     st.source
         .service(&service)
@@ -486,8 +503,8 @@ async fn api_service(
         .map_err(ApiError)
 }
 async fn api_instance(
-    State(st): State<AppState>,
-    Path((service, instance)): Path<(String, String)>,
+    State(st): State<UiState>,
+    crate::error::Path((service, instance)): crate::error::Path<(String, String)>,
 ) -> Result<Json<InstanceView>, ApiError> {
     st.source
         .instance(&service, &instance)
@@ -495,16 +512,16 @@ async fn api_instance(
         .map(Json)
         .map_err(ApiError)
 }
-async fn api_patterns(State(st): State<AppState>) -> Result<Json<PatternsView>, ApiError> {
+async fn api_patterns(State(st): State<UiState>) -> Result<Json<PatternsView>, ApiError> {
     st.source.patterns().await.map(Json).map_err(ApiError)
 }
-async fn api_slos(State(st): State<AppState>) -> Result<Json<SloView>, ApiError> {
+async fn api_slos(State(st): State<UiState>) -> Result<Json<SloView>, ApiError> {
     st.source.slos().await.map(Json).map_err(ApiError)
 }
-async fn api_degradation(State(st): State<AppState>) -> Result<Json<DegradationView>, ApiError> {
+async fn api_degradation(State(st): State<UiState>) -> Result<Json<DegradationView>, ApiError> {
     st.source.degradation().await.map(Json).map_err(ApiError)
 }
-async fn api_resource(State(st): State<AppState>) -> Result<Json<ResourceView>, ApiError> {
+async fn api_resource(State(st): State<UiState>) -> Result<Json<ResourceView>, ApiError> {
     st.source.resource().await.map(Json).map_err(ApiError)
 }
 

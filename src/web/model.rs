@@ -1,8 +1,9 @@
 //! View models: what each page shows, as plain values, and the [`UiDataSource`] that fills them.
 //!
 //! The web layer is a pure rendering layer: it never reads the store, the SLO engine or Redis
-//! itself. Whoever wires the process implements [`UiDataSource`] over the real components;
-//! [`super::demo::DemoDataSource`] implements it over fixed sample data for tests and screenshots.
+//! itself. [`super::live::LiveDataSource`] implements [`UiDataSource`] over the real components
+//! (the composition root builds it); the dev-only `brownout_test_support::ui::SampleDataSource`
+//! implements it over fixed sample data for tests and screenshots.
 //!
 //! Conventions: times are unix milliseconds (`*_ms`), ratios are 0–1 (`*_ratio`), durations carry
 //! their unit. Every `String` here may be user-controlled and is escaped when rendered.
@@ -35,9 +36,10 @@ impl UiError {
     }
 }
 
-/// The data behind every page. Implemented by the lead over the real components and by
-/// [`super::demo::DemoDataSource`]. Each call is one page view; implementations should answer
-/// from in-memory state or one bounded query, never a scan.
+/// The data behind every page. Implemented over the real components by
+/// [`super::live::LiveDataSource`] and over sample data by the tests' `SampleDataSource`. Each
+/// call is one page view; implementations should answer from in-memory state or one bounded
+/// query, never a scan.
 pub trait UiDataSource: Send + Sync + 'static {
     /// `/`: tiers, SLOs, hosts, services and the top failure patterns now.
     fn overview(&self) -> BoxFuture<'_, Result<OverviewView, UiError>>;
@@ -59,7 +61,8 @@ pub trait UiDataSource: Send + Sync + 'static {
     fn slos(&self) -> BoxFuture<'_, Result<SloView, UiError>>;
     /// `/degradation`: tier timeline per cluster, acks and lag per instance.
     fn degradation(&self) -> BoxFuture<'_, Result<DegradationView, UiError>>;
-    /// `/debug/resource`: seed 001's console (queues, model load/warm-up, KV fragmentation).
+    /// `/debug/resource`: the console of docs/REQUIREMENTS.md R7.4 (queues, model load/warm-up, KV
+    /// fragmentation).
     fn resource(&self) -> BoxFuture<'_, Result<ResourceView, UiError>>;
 }
 
@@ -70,9 +73,9 @@ pub trait UiDataSource: Send + Sync + 'static {
 pub enum DataOrigin {
     /// Real components.
     Live,
-    /// Fixed sample data ([`super::demo::DemoDataSource`]).
+    /// Fixed sample data (the tests' and screenshots' `SampleDataSource`).
     Sample,
-    /// Live control plane, but the GPU figures come from the simulated probe (`brownout demo`).
+    /// Live control plane, but the GPU figures come from the simulated probe (`brownout-demo`).
     Simulated,
 }
 
@@ -100,7 +103,7 @@ pub struct OverviewView {
     pub clusters: Vec<ClusterTier>,
     pub slos: Vec<SloSummary>,
     pub hosts: Vec<HostSummary>,
-    /// Level 1 of seed 003's drill-down: services with their golden signals.
+    /// Level 1 of the drill-down (docs/REQUIREMENTS.md R7.3): services with their golden signals.
     pub services: Vec<ServiceSummary>,
     pub top_patterns: Vec<PatternSummary>,
 }
@@ -420,7 +423,7 @@ pub struct InstanceAck {
 
 // ---- /debug/resource --------------------------------------------------------------------------
 
-/// `/debug/resource`: seed 001's console.
+/// `/debug/resource`: the console of docs/REQUIREMENTS.md R7.4.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ResourceView {
     pub origin: DataOrigin,

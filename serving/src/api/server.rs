@@ -1,5 +1,5 @@
 //! Building an engine + API from options, and serving it until shutdown. This is the in-process
-//! entry `brownout demo` uses as well as `brownout-serve`.
+//! entry `brownout-demo` uses as well as `brownout-serve`.
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! The in-process subscriber of `brownout demo`: the control plane's `InProcBus` hands signed
+//! The in-process subscriber of `brownout-demo`: the control plane's `InProcBus` hands signed
 //! commands over a `watch` channel; they are verified and applied exactly as from Redis, and
 //! acked into a bounded channel.
 

@@ -2,14 +2,14 @@
 //!
 //! [`ControlHandle`] is the one shared handle the API consults on every request (cheap: an `Arc`
 //! load from a `watch` channel) and the one place commands are applied, whichever way they come
-//! (Redis subscriber in a later module, or the in-process bus of `brownout demo`).
+//! (Redis subscriber in a later module, or the in-process bus of `brownout-demo`).
 //!
 //! Applying is idempotent and ordered by `(epoch, version)`: an older or equal command changes
 //! nothing.
 //!
 //! - [`receive`]: the one verification path every transport uses (signature, cluster, version);
 //! - [`subscriber`]: the Redis subscriber (docs/PROTOCOL.md) and its config from the env;
-//! - [`inproc`]: the in-process subscriber of `brownout demo`;
+//! - [`inproc`]: the in-process subscriber of `brownout-demo`;
 //! - [`http`]: `/v1/features`, its SSE stream and the grey-out demo page.
 
 use std::sync::{Arc, OnceLock};

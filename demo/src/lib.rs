@@ -1,0 +1,191 @@
+//! `brownout-demo`: the whole loop in one process on embedded defaults (`brownout-demo demo`),
+//! and the overload benchmark over the same deployment (`brownout-demo bench overload`).
+//!
+//! This crate is the only one that links the control plane (`brownout`), the bundled serving
+//! tier (`brownout-serving`, the Llama runner) and the gpu-agent together: `brownout serve`
+//! does not link the model.
+//!
+//! ```text
+//!  loadgen (evening peak, agent flows) ──> engine-1, engine-2 (brownout-serve, CPU, real model)
+//!                                            │ OTLP spans + failure NDJSON      ▲ signed commands
+//!  gpu-agent ×2 (simulated GPUs, scrape) ──> control plane (SQLite, patterns, SLOs, controller)
+//!                                            └── in-process bus, or Redis when REDIS_URL is set
+//! ```
+//!
+//! Everything talks over real loopback HTTP/gRPC exactly as separate processes would; only the
+//! command bus is in-process unless `REDIS_URL` is set. The GPUs are simulated and say so.
+
+pub mod overload;
+pub mod world;
+
+use std::time::Duration;
+
+use brownout::loadgen::{LoadConfig, LoadShape};
+
+pub use world::{World, WorldOptions};
+
+/// Command-line arguments of `brownout-demo demo`.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Stop after this many seconds (0: run until Ctrl-C).
+    #[arg(long, default_value_t = 0)]
+    pub duration: u64,
+    /// Time compression of the simulated day: one evening peak every 600/speed seconds.
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
+    /// Port of the web UI and API.
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// `smollm2`, `tiny-random` or a GGUF path (default: SmolLM2 when it is in the model cache,
+    /// the tiny random model otherwise).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Cluster name (Redis hash tag).
+    #[arg(long, default_value = "demo")]
+    pub cluster: String,
+    /// Start everything but generate no load.
+    #[arg(long)]
+    pub no_load: bool,
+}
+
+/// `brownout-demo bench …`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub what: BenchWhat,
+}
+
+/// The benchmarks.
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchWhat {
+    /// The same 3× overload burst with the control loop on and off.
+    Overload(overload::OverloadArgs),
+}
+
+/// Runs `brownout-demo bench`.
+///
+/// # Errors
+/// When the benchmark cannot start its deployment.
+pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    match args.what {
+        BenchWhat::Overload(a) => overload::run(a).await,
+    }
+}
+
+/// The model the demo runs when none is named: SmolLM2 when cached, else the tiny model.
+pub fn default_model() -> String {
+    if world::smollm2_cached() {
+        "smollm2".into()
+    } else {
+        "tiny-random".into()
+    }
+}
+
+/// Runs `brownout-demo demo`.
+///
+/// # Errors
+/// When a port is taken, the model cannot be loaded, or a component fails to start.
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.speed > 0.0 && args.speed.is_finite(),
+        "--speed must be a positive number"
+    );
+    let model = args.model.clone().unwrap_or_else(default_model);
+    let opts = WorldOptions {
+        http_port: Some(args.port),
+        model: model.clone(),
+        cluster: args.cluster.clone(),
+        redis_url: std::env::var("REDIS_URL")
+            .ok()
+            .filter(|u| !u.trim().is_empty()),
+        policy_yaml: world::DEMO_POLICY.to_string(),
+        ..WorldOptions::default()
+    };
+    eprintln!("brownout-demo: starting (model {model}; loading and warming up two engines)…");
+    let world = World::start(opts).await?;
+    print_banner(&world, &model);
+
+    let load = (!args.no_load).then(|| {
+        let targets = world.engine_urls();
+        let speed = args.speed;
+        tokio::spawn(async move {
+            // One simulated evening per cycle, repeated until the demo stops.
+            let mut seed = 1;
+            loop {
+                let cfg = demo_load(targets.clone(), speed, seed);
+                match brownout::loadgen::run_load(cfg).await {
+                    Ok(r) => eprintln!("{}", r.human()),
+                    Err(e) => eprintln!("loadgen: {e:#}"),
+                }
+                seed += 1;
+            }
+        })
+    });
+
+    let stop = async {
+        if args.duration > 0 {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(args.duration)) => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        } else {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    };
+    stop.await;
+    eprintln!("brownout-demo: stopping");
+    if let Some(l) = load {
+        l.abort();
+    }
+    world.stop().await
+}
+
+/// One simulated evening for the demo: quiet, a 3× peak in the middle, quiet again.
+pub fn demo_load(targets: Vec<String>, speed: f64, seed: u64) -> LoadConfig {
+    LoadConfig {
+        targets,
+        shape: LoadShape {
+            duration: Duration::from_secs_f64(600.0 / speed),
+            base_rate: 1.0,
+            peak_factor: 4.0,
+            peak_center_ratio: 0.5,
+            peak_width_ratio: 0.12,
+            ..LoadShape::default()
+        },
+        speed: 4.0,
+        misbehaving_ratio: 0.1,
+        model: "default".into(),
+        max_tokens: 32,
+        seed,
+        ttft_slo: Duration::from_secs(2),
+        max_in_flight: 2048,
+        call_timeout: Duration::from_secs(30),
+        max_retries: 3,
+        progress: false,
+    }
+}
+
+fn print_banner(w: &World, model: &str) {
+    let ui = format!("http://{}", w.http_addr());
+    let t = w.tokens();
+    let bus = if w.uses_redis() {
+        "Redis (REDIS_URL)"
+    } else {
+        "in-process bus (set REDIS_URL for Redis)"
+    };
+    println!(
+        "\nbrownout-demo is running.\n\
+         \n  web UI        {ui}/login?token={read}\n  JSON API      {ui}/api/v1/... (Authorization: Bearer <read token>)\n  metrics       {ui}/metrics\n  weekly report {ui}/reports/current\n  OTLP          grpc://{grpc}  http://{otlp}\n\
+         \n  engines       {engines}   (model: {model})\n  gpu-agents    {agents}   (GPUs SIMULATED)\n  command bus   {bus}\n\
+         \n  ingest token  {ingest}\n  read token    {read}\n  admin token   {admin}\n\
+         \n  Pin a tier:   curl -X POST -H 'Authorization: Bearer {admin}' -H 'content-type: application/json' \\\n                 -d '{{\"tier\":2,\"duration_secs\":60,\"reason\":\"drill\"}}' {ui}/api/v1/degrade/override\n\
+         \nCtrl-C stops.\n",
+        grpc = w.otlp_grpc_addr(),
+        otlp = w.otlp_http_addr(),
+        engines = w.engine_urls().join(" "),
+        agents = w.agent_urls().join(" "),
+        ingest = t.0,
+        read = t.1,
+        admin = t.2,
+    );
+}

@@ -1,0 +1,12 @@
+//! The tests that need the demo world or the bundled serving tier (the control plane's own are
+//! in the root crate's `tests/it`), as modules of one test binary:
+//! `cargo test -p brownout-demo --test it [module::]`. `tests/redis_tls.rs` is a binary of its
+//! own: it sets process environment variables, which no other test may see.
+
+mod degrade_redis;
+mod degrade_ui;
+mod drills;
+mod e2e_world;
+mod fuzz_corpus;
+mod metrics_promtool;
+mod prometheus_scrape;

@@ -1,0 +1,566 @@
+//! [`DegradeHandle`]: the degradation component's shared state (inputs, decisions, the command
+//! in force, acks) and its metrics. The HTTP routes ([`super::http`]) and the controller loop
+//! ([`super::run`]) both work through it.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use brownout_protocol::{Ack, AgentSnapshot, Command, Tier};
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+use serde::{Deserialize, Serialize};
+
+use super::controller::{Crossing, Decision, Inputs, Override, PatternRate, SloAlert, Transition};
+use super::http::AlertmanagerWebhook;
+use super::policy::Policy;
+use super::redis::AckEntry;
+use crate::error::ApiError;
+
+/// Static configuration of the controller.
+#[derive(Debug, Clone)]
+pub struct DegradeConfig {
+    /// Cluster name (the Redis hash tag).
+    pub cluster: String,
+    /// This replica's id in the leader lease.
+    pub replica_id: String,
+    /// HMAC key the commands are signed with (`BROWNOUT_COMMAND_KEY`).
+    pub hmac_key: Vec<u8>,
+    pub policy: Policy,
+    /// Leader lease period: a dead leader is replaced within it.
+    pub leader_lease_ms: u64,
+    /// Per Redis operation.
+    pub redis_timeout: Duration,
+}
+
+impl DegradeConfig {
+    pub fn new(cluster: &str, hmac_key: &[u8], policy: Policy) -> DegradeConfig {
+        DegradeConfig {
+            cluster: cluster.to_string(),
+            replica_id: format!("cp-{}", uuid::Uuid::new_v4().simple()),
+            hmac_key: hmac_key.to_vec(),
+            policy,
+            leader_lease_ms: 5000,
+            redis_timeout: Duration::from_millis(500),
+        }
+    }
+}
+
+/// A stored decision (kept in memory, and passed to the persistence hook).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecisionRecord {
+    pub at_ms: u64,
+    pub tier: Tier,
+    pub previous: Tier,
+    pub transition: Transition,
+    pub trigger: String,
+    pub detail: String,
+    pub reasons: Vec<Crossing>,
+    pub dry_run: bool,
+    /// `(epoch, version)` of the command that carried it, once published.
+    pub published: Option<(u64, u64)>,
+}
+
+/// One serving instance's ack, as shown by the API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AckView {
+    pub instance: String,
+    pub status: String,
+    pub epoch: u64,
+    pub version: u64,
+    pub at_ms: u64,
+    /// Decision (issue) → applied, when the acked version is one this replica published.
+    pub lag_ms: Option<u64>,
+    /// True when the instance is behind the command in force.
+    pub behind: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+/// `GET /api/v1/degrade`.
+#[derive(Debug, Clone, Serialize)]
+pub struct DegradeStatus {
+    pub cluster: String,
+    pub replica_id: String,
+    pub tier: Tier,
+    pub leader_epoch: Option<u64>,
+    pub dry_run: bool,
+    pub command: Option<Command>,
+    pub operator_override: Option<Override>,
+    pub step_down_at_ms: Option<u64>,
+    pub decisions: Vec<DecisionRecord>,
+    pub acks: Vec<AckView>,
+}
+
+/// Metrics of the component (`brownout_degradation_*`).
+#[derive(Debug, Clone)]
+pub struct DegradeMetrics {
+    pub tier: IntGaugeVec,
+    pub decisions_total: IntCounterVec,
+    pub publish_seconds: Histogram,
+    pub ack_lag_seconds: prometheus::GaugeVec,
+}
+
+impl DegradeMetrics {
+    fn new() -> DegradeMetrics {
+        DegradeMetrics {
+            tier: IntGaugeVec::new(
+                Opts::new(
+                    "brownout_degradation_tier",
+                    "Degradation tier in force (0-3).",
+                ),
+                &["cluster"],
+            )
+            .expect("valid metric"),
+            decisions_total: IntCounterVec::new(
+                Opts::new(
+                    "brownout_degradation_decisions_total",
+                    "Recorded degradation decisions by trigger.",
+                ),
+                &["trigger"],
+            )
+            .expect("valid metric"),
+            publish_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "brownout_degradation_publish_seconds",
+                    "Time to publish one command to Redis.",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                ]),
+            )
+            .expect("valid metric"),
+            ack_lag_seconds: prometheus::GaugeVec::new(
+                Opts::new(
+                    "brownout_degradation_ack_lag_seconds",
+                    "Decision to applied lag of the latest ack per serving instance.",
+                ),
+                &["cluster", "instance"],
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    fn register(&self, r: &Registry) -> Result<(), prometheus::Error> {
+        r.register(Box::new(self.tier.clone()))?;
+        r.register(Box::new(self.decisions_total.clone()))?;
+        r.register(Box::new(self.publish_seconds.clone()))?;
+        r.register(Box::new(self.ack_lag_seconds.clone()))?;
+        Ok(())
+    }
+}
+
+type PersistHook = Arc<dyn Fn(&DecisionRecord) + Send + Sync>;
+
+#[derive(Debug, Clone)]
+struct AmAlert {
+    name: String,
+    /// 0 when unset.
+    ends_at_ms: u64,
+}
+
+/// The handle's mutable state, behind one mutex (never held across an `.await`).
+#[derive(Default)]
+pub(super) struct Shared {
+    snapshots: BTreeMap<String, AgentSnapshot>,
+    slo_alerts: Vec<SloAlert>,
+    am_alerts: BTreeMap<String, AmAlert>,
+    patterns: Vec<PatternRate>,
+    pub(super) operator_override: Option<Override>,
+    /// An override change not yet written to Redis (`Some(None)`: a removal).
+    pub(super) override_to_share: Option<Option<Override>>,
+    last: Option<Decision>,
+    history: VecDeque<DecisionRecord>,
+    pub(super) command: Option<Command>,
+    leader_epoch: Option<u64>,
+    acks: Vec<AckView>,
+    /// version → issued_at_ms of commands this replica published (bounded).
+    issued: VecDeque<(u64, u64)>,
+}
+
+struct Inner {
+    cfg: DegradeConfig,
+    shared: Mutex<Shared>,
+    metrics: DegradeMetrics,
+    hook: Mutex<Option<PersistHook>>,
+}
+
+/// Shared handle on the degradation component. Cheap to clone.
+#[derive(Clone)]
+pub struct DegradeHandle {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for DegradeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DegradeHandle")
+            .field("cluster", &self.inner.cfg.cluster)
+            .finish()
+    }
+}
+
+const ISSUED_KEPT: usize = 1024;
+
+impl DegradeHandle {
+    /// Builds the handle and registers its metrics on `registry`.
+    ///
+    /// # Errors
+    /// When the metrics are already registered there.
+    pub fn new(
+        cfg: DegradeConfig,
+        registry: &Registry,
+    ) -> Result<DegradeHandle, prometheus::Error> {
+        let metrics = DegradeMetrics::new();
+        metrics.register(registry)?;
+        metrics
+            .tier
+            .with_label_values(&[cfg.cluster.as_str()])
+            .set(0);
+        Ok(DegradeHandle {
+            inner: Arc::new(Inner {
+                cfg,
+                shared: Mutex::new(Shared::default()),
+                metrics,
+                hook: Mutex::new(None),
+            }),
+        })
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.inner
+            .shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn config(&self) -> &DegradeConfig {
+        &self.inner.cfg
+    }
+
+    pub fn metrics(&self) -> &DegradeMetrics {
+        &self.inner.metrics
+    }
+
+    /// Called with every stored decision (the lead wires the store here).
+    pub fn on_decision(&self, hook: impl Fn(&DecisionRecord) + Send + Sync + 'static) {
+        *self
+            .inner
+            .hook
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(hook));
+    }
+
+    /// Latest snapshot of a host (from `POST /v1/agents/snapshot`).
+    pub fn push_snapshot(&self, s: AgentSnapshot) {
+        self.lock().snapshots.insert(s.host.clone(), s);
+    }
+
+    /// The SLO engine's current alerts (replaces the previous set).
+    pub fn set_slo_alerts(&self, alerts: Vec<SloAlert>) {
+        self.lock().slo_alerts = alerts;
+    }
+
+    /// New failure patterns and their rates (replaces the previous set).
+    pub fn set_new_patterns(&self, patterns: Vec<PatternRate>) {
+        self.lock().patterns = patterns;
+    }
+
+    /// Pins a tier until `until_ms` (shared with the other replicas through Redis).
+    pub fn set_override(&self, o: Override) {
+        let mut s = self.lock();
+        s.operator_override = Some(o.clone());
+        s.override_to_share = Some(Some(o));
+    }
+
+    /// Removes the pin; returns whether there was one.
+    pub fn clear_override(&self) -> bool {
+        let mut s = self.lock();
+        s.override_to_share = Some(None);
+        s.operator_override.take().is_some()
+    }
+
+    /// Everything the controller looks at, now.
+    pub fn inputs(&self, now_ms: u64) -> Inputs {
+        let s = self.lock();
+        let alertmanager_firing: BTreeSet<String> = s
+            .am_alerts
+            .values()
+            .filter(|a| a.ends_at_ms == 0 || a.ends_at_ms > now_ms)
+            .map(|a| a.name.clone())
+            .collect();
+        Inputs {
+            now_ms,
+            snapshots: s.snapshots.values().cloned().collect(),
+            slo_alerts: s.slo_alerts.clone(),
+            alertmanager_firing,
+            new_patterns: s.patterns.clone(),
+            operator_override: s.operator_override.clone().filter(|o| o.until_ms > now_ms),
+        }
+    }
+
+    /// Applies an Alertmanager webhook; returns how many alerts are firing afterwards.
+    ///
+    /// # Errors
+    /// [`ApiError`] 400 when the payload is not a version-4 webhook or an alert lacks `alertname`.
+    pub fn alertmanager_webhook(
+        &self,
+        hook: &AlertmanagerWebhook,
+        now_ms: u64,
+    ) -> Result<usize, ApiError> {
+        if hook.version != "4" {
+            return Err(ApiError::bad_request(
+                "unsupported_version",
+                format!(
+                    "Alertmanager webhook version {:?} is not supported (expected \"4\")",
+                    hook.version
+                ),
+            ));
+        }
+        let mut parsed = Vec::with_capacity(hook.alerts.len());
+        for (i, a) in hook.alerts.iter().enumerate() {
+            let name = a
+                .labels
+                .get("alertname")
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "missing_alertname",
+                        format!("alerts[{i}].labels.alertname is missing"),
+                    )
+                })?;
+            let firing = match a.status.as_str() {
+                "firing" => true,
+                "resolved" => false,
+                other => {
+                    return Err(ApiError::bad_request(
+                        "bad_status",
+                        format!("alerts[{i}].status {other:?} is not firing or resolved"),
+                    ));
+                }
+            };
+            let key = if a.fingerprint.is_empty() {
+                let labels: Vec<String> =
+                    a.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                labels.join(",")
+            } else {
+                a.fingerprint.clone()
+            };
+            let ends_at_ms = a
+                .ends_at
+                .as_deref()
+                .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
+                .map(|t| t.timestamp_millis())
+                .filter(|ms| *ms > 0)
+                .map_or(0, |ms| u64::try_from(ms).unwrap_or(0));
+            parsed.push((key, name.clone(), firing, ends_at_ms));
+        }
+        let mut s = self.lock();
+        for (key, name, firing, ends_at_ms) in parsed {
+            if firing {
+                s.am_alerts.insert(key, AmAlert { name, ends_at_ms });
+            } else {
+                s.am_alerts.remove(&key);
+            }
+        }
+        s.am_alerts
+            .retain(|_, a| a.ends_at_ms == 0 || a.ends_at_ms > now_ms);
+        Ok(s.am_alerts.len())
+    }
+
+    /// The status the operator API shows.
+    pub fn status(&self) -> DegradeStatus {
+        let s = self.lock();
+        DegradeStatus {
+            cluster: self.inner.cfg.cluster.clone(),
+            replica_id: self.inner.cfg.replica_id.clone(),
+            tier: s.last.as_ref().map_or(Tier::T0, |d| d.tier),
+            leader_epoch: s.leader_epoch,
+            dry_run: self.inner.cfg.policy.dry_run,
+            command: s.command.clone(),
+            operator_override: s.operator_override.clone(),
+            step_down_at_ms: s.last.as_ref().and_then(|d| d.step_down_at_ms),
+            decisions: s.history.iter().rev().cloned().collect(),
+            acks: s.acks.clone(),
+        }
+    }
+
+    /// The stored decisions, oldest first.
+    pub fn decisions(&self) -> Vec<DecisionRecord> {
+        self.lock().history.iter().cloned().collect()
+    }
+
+    /// The latest command published by this replica.
+    pub fn command(&self) -> Option<Command> {
+        self.lock().command.clone()
+    }
+
+    /// The epoch of the lease this replica holds.
+    pub fn leader_epoch(&self) -> Option<u64> {
+        self.lock().leader_epoch
+    }
+
+    /// Records the decision if it changed the tier or the set of triggers; returns whether it
+    /// was recorded.
+    pub(super) fn record(&self, d: &Decision) -> bool {
+        let dry_run = self.inner.cfg.policy.dry_run;
+        let rec = {
+            let mut s = self.lock();
+            let changed = match &s.last {
+                None => true,
+                Some(prev) => {
+                    prev.tier != d.tier
+                        || triggers(&prev.reasons) != triggers(&d.reasons)
+                        || prev.reason.trigger != d.reason.trigger
+                }
+            };
+            s.last = Some(d.clone());
+            if !changed {
+                return false;
+            }
+            let rec = DecisionRecord {
+                at_ms: d.at_ms,
+                tier: d.tier,
+                previous: d.previous,
+                transition: d.transition,
+                trigger: d.reason.trigger.clone(),
+                detail: d.reason.detail.clone(),
+                reasons: d.reasons.clone(),
+                dry_run,
+                published: None,
+            };
+            s.history.push_back(rec.clone());
+            while s.history.len() > self.inner.cfg.policy.decision_history {
+                s.history.pop_front();
+            }
+            rec
+        };
+        self.inner
+            .metrics
+            .decisions_total
+            .with_label_values(&[rec.trigger.as_str()])
+            .inc();
+        self.inner
+            .metrics
+            .tier
+            .with_label_values(&[self.inner.cfg.cluster.as_str()])
+            .set(i64::from(d.tier.as_u8()));
+        let hook = self
+            .inner
+            .hook
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(h) = hook {
+            h(&rec);
+        }
+        true
+    }
+
+    pub(super) fn published(&self, cmd: &Command, elapsed: Option<Duration>) {
+        if let Some(e) = elapsed {
+            self.inner.metrics.publish_seconds.observe(e.as_secs_f64());
+        }
+        let mut s = self.lock();
+        s.issued.push_back((cmd.version, cmd.issued_at_ms));
+        while s.issued.len() > ISSUED_KEPT {
+            s.issued.pop_front();
+        }
+        if let Some(last) = s.history.back_mut()
+            && last.published.is_none()
+            && last.tier == cmd.tier
+        {
+            last.published = Some((cmd.epoch, cmd.version));
+        }
+        s.command = Some(cmd.clone());
+    }
+
+    pub(super) fn set_leader(&self, epoch: Option<u64>) {
+        self.lock().leader_epoch = epoch;
+    }
+
+    pub(super) fn set_acks(&self, acks: BTreeMap<String, AckEntry>) {
+        let mut views = Vec::with_capacity(acks.len());
+        {
+            let s = self.lock();
+            let cur = s.command.as_ref().map(Command::order_key);
+            for (instance, entry) in acks {
+                let v = match entry {
+                    AckEntry::Ok(Ack::Applied {
+                        epoch,
+                        version,
+                        applied_at_ms,
+                        ..
+                    }) => {
+                        let lag_ms = s
+                            .issued
+                            .iter()
+                            .rev()
+                            .find(|(v, _)| *v == version)
+                            .map(|(_, issued)| applied_at_ms.saturating_sub(*issued));
+                        AckView {
+                            instance,
+                            status: "applied".into(),
+                            epoch,
+                            version,
+                            at_ms: applied_at_ms,
+                            lag_ms,
+                            behind: cur.is_some_and(|c| (epoch, version) < c),
+                            reason: String::new(),
+                        }
+                    }
+                    AckEntry::Ok(Ack::Refused {
+                        epoch,
+                        version,
+                        at_ms,
+                        reason,
+                    }) => AckView {
+                        instance,
+                        status: "refused".into(),
+                        epoch,
+                        version,
+                        at_ms,
+                        lag_ms: None,
+                        behind: true,
+                        reason,
+                    },
+                    AckEntry::Malformed(raw) => AckView {
+                        instance,
+                        status: "malformed".into(),
+                        epoch: 0,
+                        version: 0,
+                        at_ms: 0,
+                        lag_ms: None,
+                        behind: true,
+                        reason: raw,
+                    },
+                    AckEntry::Unverified { raw, reason } => AckView {
+                        instance,
+                        status: "unverified".into(),
+                        epoch: 0,
+                        version: 0,
+                        at_ms: 0,
+                        lag_ms: None,
+                        behind: true,
+                        reason: format!("{reason}: {raw}"),
+                    },
+                };
+                views.push(v);
+            }
+        }
+        for v in &views {
+            if let Some(lag) = v.lag_ms {
+                self.inner
+                    .metrics
+                    .ack_lag_seconds
+                    .with_label_values(&[self.inner.cfg.cluster.as_str(), v.instance.as_str()])
+                    .set(lag as f64 / 1000.0);
+            }
+        }
+        self.lock().acks = views;
+    }
+}
+
+fn triggers(r: &[Crossing]) -> Vec<(Tier, &str, &str)> {
+    r.iter()
+        .map(|c| (c.tier, c.trigger.as_str(), c.condition.as_str()))
+        .collect()
+}

@@ -1,0 +1,130 @@
+//! The degradation component's HTTP routes: the Alertmanager webhook (`POST /v1/alertmanager`)
+//! and the operator API (`GET /api/v1/degrade`, `POST|DELETE /api/v1/degrade/override`). Auth
+//! is the composition root's ([`crate::auth::require_degrade_role`]).
+
+use std::collections::BTreeMap;
+
+use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use brownout_protocol::{Tier, now_ms};
+use serde::Deserialize;
+
+use super::controller::Override;
+use super::handle::{DegradeHandle, DegradeStatus};
+pub use crate::error::ApiError;
+
+/// Alertmanager's webhook payload (version 4). Unknown fields are ignored: Alertmanager adds
+/// fields over time.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AlertmanagerWebhook {
+    pub version: String,
+    #[serde(default)]
+    pub group_key: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub receiver: String,
+    #[serde(default)]
+    pub group_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub common_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub external_url: String,
+    pub alerts: Vec<AlertmanagerAlert>,
+}
+
+/// One alert of an Alertmanager webhook.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AlertmanagerAlert {
+    pub status: String,
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub starts_at: Option<String>,
+    #[serde(default)]
+    pub ends_at: Option<String>,
+    #[serde(default, rename = "generatorURL")]
+    pub generator_url: String,
+    #[serde(default)]
+    pub fingerprint: String,
+}
+
+/// `POST /api/v1/degrade/override` body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverrideRequest {
+    pub tier: u8,
+    pub duration_secs: u64,
+    pub reason: String,
+}
+
+const MAX_OVERRIDE_SECS: u64 = 7 * 24 * 3600;
+
+async fn post_alertmanager(
+    State(h): State<DegradeHandle>,
+    body: Result<Json<AlertmanagerWebhook>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Json(hook) = body?;
+    let firing = h.alertmanager_webhook(&hook, now_ms())?;
+    Ok(Json(
+        serde_json::json!({"accepted": hook.alerts.len(), "firing": firing}),
+    ))
+}
+
+async fn post_override(
+    State(h): State<DegradeHandle>,
+    body: Result<Json<OverrideRequest>, JsonRejection>,
+) -> Result<Json<Override>, ApiError> {
+    let Json(req) = body?;
+    let tier = Tier::try_from(req.tier)
+        .map_err(|e| ApiError::bad_request("invalid_tier", e.to_string()))?;
+    if req.duration_secs == 0 || req.duration_secs > MAX_OVERRIDE_SECS {
+        return Err(ApiError::bad_request(
+            "invalid_duration",
+            format!("duration_secs must be between 1 and {MAX_OVERRIDE_SECS}"),
+        ));
+    }
+    let reason = req.reason.trim();
+    if reason.is_empty() || reason.len() > 512 {
+        return Err(ApiError::bad_request(
+            "invalid_reason",
+            "reason must be 1-512 characters",
+        ));
+    }
+    let o = Override {
+        tier,
+        until_ms: now_ms() + req.duration_secs * 1000,
+        reason: reason.to_string(),
+    };
+    tracing::info!(tier = %o.tier, until_ms = o.until_ms, reason = %o.reason, "operator override set");
+    h.set_override(o.clone());
+    Ok(Json(o))
+}
+
+async fn delete_override(State(h): State<DegradeHandle>) -> Json<serde_json::Value> {
+    let removed = h.clear_override();
+    tracing::info!(removed, "operator override cleared");
+    Json(serde_json::json!({"removed": removed}))
+}
+
+async fn get_status(State(h): State<DegradeHandle>) -> Json<DegradeStatus> {
+    Json(h.status())
+}
+
+/// `POST /v1/alertmanager`, `POST|DELETE /api/v1/degrade/override`, `GET /api/v1/degrade`.
+/// The composition root puts them behind [`crate::auth::require_degrade_role`].
+pub fn router(handle: DegradeHandle) -> Router {
+    Router::new()
+        .route("/v1/alertmanager", post(post_alertmanager))
+        .route("/api/v1/degrade", get(get_status))
+        .route(
+            "/api/v1/degrade/override",
+            post(post_override).delete(delete_override),
+        )
+        .with_state(handle)
+}

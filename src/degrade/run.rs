@@ -1,0 +1,321 @@
+//! The controller loop ([`run_controller`]): evaluates the policy every interval, records the
+//! decision, and publishes it through the transport: the in-process bus ([`InProcPublisher`]),
+//! or Redis under the leader lease ([`Publisher`]: the connection, the lease epoch, the versions
+//! and the last publish).
+
+use brownout_protocol::{SignedCommand, now_ms};
+
+use super::bus::InProcBus;
+use super::controller::{Controller, Decision};
+use super::handle::{DegradeConfig, DegradeHandle};
+use super::redis::{AckEntry, PublishOutcome, RedisBus, RedisBusError};
+
+/// How commands leave the controller.
+#[derive(Debug, Clone)]
+pub enum Transport {
+    /// Real Redis at this URL (leader lease, fenced publish, acks hash).
+    Redis { url: String },
+    /// The in-process bus of `brownout-demo`.
+    InProc(InProcBus),
+}
+
+/// What the last publish looked like, to decide when the next is due.
+struct LastPublish {
+    decision: Decision,
+    issued_at_ms: u64,
+    epoch: u64,
+}
+
+fn due(last: Option<&LastPublish>, d: &Decision, epoch: u64, now: u64, lease_ms: u64) -> bool {
+    match last {
+        None => true,
+        Some(l) => {
+            l.epoch != epoch || !l.decision.same_effect(d) || now >= l.issued_at_ms + lease_ms / 3
+        }
+    }
+}
+
+/// Runs the controller until `shutdown` resolves: evaluates every policy interval, records
+/// decisions, and (unless dry-run) publishes through `transport` while holding the lease. On
+/// the way out it releases the lease it holds.
+///
+/// Redis being down is not an error: the task retries every interval and republishes the
+/// decision in force as soon as Redis answers (with a new epoch if the lease was lost).
+///
+/// # Errors
+/// Only when the cluster name is invalid for Redis keys.
+pub async fn run_controller(
+    handle: DegradeHandle,
+    transport: Transport,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RedisBusError> {
+    let cfg = handle.config().clone();
+    brownout_protocol::RedisKeys::new(&cfg.cluster)?;
+    let mut controller = Controller::new(cfg.policy.clone());
+    let mut tick = tokio::time::interval(cfg.policy.evaluate_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+
+    let mut inproc = InProcPublisher::default();
+    let mut redis = Publisher::default();
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tick.tick() => {}
+        }
+        let now = now_ms();
+        let mut decision = controller.step(&handle.inputs(now));
+        handle.record(&decision);
+        if cfg.policy.dry_run {
+            continue;
+        }
+        match &transport {
+            Transport::InProc(bus) => inproc.round(bus, &handle, &decision, now),
+            Transport::Redis { url } => {
+                if !redis.connect(url, &cfg).await {
+                    continue;
+                }
+                if let Err(e) = redis
+                    .round(&handle, &mut controller, &mut decision, now)
+                    .await
+                {
+                    tracing::warn!(error = %e, "degrade: redis round failed; retrying next interval");
+                }
+                handle.set_leader(redis.epoch);
+            }
+        }
+    }
+    redis.release().await;
+    handle.set_leader(None);
+    Ok(())
+}
+
+/// Publishing on the in-process bus: always the leader (epoch 1).
+struct InProcPublisher {
+    next_version: u64,
+    last: Option<LastPublish>,
+}
+
+impl Default for InProcPublisher {
+    fn default() -> Self {
+        InProcPublisher {
+            next_version: 1,
+            last: None,
+        }
+    }
+}
+
+impl InProcPublisher {
+    fn round(&mut self, bus: &InProcBus, handle: &DegradeHandle, decision: &Decision, now: u64) {
+        let cfg = handle.config();
+        let lease_ms = cfg.policy.command_lease_ms;
+        if due(self.last.as_ref(), decision, 1, now, lease_ms) {
+            let cmd = decision.to_command(&cfg.cluster, 1, self.next_version, now, lease_ms);
+            self.next_version += 1;
+            bus.publish(SignedCommand::sign(&cmd, &cfg.hmac_key));
+            handle.published(&cmd, None);
+            self.last = Some(LastPublish {
+                decision: decision.clone(),
+                issued_at_ms: now,
+                epoch: 1,
+            });
+        }
+        handle.set_leader(Some(1));
+        handle.set_acks(
+            bus.acks()
+                .into_iter()
+                .map(|(k, a)| (k, AckEntry::Ok(a)))
+                .collect(),
+        );
+    }
+}
+
+/// Publishing through Redis: what this replica knows of the connection, the lease and the
+/// versions between two rounds.
+struct Publisher {
+    /// `None` until connected (retried every interval).
+    bus: Option<RedisBus>,
+    /// The epoch of the lease held, if any.
+    epoch: Option<u64>,
+    /// The highest epoch seen (ours, or a stored command's), so a new lease is newer.
+    max_epoch_seen: u64,
+    next_version: u64,
+    last: Option<LastPublish>,
+}
+
+impl Default for Publisher {
+    fn default() -> Self {
+        Publisher {
+            bus: None,
+            epoch: None,
+            max_epoch_seen: 0,
+            next_version: 1,
+            last: None,
+        }
+    }
+}
+
+impl Publisher {
+    /// Connects when not connected; false (said in the log) when Redis does not answer.
+    async fn connect(&mut self, url: &str, cfg: &DegradeConfig) -> bool {
+        if self.bus.is_some() {
+            return true;
+        }
+        match RedisBus::connect(
+            url,
+            &cfg.cluster,
+            &cfg.replica_id,
+            cfg.redis_timeout,
+            &cfg.hmac_key,
+        )
+        .await
+        {
+            Ok(b) => {
+                self.bus = Some(b);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "degrade: redis unreachable; retrying next interval");
+                false
+            }
+        }
+    }
+
+    /// One interval against Redis: share the operator override, keep or take the lease,
+    /// publish when due (as leader) or show the leader's command (as follower), read the acks.
+    /// May re-step the controller (`decision`) when the shared override or the stored command
+    /// changes what is in force.
+    async fn round(
+        &mut self,
+        handle: &DegradeHandle,
+        controller: &mut Controller,
+        decision: &mut Decision,
+        now: u64,
+    ) -> Result<(), RedisBusError> {
+        let Some(b) = self.bus.as_mut() else {
+            return Ok(());
+        };
+        let cfg = handle.config();
+        let lease_ms = cfg.policy.command_lease_ms;
+        // The operator override is shared through Redis: write a local change, then read the truth.
+        let pending = handle.lock().override_to_share.take();
+        if let Some(o) = pending
+            && let Err(e) = b.put_override(o.as_ref(), now).await
+        {
+            handle.lock().override_to_share.get_or_insert(o);
+            return Err(e);
+        }
+        match b.get_override().await? {
+            // Absent (expired, never set, or lost with Redis's data): share ours again if active.
+            None => {
+                let mut s = handle.lock();
+                if s.override_to_share.is_none()
+                    && s.operator_override
+                        .as_ref()
+                        .is_some_and(|o| o.until_ms > now)
+                {
+                    s.override_to_share = Some(s.operator_override.clone());
+                }
+            }
+            Some(shared) => {
+                let mut s = handle.lock();
+                if s.override_to_share.is_none() && s.operator_override != shared {
+                    s.operator_override = shared;
+                    drop(s);
+                    *decision = controller.step(&handle.inputs(now));
+                    handle.record(decision);
+                }
+            }
+        }
+        // Keep or take the leader lease. Refreshed every round (one cheap script): this is also
+        // how a Redis that restarted empty is noticed within one interval.
+        if let Some(e) = self.epoch
+            && !b.refresh(e, cfg.leader_lease_ms).await?
+        {
+            tracing::warn!(epoch = e, "degrade: leader lease lost");
+            self.epoch = None;
+        }
+        if self.epoch.is_none() {
+            if let Some(e) = b
+                .try_acquire(cfg.leader_lease_ms, self.max_epoch_seen)
+                .await?
+            {
+                tracing::info!(epoch = e, replica = %cfg.replica_id, "degrade: became leader");
+                self.epoch = Some(e);
+                self.max_epoch_seen = self.max_epoch_seen.max(e);
+                // Continue from the tier in force rather than dropping it on failover.
+                if let Some(stored) = b.stored().await?
+                    && let Ok(cmd) = stored.verify_for(&cfg.hmac_key, &cfg.cluster)
+                {
+                    self.next_version = self.next_version.max(cmd.version + 1);
+                    if cmd.tier > controller.tier() && !cmd.is_expired(now) {
+                        controller.resume_at(cmd.tier, now);
+                        *decision = controller.step(&handle.inputs(now));
+                        handle.record(decision);
+                    }
+                }
+            } else {
+                // Follower: show the leader's command and acks.
+                if let Some(stored) = b.stored().await?
+                    && let Ok(cmd) = stored.verify_for(&cfg.hmac_key, &cfg.cluster)
+                {
+                    self.max_epoch_seen = self.max_epoch_seen.max(cmd.epoch);
+                    self.next_version = self.next_version.max(cmd.version + 1);
+                    handle.lock().command = Some(cmd);
+                }
+                handle.set_acks(b.acks().await?);
+                return Ok(());
+            }
+        }
+        let Some(e) = self.epoch else { return Ok(()) };
+        if due(self.last.as_ref(), decision, e, now, lease_ms) {
+            let d = decision.clone();
+            let cluster = cfg.cluster.clone();
+            let out = b
+                .publish(e, self.next_version, &cfg.hmac_key, |v| {
+                    d.to_command(&cluster, e, v, now, lease_ms)
+                })
+                .await?;
+            match out {
+                PublishOutcome::Published {
+                    command, elapsed, ..
+                } => {
+                    tracing::debug!(epoch = e, version = command.version, tier = %command.tier, "degrade: published");
+                    self.next_version = command.version + 1;
+                    handle.published(&command, Some(elapsed));
+                    self.last = Some(LastPublish {
+                        decision: d,
+                        issued_at_ms: now,
+                        epoch: e,
+                    });
+                }
+                PublishOutcome::NotLeader => {
+                    tracing::warn!(epoch = e, "degrade: publish refused: lease not held");
+                    self.epoch = None;
+                }
+                PublishOutcome::Fenced { stored_epoch } => {
+                    tracing::warn!(
+                        epoch = e,
+                        stored_epoch,
+                        "degrade: publish fenced by a newer leader"
+                    );
+                    self.max_epoch_seen = self.max_epoch_seen.max(stored_epoch);
+                    self.epoch = None;
+                }
+            }
+        }
+        handle.set_acks(b.acks().await?);
+        Ok(())
+    }
+
+    /// Releases the lease this replica holds (so a peer takes over at once, not after expiry).
+    async fn release(&mut self) {
+        if let (Some(b), Some(e)) = (self.bus.as_mut(), self.epoch) {
+            match b.release(e).await {
+                Ok(true) => tracing::info!(epoch = e, "degrade: leader lease released"),
+                Ok(false) => {}
+                Err(err) => tracing::warn!(error = %err, "degrade: could not release the lease"),
+            }
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! The composition root: the one place that builds the control plane and wires its
+//! components, each given only the handles it uses.
+//!
+//! ```text
+//!  Config ──> App (store, ingest: spool + pipeline + receivers, host registry, query API, /metrics)
+//!               │ IngestState ── failures ──> pattern engine (the ingest tagger assigns ids)
+//!               │                               └─> PatternFeed (clusters every 5 s) ── watch ──┬─> web UI
+//!               │            └── failures, spans ──> feed_slo ──> SLO evaluator ── report ─┐   │
+//!               └─ HostRegistry ── snapshots ───────────────────> feed_controller <────────┴───┘
+//!                                                                   └──> degradation controller ──> bus
+//!  routers: api(ApiDeps) · ingest(IngestState) · patterns(engine) · slo(handle) · reports(store)
+//!           · degrade(handle) · web(LiveDataSource over store, hosts, slo, degrade, patterns)
+//! ```
+//!
+//! - [`app`]: the core (store + ingest + query API on three listeners), [`App`];
+//! - [`feeders`]: the tasks between components;
+//! - [`miner_state`]: the template miner's state in the store.
+//!
+//! `brownout serve` runs [`Plane::from_config`]; `brownout-demo` builds an [`App`] and
+//! [`PlaneOptions`] of its own (simulated origin, in-process bus) and calls [`Plane::start`].
+//! [`Plane::stop`] signals every task, waits for them up to `server.shutdown_grace_ms` (so the
+//! controller releases its leader lease), saves the miner state, and drains the servers.
+
+pub mod app;
+pub mod feeders;
+pub mod miner_state;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Router;
+use brownout_protocol::FailureEvent;
+
+use crate::auth::Tokens;
+use crate::config::Config;
+use crate::degrade::{self, DegradeConfig, DegradeHandle, Policy, Transport};
+use crate::ingest::FailureTagger;
+use crate::patterns::api::SharedEngine;
+use crate::patterns::engine::PatternId;
+use crate::patterns::feed::{PatternFeed, PatternsRx};
+use crate::slo::eval::Evaluator;
+use crate::slo::spec::SloSpec;
+use crate::slo::task::{SloHandle, SloMetrics};
+
+pub use app::{App, AppState, Listeners, Running};
+
+/// What the composed plane needs besides the core's config.
+pub struct PlaneOptions {
+    pub slos: Vec<SloSpec>,
+    pub policy: Policy,
+    pub cluster: String,
+    pub command_key: Vec<u8>,
+    pub transport: Transport,
+    /// Serve the web UI over the live components, labelled with this origin (`None`: no UI).
+    pub ui: Option<crate::web::model::DataOrigin>,
+    /// Extra routes merged as they are (they bring their own auth).
+    pub extra: Option<Router>,
+    pub slo_interval: Duration,
+    /// How often the pattern feed re-ranks the patterns.
+    pub patterns_interval: Duration,
+    /// This replica's name in the leader lease; `None`: `<hostname>-<pid>`.
+    pub replica_id: Option<String>,
+}
+
+impl PlaneOptions {
+    /// The embedded example SLOs and policy ([`crate::defaults`]).
+    ///
+    /// # Errors
+    /// When an embedded example does not parse (a bug caught by the tests).
+    pub fn defaults(
+        cluster: &str,
+        command_key: &[u8],
+        transport: Transport,
+    ) -> anyhow::Result<PlaneOptions> {
+        Ok(PlaneOptions {
+            slos: crate::defaults::slos()?,
+            policy: crate::defaults::policy()?,
+            cluster: cluster.to_string(),
+            command_key: command_key.to_vec(),
+            transport,
+            ui: Some(crate::web::model::DataOrigin::Live),
+            extra: None,
+            slo_interval: Duration::from_secs(2),
+            patterns_interval: crate::patterns::feed::DEFAULT_EVERY,
+            replica_id: None,
+        })
+    }
+
+    /// What `brownout serve` runs: the config's SLO file and policy file (else the embedded
+    /// examples), Redis when `REDIS_URL` is set (else decisions are recorded in dry run).
+    ///
+    /// # Errors
+    /// No command key, or an SLO or policy file that cannot be read or parsed.
+    pub fn from_config(config: &Config) -> anyhow::Result<PlaneOptions> {
+        let command_key = config.command_key.clone().ok_or_else(|| {
+            anyhow::anyhow!(
+                "refusing to start without the command HMAC key: set BROWNOUT_COMMAND_KEY (or BROWNOUT_COMMAND_KEY_FILE, or [auth] command_key)"
+            )
+        })?;
+        let mut opts = PlaneOptions::defaults(
+            &config.cluster,
+            command_key.expose().as_bytes(),
+            Transport::InProc(crate::degrade::InProcBus::new()),
+        )?;
+        opts.slos = crate::defaults::slos_or(config.slo_file.as_deref())?;
+        opts.policy = crate::defaults::policy_or(config.policy_file.as_deref())?;
+        match &config.redis_url {
+            Some(url) => opts.transport = Transport::Redis { url: url.clone() },
+            None => {
+                tracing::warn!(
+                    "REDIS_URL is not set: degradation decisions are recorded (dry run) but cannot reach serving tiers"
+                );
+                opts.policy.dry_run = true;
+            }
+        }
+        Ok(opts)
+    }
+}
+
+/// Tags failures with their pattern id at ingest, observing them into the engine.
+struct PatternTagger(SharedEngine);
+
+impl FailureTagger for PatternTagger {
+    fn tag(&self, event: &FailureEvent) -> String {
+        let mut e = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        PatternId::from_template(e.observe(event)).0
+    }
+}
+
+/// The composed plane, serving in the background.
+pub struct Plane {
+    pub running: Running,
+    pub slo: SloHandle,
+    pub degrade: DegradeHandle,
+    pub patterns: SharedEngine,
+    /// The pattern feed's latest ranking (the one clustering, shared by the UI and the
+    /// controller).
+    pub ranked_patterns: PatternsRx,
+    /// Every background task, by name; each ends when `stop` is signalled.
+    tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Plane {
+    /// `brownout serve`: refuses to start without the tokens and the command key, binds the
+    /// configured listeners, opens the store and starts every component.
+    ///
+    /// # Errors
+    /// Missing tokens or key, bad SLO/policy files, taken ports, an unavailable store.
+    pub async fn from_config(config: Config) -> anyhow::Result<Plane> {
+        config.require_tokens()?;
+        let opts = PlaneOptions::from_config(&config)?;
+        let tokens = Tokens::from_config(&config);
+        let listeners = Listeners::bind(&config).await?;
+        let app = App::build(config, tokens).await?;
+        Plane::start(app, listeners, opts).await
+    }
+
+    /// Builds every component around `app` and starts serving on `listeners`.
+    ///
+    /// # Errors
+    /// When metrics cannot be registered or the cluster name is invalid.
+    pub async fn start(
+        mut app: App,
+        listeners: Listeners,
+        opts: PlaneOptions,
+    ) -> anyhow::Result<Plane> {
+        let state = app.state();
+        let patterns: SharedEngine = Arc::new(Mutex::new(
+            miner_state::load_pattern_engine(state.store.as_ref()).await,
+        ));
+        app.set_tagger(Arc::new(PatternTagger(patterns.clone())));
+        let registry = state.metrics.registry();
+
+        let report_slos = Arc::new(opts.slos.clone());
+        let slo = SloHandle::new(Evaluator::new(opts.slos));
+        let slo_metrics = SloMetrics::register(registry).context("registering SLO metrics")?;
+        let mut dcfg = DegradeConfig::new(&opts.cluster, &opts.command_key, opts.policy);
+        dcfg.replica_id = opts
+            .replica_id
+            .clone()
+            .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
+        let degrade =
+            DegradeHandle::new(dcfg, registry).context("registering degradation metrics")?;
+        {
+            let store = state.store.clone();
+            degrade.on_decision(move |d| {
+                if let Ok(json) = serde_json::to_value(d) {
+                    let store = store.clone();
+                    let key = format!("{:020}", d.at_ms);
+                    tokio::spawn(async move {
+                        if let Err(e) = store.put_doc("decision", &key, &json).await {
+                            tracing::warn!(error = %e, "cannot store a degradation decision");
+                        }
+                    });
+                }
+            });
+        }
+
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let mut tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)> = Vec::new();
+        let (feed, ranked_patterns) = PatternFeed::new(patterns.clone());
+        tasks.push((
+            "pattern feed",
+            tokio::spawn(feed.run(opts.patterns_interval, stopped())),
+        ));
+
+        let tokens = state.tokens.clone();
+        let read_api = crate::patterns::api::router(patterns.clone())
+            .merge(crate::slo::http::router(slo.clone()))
+            .merge(crate::report::store::router(
+                state.store.clone(),
+                report_slos.clone(),
+                opts.cluster.clone(),
+            ))
+            // Reports are read in browsers too: the UI's login cookie works here as well.
+            .route_layer(axum::middleware::from_fn_with_state(
+                tokens.clone(),
+                crate::auth::require_ui,
+            ));
+        let degrade_api = degrade::router(degrade.clone()).route_layer(
+            axum::middleware::from_fn_with_state(tokens.clone(), crate::auth::require_degrade_role),
+        );
+        let mut extra = read_api.merge(degrade_api);
+        if let Some(origin) = opts.ui {
+            let live = crate::web::live::LiveDataSource::new(crate::web::live::LiveParts {
+                store: state.store.clone(),
+                hosts: state.hosts.clone(),
+                slo: slo.clone(),
+                degrade: degrade.clone(),
+                patterns: ranked_patterns.clone(),
+                origin,
+            });
+            tasks.push((
+                "ui sampler",
+                tokio::spawn(live.clone().run_sampler(stopped())),
+            ));
+            extra = extra.merge(crate::auth::protect_ui(
+                crate::web::router(Arc::new(live)),
+                tokens.clone(),
+            ));
+        }
+        if let Some(more) = opts.extra {
+            extra = extra.merge(more);
+        }
+        let running = app.spawn(listeners, extra);
+
+        tasks.push((
+            "slo evaluator",
+            tokio::spawn(crate::slo::task::run(
+                slo.clone(),
+                opts.slo_interval,
+                Some(slo_metrics),
+                stopped(),
+            )),
+        ));
+        tasks.push((
+            "slo feeder",
+            tokio::spawn(feeders::feed_slo(
+                state.ingest.clone(),
+                slo.clone(),
+                stopped(),
+            )),
+        ));
+        tasks.push((
+            "miner state saver",
+            tokio::spawn(miner_state::save_periodically(
+                state.store.clone(),
+                patterns.clone(),
+                stopped(),
+            )),
+        ));
+        tasks.push((
+            "weekly report",
+            tokio::spawn(crate::report::store::run_weekly(
+                state.store.clone(),
+                report_slos,
+                opts.cluster.clone(),
+                stopped(),
+            )),
+        ));
+        tasks.push((
+            "controller feeder",
+            tokio::spawn(feeders::feed_controller(
+                feeders::ControllerFeed {
+                    hosts: state.hosts.clone(),
+                    host_up: state.metrics.host_up.clone(),
+                    slo: slo.clone(),
+                    patterns: ranked_patterns.clone(),
+                    degrade: degrade.clone(),
+                },
+                stopped(),
+            )),
+        ));
+        {
+            let (d, t, s) = (degrade.clone(), opts.transport, stopped());
+            tasks.push((
+                "degradation controller",
+                tokio::spawn(async move {
+                    if let Err(e) = degrade::run_controller(d, t, s).await {
+                        tracing::error!(error = %e, "degradation controller stopped");
+                    }
+                }),
+            ));
+        }
+        Ok(Plane {
+            running,
+            slo,
+            degrade,
+            patterns,
+            ranked_patterns,
+            tasks,
+            stop,
+        })
+    }
+
+    /// The core's shared handles.
+    pub fn state(&self) -> &AppState {
+        &self.running.state
+    }
+
+    /// Signals every background task and waits for each up to `server.shutdown_grace_ms` in
+    /// all (the controller releases its leader lease on the way out; a task still running at
+    /// the deadline is aborted, and said so), saves the miner state, then stops the servers
+    /// (ingest flushed).
+    ///
+    /// # Errors
+    /// What the servers returned.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let Plane {
+            running,
+            patterns,
+            tasks,
+            stop,
+            ..
+        } = self;
+        let _ = stop.send(true);
+        let deadline = tokio::time::Instant::now() + running.state.config.shutdown_grace;
+        for (name, mut task) in tasks {
+            match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(task = name, error = %e, "task failed"),
+                Err(_) => {
+                    tracing::warn!(
+                        task = name,
+                        "did not stop within the shutdown grace period; aborted"
+                    );
+                    task.abort();
+                }
+            }
+        }
+        miner_state::save_miner_state(running.state.store.as_ref(), &patterns).await;
+        running.stop().await
+    }
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "brownout".into())
+}

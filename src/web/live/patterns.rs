@@ -1,0 +1,139 @@
+//! The patterns page: failure patterns of the last 24 h with their trend and example messages.
+
+use std::sync::Arc;
+
+use brownout_protocol::now_ms;
+
+use super::{HOUR_MS, LiveDataSource, finite, lock};
+use crate::patterns::engine::{Pattern, PatternId};
+use crate::store::{FailureQuery, FailureRow};
+use crate::web::model::{
+    PatternDetail, PatternExample, PatternSummary, PatternsView, Point, UiError,
+};
+
+/// Patterns whose examples are looked up in the store (one query each).
+const PATTERNS_WITH_EXAMPLES: usize = 20;
+
+pub(super) fn pattern_detail(p: Pattern, examples: Vec<PatternExample>, now: u64) -> PatternDetail {
+    let hour_ago = now.saturating_sub(HOUR_MS);
+    // Buckets overlapping the last hour (the engine counts per bucket).
+    let buckets: Vec<_> = p.counts.iter().collect();
+    let width = match buckets.as_slice() {
+        [.., a, b] => b.start_ms.saturating_sub(a.start_ms),
+        _ => HOUR_MS,
+    }
+    .max(1);
+    let count_1h = buckets
+        .iter()
+        .filter(|c| c.start_ms + width > hour_ago)
+        .map(|c| c.count)
+        .sum();
+    PatternDetail {
+        summary: PatternSummary {
+            id: p.id.0.clone(),
+            template: p.label.clone(),
+            category: p.category,
+            count_1h,
+            impact: finite(p.budget_impact),
+            services: p.services.clone(),
+            is_new: p.is_new,
+        },
+        trend: p
+            .counts
+            .iter()
+            .map(|c| Point {
+                ts_ms: c.start_ms,
+                value: c.count as f64,
+            })
+            .collect(),
+        examples,
+    }
+}
+
+/// A pattern's examples: the stored failures found for it, else its example trace ids with the
+/// template as the message.
+fn examples_of(p: &Pattern, rows: Vec<FailureRow>) -> Vec<PatternExample> {
+    if !rows.is_empty() {
+        return rows
+            .into_iter()
+            .map(|r| PatternExample {
+                ts_ms: r.event.ts_ms,
+                service: r.event.service,
+                message: r.event.message,
+                trace_id: r.event.trace_id,
+                trace_url: None,
+            })
+            .collect();
+    }
+    p.example_trace_ids
+        .iter()
+        .map(|t| PatternExample {
+            ts_ms: p.last_seen_ms,
+            service: p.services.first().cloned().unwrap_or_default(),
+            message: p.label.clone(),
+            trace_id: t.clone(),
+            trace_url: None,
+        })
+        .collect()
+}
+
+impl LiveDataSource {
+    /// The latest published patterns ([`crate::patterns::feed`]) with details, computed once
+    /// per publication.
+    pub(super) async fn patterns_now(&self, now: u64) -> Result<Arc<Vec<PatternDetail>>, UiError> {
+        let snapshot = self.parts.patterns.borrow().clone();
+        if let Some((at, p)) = &lock(&self.caches).patterns
+            && *at == snapshot.computed_at_ms
+        {
+            return Ok(p.clone());
+        }
+        let mut out = Vec::with_capacity(snapshot.patterns.len());
+        for (i, p) in snapshot.patterns.iter().cloned().enumerate() {
+            let examples = if i < PATTERNS_WITH_EXAMPLES {
+                self.examples(&p, now).await
+            } else {
+                Vec::new()
+            };
+            out.push(pattern_detail(p, examples, now));
+        }
+        let out = Arc::new(out);
+        lock(&self.caches).patterns = Some((snapshot.computed_at_ms, out.clone()));
+        Ok(out)
+    }
+
+    /// Raw messages of a pattern: failures the ingest tagger labelled with one of its
+    /// templates' ids; failing that, its example trace ids with the template as the message.
+    async fn examples(&self, p: &Pattern, now: u64) -> Vec<PatternExample> {
+        let mut rows: Vec<FailureRow> = Vec::new();
+        for t in p.templates.iter().take(3) {
+            if rows.len() >= 3 {
+                break;
+            }
+            let q = FailureQuery {
+                since_ms: p.first_seen_ms.min(now.saturating_sub(24 * HOUR_MS)),
+                until_ms: now + 1,
+                pattern: Some(PatternId::from_template(*t).0),
+                limit: 3 - rows.len(),
+                ..FailureQuery::default()
+            };
+            match self.store().failures(&q).await {
+                Ok(page) => rows.extend(page.items),
+                Err(e) => {
+                    tracing::warn!(error = %e, "web: cannot read pattern examples");
+                    break;
+                }
+            }
+        }
+        examples_of(p, rows)
+    }
+
+    pub(super) async fn patterns_view(&self) -> Result<PatternsView, UiError> {
+        let now = now_ms();
+        let p = self.patterns_now(now).await?;
+        Ok(PatternsView {
+            origin: self.parts.origin,
+            generated_at_ms: now,
+            patterns: p.as_ref().clone(),
+        })
+    }
+}

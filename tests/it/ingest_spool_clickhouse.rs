@@ -1,0 +1,479 @@
+//! Nothing accepted is lost: a real ClickHouse server of our own (temp dir, its own ports; the
+//! shared one on 8123 is left alone) is killed in the middle of ingest, the control plane is
+//! restarted while it is down, then ClickHouse comes back — and every accepted row is stored
+//! exactly once. Also: a full spool answers 503 with Retry-After.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use brownout::auth::Tokens;
+use brownout::config::{ClickHouseConfig, Config, Secret};
+use brownout::plane::{App, Listeners, Running};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use prost::Message;
+
+const INGEST: &str = "ingest-token-aaaaaaaaaaaa";
+const READ: &str = "read-token-bbbbbbbbbbbbbb";
+
+/// Our own clickhouse-server: started as a child (not `--daemon`) so we hold its PID.
+struct OwnClickHouse {
+    dir: std::path::PathBuf,
+    http_port: u16,
+    tcp_port: u16,
+    inter_port: u16,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl OwnClickHouse {
+    fn new(dir: &std::path::Path) -> OwnClickHouse {
+        OwnClickHouse {
+            dir: dir.to_path_buf(),
+            http_port: free_port(),
+            tcp_port: free_port(),
+            inter_port: free_port(),
+            child: None,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http_port)
+    }
+
+    async fn start(&mut self) {
+        // reqwest is built without a default crypto provider; do not rely on another test in
+        // this binary having installed it first.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let d = self.dir.display();
+        for sub in ["log", "tmp", "user_files", "format_schemas"] {
+            std::fs::create_dir_all(self.dir.join(sub)).unwrap();
+        }
+        let child = Command::new("clickhouse-server")
+            .arg("--config-file=/etc/clickhouse-server/config.xml")
+            .arg("--")
+            .arg(format!("--path={d}/"))
+            .arg(format!("--tmp_path={d}/tmp/"))
+            .arg(format!("--user_files_path={d}/user_files/"))
+            .arg(format!("--format_schema_path={d}/format_schemas/"))
+            .arg(format!("--logger.log={d}/log/server.log"))
+            .arg(format!("--logger.errorlog={d}/log/err.log"))
+            .arg(format!("--http_port={}", self.http_port))
+            .arg(format!("--tcp_port={}", self.tcp_port))
+            .arg(format!("--interserver_http_port={}", self.inter_port))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect(
+                "clickhouse-server is installed (apt-get install clickhouse-server; see STACK.md)",
+            );
+        self.child = Some(child);
+        let c = reqwest::Client::new();
+        for _ in 0..200 {
+            if c.get(format!("{}/ping", self.url()))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let err = std::fs::read_to_string(self.dir.join("log/err.log")).unwrap_or_default();
+        panic!(
+            "our clickhouse-server did not come up on {}: {}",
+            self.url(),
+            err.lines().rev().take(10).collect::<Vec<_>>().join("\n")
+        );
+    }
+
+    /// SIGKILL: a hard stop, mid-insert if one is running.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    async fn query(&self, sql: &str) -> String {
+        let r = reqwest::Client::new()
+            .post(self.url())
+            .body(sql.to_string())
+            .send()
+            .await
+            .unwrap();
+        let ok = r.status().is_success();
+        let t = r.text().await.unwrap();
+        assert!(ok, "{sql}: {t}");
+        t.trim().to_string()
+    }
+}
+
+impl Drop for OwnClickHouse {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn config(dir: &std::path::Path, ch_url: &str, prefix: &str, spool_max: u64) -> Config {
+    let mut c = Config::defaults();
+    c.data_dir = dir.to_path_buf();
+    c.clickhouse = Some(ClickHouseConfig {
+        url: ch_url.into(),
+        database: "default".into(),
+        user: None,
+        password: None,
+        table_prefix: prefix.into(),
+    });
+    c.ingest.batch_max_delay = Duration::from_millis(20);
+    c.ingest.batch_max_rows = std::num::NonZeroUsize::new(500).unwrap();
+    c.store_write_timeout = Duration::from_secs(2);
+    c.spool.max_bytes = spool_max;
+    c.spool.segment_bytes = 64 << 10;
+    c.spool.retry_after_secs = 3;
+    c
+}
+
+async fn start_cp(cfg: Config) -> Running {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tokens = Tokens::new(
+        Some(Secret::new(INGEST)),
+        Some(Secret::new(READ)),
+        Some(Secret::new("admin-token-cccccccccccc")),
+    );
+    let app = App::build(cfg, tokens).await.unwrap();
+    app.spawn(Listeners::loopback().await.unwrap(), axum::Router::new())
+}
+
+fn kv(k: &str, v: &str) -> KeyValue {
+    KeyValue {
+        key: k.into(),
+        value: Some(AnyValue {
+            value: Some(Value::StringValue(v.into())),
+        }),
+        ..Default::default()
+    }
+}
+
+/// Request `n` carries 5 spans with ids derived from `n` (unique across the test) and one
+/// NDJSON failure line with request_id `r<n>`.
+fn spans_for(n: u64) -> Vec<u8> {
+    let t0 = brownout_protocol::now_ms() * 1_000_000;
+    let spans = (0..5u64)
+        .map(|i| {
+            let mut tid = [0u8; 16];
+            tid[..8].copy_from_slice(&(n + 1).to_be_bytes());
+            let mut sid = [0u8; 8];
+            sid.copy_from_slice(&((n << 8) | (i + 1)).to_be_bytes());
+            Span {
+                trace_id: tid.to_vec(),
+                span_id: sid.to_vec(),
+                name: "op".into(),
+                start_time_unix_nano: t0,
+                end_time_unix_nano: t0 + 1000,
+                ..Default::default()
+            }
+        })
+        .collect();
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![kv("service.name", "spooltest")],
+                ..Default::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                spans,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
+#[derive(Default)]
+struct Accepted {
+    spans: AtomicU64,
+    failures: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// Sends request pairs `from..` until `stop`, counting what the server accepted (200).
+async fn load(
+    run_otlp: std::net::SocketAddr,
+    run_http: std::net::SocketAddr,
+    from: u64,
+    stop: Arc<AtomicBool>,
+    acc: Arc<Accepted>,
+) -> u64 {
+    let c = reqwest::Client::new();
+    let mut n = from;
+    while !stop.load(Ordering::Relaxed) {
+        let r = c
+            .post(format!("http://{run_otlp}/v1/traces"))
+            .bearer_auth(INGEST)
+            .header("content-type", "application/x-protobuf")
+            .body(spans_for(n))
+            .send()
+            .await;
+        match r {
+            Ok(r) if r.status() == 200 => {
+                acc.spans.fetch_add(5, Ordering::Relaxed);
+            }
+            _ => {
+                acc.refused.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let line = format!(
+            "{{\"ts\":{},\"service\":\"spooltest\",\"request_id\":\"r{n}\",\"message\":\"boom {n}\"}}\n",
+            brownout_protocol::now_ms()
+        );
+        let r = c
+            .post(format!("http://{run_http}/v1/failures"))
+            .bearer_auth(INGEST)
+            .body(line)
+            .send()
+            .await;
+        match r {
+            Ok(r) if r.status() == 200 => {
+                acc.failures.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {
+                acc.refused.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    n
+}
+
+async fn status(run: &Running) -> serde_json::Value {
+    reqwest::Client::new()
+        .get(format!("http://{}/api/v1/ingest/status", run.http_addr))
+        .bearer_auth(READ)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clickhouse_killed_mid_ingest_and_control_plane_restarted_loses_nothing_and_doubles_nothing()
+ {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut ch = OwnClickHouse::new(&tmp.path().join("ch"));
+    ch.start().await;
+    let prefix = format!("s{}_", uuid::Uuid::new_v4().simple());
+    let cp_dir = tmp.path().join("cp");
+    let acc = Arc::new(Accepted::default());
+
+    // Phase 1: load, kill ClickHouse mid-ingest, keep loading (spooled).
+    let run = start_cp(config(&cp_dir, &ch.url(), &prefix, 256 << 20)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let loader = tokio::spawn(load(
+        run.otlp_http_addr,
+        run.http_addr,
+        0,
+        stop.clone(),
+        acc.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    ch.kill();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    stop.store(true, Ordering::Relaxed);
+    let next = loader.await.unwrap();
+    let s = status(&run).await;
+    assert_eq!(s["store_up"], false, "{s}");
+    assert!(
+        s["spool_bytes"].as_u64().unwrap() > 0,
+        "accepted data went to the spool: {s}"
+    );
+    run.stop().await.unwrap();
+
+    // Phase 2: restart the control plane while ClickHouse is still down; it starts, accepts
+    // more (spooled behind the rest).
+    let run = start_cp(config(&cp_dir, &ch.url(), &prefix, 256 << 20)).await;
+    assert!(
+        status(&run).await["spool_bytes"].as_u64().unwrap() > 0,
+        "the spool survived the restart"
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let loader = tokio::spawn(load(
+        run.otlp_http_addr,
+        run.http_addr,
+        next,
+        stop.clone(),
+        acc.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    // Phase 3: ClickHouse returns (same data), load continues; the spool drains in order.
+    ch.start().await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    stop.store(true, Ordering::Relaxed);
+    loader.await.unwrap();
+    let mut drained = false;
+    for _ in 0..400 {
+        let s = status(&run).await;
+        if s["spool_bytes"] == 0 && s["store_up"] == true {
+            drained = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(drained, "spool never drained: {}", status(&run).await);
+    run.stop().await.unwrap();
+
+    let want_spans = acc.spans.load(Ordering::Relaxed);
+    let want_failures = acc.failures.load(Ordering::Relaxed);
+    assert!(
+        want_spans > 100 && want_failures > 20,
+        "the load ran: {want_spans} spans, {want_failures} failures"
+    );
+    let spans: Vec<u64> = ch
+        .query(&format!(
+            "SELECT count(), uniqExact(trace_id, span_id) FROM {prefix}spans"
+        ))
+        .await
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(
+        spans,
+        vec![want_spans, want_spans],
+        "every accepted span stored exactly once"
+    );
+    let failures: Vec<u64> = ch
+        .query(&format!(
+            "SELECT count(), uniqExact(request_id) FROM {prefix}failures"
+        ))
+        .await
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(
+        failures,
+        vec![want_failures, want_failures],
+        "every accepted failure stored exactly once"
+    );
+    for t in ["spans", "logs", "failures", "snapshots", "docs"] {
+        ch.query(&format!("DROP TABLE IF EXISTS {prefix}{t}")).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_spool_answers_503_with_retry_after() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Nothing listens on this port: the store is down from the start.
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let mut cfg = config(&tmp.path().join("cp"), &url, "x_", 64 << 10);
+    cfg.store_write_timeout = Duration::from_millis(500);
+    let run = start_cp(cfg).await;
+    let c = reqwest::Client::new();
+    let mut first_503 = None;
+    for n in 0..400u64 {
+        let r = c
+            .post(format!("http://{}/v1/traces", run.otlp_http_addr))
+            .bearer_auth(INGEST)
+            .header("content-type", "application/x-protobuf")
+            .body(spans_for(n))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 503 {
+            first_503 = Some((
+                n,
+                r.headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap().to_string()),
+            ));
+            break;
+        }
+        assert_eq!(r.status(), 200);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (n, retry_after) = first_503.expect("a full spool refuses with 503");
+    assert!(n > 10, "accepted until the spool filled ({n} requests)");
+    assert_eq!(retry_after.as_deref(), Some("3"));
+    let m = c
+        .get(format!("http://{}/metrics", run.http_addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        m.contains("brownout_ingest_rejected_total{reason=\"spool_full\"} 1"),
+        "{m}"
+    );
+    run.stop().await.unwrap();
+}
+
+/// `brownout drill clickhouse-kill`'s function against this server: the store is killed, 300
+/// failure events are sent while it is down, it comes back, and each event is stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clickhouse_kill_drill_stores_every_event_exactly_once() {
+    let ch_dir = tempfile::tempdir().unwrap();
+    let cp_dir = tempfile::tempdir().unwrap();
+    let mut ch = OwnClickHouse::new(ch_dir.path());
+    ch.start().await;
+    let prefix = format!("drill_{}_", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let run = start_cp(config(cp_dir.path(), &ch.url(), &prefix, 64 << 20)).await;
+    let ch = Arc::new(tokio::sync::Mutex::new(ch));
+    let (k, r) = (Arc::clone(&ch), Arc::clone(&ch));
+    let mut kill = brownout::drill::Fault::Async(Box::new(move || {
+        let k = Arc::clone(&k);
+        Box::pin(async move {
+            k.lock().await.kill();
+            Ok(())
+        })
+    }));
+    let mut recover = brownout::drill::Fault::Async(Box::new(move || {
+        let r = Arc::clone(&r);
+        Box::pin(async move {
+            r.lock().await.start().await;
+            Ok(())
+        })
+    }));
+    let target = brownout::drill::Target {
+        plane: format!("http://{}", run.http_addr),
+        read_token: Some(READ.into()),
+        admin_token: None,
+        ingest_token: Some(INGEST.into()),
+    };
+    let rep = brownout::drill::clickhouse_kill(
+        &target,
+        &mut kill,
+        Some(&mut recover),
+        300,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    eprintln!("{}", rep.render());
+    assert!(rep.passed, "{}", rep.render());
+    assert!(
+        rep.steps
+            .iter()
+            .any(|s| s.name == "every event stored exactly once"
+                && s.detail.starts_with("300 rows, 300 distinct")),
+        "{}",
+        rep.render()
+    );
+    run.stop().await.unwrap();
+}

@@ -1,0 +1,35 @@
+//! The control plane's integration tests, as modules of one test binary (so the workspace is
+//! linked once): `cargo test -p brownout --test it [module::]`. Tests that need the demo world
+//! or the bundled serving tier are in the brownout-demo crate's tests.
+//!
+//! Each module says what it covers and what it needs (Redis at `REDIS_TEST_URL`, ClickHouse at
+//! `CLICKHOUSE_TEST_URL`, promtool, chromium: `scripts/test.sh` provides them all).
+
+mod alerts_rules;
+mod dashboards_valid;
+mod degrade_policy;
+mod degrade_protocol_doc;
+mod drills;
+mod error_contract;
+mod harness_real_servers;
+mod ingest_config;
+mod ingest_http;
+mod ingest_limits;
+mod ingest_otlp_exporter;
+mod ingest_spool_clickhouse;
+mod patterns_accuracy;
+mod patterns_cli;
+mod patterns_engine;
+mod plane_persistence;
+mod report_chromium;
+mod report_cli;
+mod report_golden;
+mod report_store;
+mod slo_eval;
+mod slo_spec;
+mod store_behaviour;
+mod web_live;
+mod web_live_source;
+mod web_pages;
+mod web_screenshots;
+mod web_xss;

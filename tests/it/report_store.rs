@@ -1,0 +1,486 @@
+//! The weekly report from a real (SQLite) store: `report::store::week_data`, the `/reports`
+//! router and the weekly task.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use brownout::report::store::{self as rstore, week_data};
+use brownout::report::week_start_ms;
+use brownout::slo::spec::SloSpec;
+use brownout::store::sqlite::SqliteStore;
+use brownout::store::{Batch, FailureRow, SpanRow, Store, WriteMode};
+use brownout_protocol::{Category, Criticality, FailureEvent};
+use http_body_util::BodyExt as _;
+use tower::ServiceExt as _;
+
+const WEEK: &str = "2026-W48";
+const H: u64 = 3_600_000;
+const D: u64 = 24 * H;
+
+async fn store() -> (Arc<dyn Store>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(&dir.path().join("t.sqlite")).unwrap();
+    s.migrate().await.unwrap();
+    (Arc::new(s), dir)
+}
+
+fn slos() -> Vec<SloSpec> {
+    brownout::slo::spec::parse_str(
+        "version: brownout/v1\nslos:\n  - name: muse-availability\n    service: muse\n    objective_percent: 99\n    period: 7d\n    sli:\n      kind: availability\n",
+        "test.yaml",
+    )
+    .unwrap()
+}
+
+fn span(n: u64, start_ms: u64, bad: bool) -> SpanRow {
+    SpanRow {
+        trace_id: format!("{n:032x}"),
+        span_id: format!("{n:016x}"),
+        parent_span_id: String::new(),
+        service: "muse".into(),
+        name: "chat".into(),
+        kind: 2,
+        start_us: start_ms * 1000,
+        duration_us: 50_000,
+        status: if bad { 2 } else { 1 },
+        status_message: String::new(),
+        feature: "chat".into(),
+        criticality: "default".into(),
+        host: "gpu-1".into(),
+        is_request: true,
+        attributes: vec![],
+    }
+}
+
+fn failure(n: u64, ts_ms: u64, message: String, category: Category, user: u64) -> FailureRow {
+    FailureRow {
+        id: format!("f{n}"),
+        pattern: String::new(),
+        event: FailureEvent {
+            ts_ms,
+            service: "muse".into(),
+            host: "gpu-1".into(),
+            request_id: format!("req-{n}"),
+            trace_id: format!("{n:032x}"),
+            user_id: format!("u{user}"),
+            feature: "chat".into(),
+            criticality: Criticality::Default,
+            category,
+            error_type: "E".into(),
+            message,
+            latency_ms: 10.0,
+            attributes: BTreeMap::new(),
+        },
+    }
+}
+
+fn decision(
+    at_ms: u64,
+    tier: u8,
+    previous: u8,
+    transition: &str,
+    trigger: &str,
+    dry_run: bool,
+) -> serde_json::Value {
+    serde_json::json!({
+        "at_ms": at_ms, "tier": tier, "previous": previous, "transition": transition,
+        "trigger": trigger, "detail": format!("{trigger} detail"), "reasons": [],
+        "dry_run": dry_run, "published": null,
+    })
+}
+
+/// W48: 1000 requests, 5 bad (half the 1 % weekly budget); W47: 1000 requests, 2 bad. Failures:
+/// 30 KV overflows (10 the week before), 12 tool timeouts (new), an episode T1→T3→T2→T0 on
+/// Tuesday 10:00–12:00 and a dry-run T2 on Wednesday.
+async fn fill(store: &dyn Store) -> u64 {
+    let start = week_start_ms(WEEK).unwrap();
+    let mut b = Batch::new();
+    for i in 0..1000u64 {
+        b.spans.push(span(i, start + i * 600_000, i % 200 == 7));
+        b.spans
+            .push(span(10_000 + i, start - 7 * D + i * 600_000, i % 500 == 3));
+    }
+    let mut n = 0;
+    for i in 0..30u64 {
+        n += 1;
+        b.failures.push(failure(
+            n,
+            start + D + i * H,
+            format!(
+                "KV cache overflow: sequence length {} exceeds max_model_len 8192",
+                9000 + i
+            ),
+            Category::KvCacheExhausted,
+            i % 7,
+        ));
+    }
+    for i in 0..10u64 {
+        n += 1;
+        b.failures.push(failure(
+            n,
+            start - 6 * D + i * H,
+            format!(
+                "KV cache overflow: sequence length {} exceeds max_model_len 8192",
+                9100 + i
+            ),
+            Category::KvCacheExhausted,
+            i,
+        ));
+    }
+    for i in 0..12u64 {
+        n += 1;
+        b.failures.push(failure(
+            n,
+            start + 3 * D + i * H,
+            format!("tool weather timed out after {} ms", 30_000 + i),
+            Category::TimeoutResource,
+            100 + i,
+        ));
+    }
+    store.write_batch(&b, WriteMode::Fresh).await.unwrap();
+    let tue = start + D;
+    for (at, tier, prev, tr, trig, dry) in [
+        (tue + 10 * H, 1, 0, "enter", "slo_burn", false),
+        (
+            tue + 10 * H + 30 * 60_000,
+            3,
+            1,
+            "enter",
+            "gpu_saturation",
+            false,
+        ),
+        (tue + 11 * H, 2, 3, "step_down", "recovery", false),
+        (tue + 12 * H, 0, 2, "step_down", "recovery", false),
+        (tue + D + 5 * H, 2, 0, "enter", "dry_run_trigger", true),
+    ] {
+        store
+            .put_doc(
+                "decision",
+                &format!("{at:020}"),
+                &decision(at, tier, prev, tr, trig, dry),
+            )
+            .await
+            .unwrap();
+    }
+    start
+}
+
+#[tokio::test]
+async fn week_from_the_store_has_patterns_slo_spend_and_episodes() {
+    let (store, _dir) = store().await;
+    let start = fill(store.as_ref()).await;
+    let data = week_data(store.as_ref(), &slos(), WEEK, "c").await.unwrap();
+    assert_eq!(data.start_ms, start);
+    assert_eq!((data.week.as_str(), data.cluster.as_str()), (WEEK, "c"));
+
+    // Patterns: KV overflow first with its trend, the tool timeout new.
+    let mut p = data.patterns.clone();
+    p.sort_by_key(|x| std::cmp::Reverse(x.count));
+    assert_eq!(p.len(), 2, "{p:#?}");
+    assert!(p[0].label.contains("KV cache overflow"), "{}", p[0].label);
+    assert_eq!(
+        (p[0].count, p[0].last_week_count, p[0].new),
+        (30, 10, false)
+    );
+    assert_eq!(p[0].affected_users, 7);
+    assert_eq!(p[0].daily, vec![0, 24, 6, 0, 0, 0, 0]);
+    assert!((p[0].budget_impact - 30.0 / 42.0).abs() < 1e-9);
+    assert!(p[1].label.contains("timed out"), "{}", p[1].label);
+    assert_eq!((p[1].count, p[1].new), (12, true));
+
+    // SLO: 5 bad of 1000 against a 1 % budget = 50 %; last week 2 of 1000 = 20 %.
+    assert_eq!(data.slos.len(), 1);
+    let s = &data.slos[0];
+    assert_eq!(s.name, "muse-availability");
+    assert!((s.objective - 0.99).abs() < 1e-12);
+    assert!(
+        (s.budget_spent_ratio - 0.5).abs() < 1e-9,
+        "{}",
+        s.budget_spent_ratio
+    );
+    assert!(
+        (s.last_week_budget_spent_ratio - 0.2).abs() < 1e-9,
+        "{}",
+        s.last_week_budget_spent_ratio
+    );
+    assert_eq!(s.remaining_by_day.len(), 7);
+    assert!((s.remaining_by_day[6] - 0.5).abs() < 1e-9);
+    assert!(s.remaining_by_day.windows(2).all(|w| w[1] <= w[0]));
+
+    // One real episode, T3 at its peak, triggered by the first raise; the dry run is skipped.
+    assert_eq!(data.episodes.len(), 1, "{:#?}", data.episodes);
+    let e = &data.episodes[0];
+    assert_eq!(
+        (e.start_ms, e.end_ms, e.max_tier),
+        (start + D + 10 * H, start + D + 12 * H, 3)
+    );
+    assert_eq!(e.trigger, "slo_burn");
+
+    // The rendered report carries them.
+    let r = brownout::report::build(&data, &brownout::report::Playbook::bundled());
+    assert!(!r.empty);
+    assert!(r.top[0].pattern.label.contains("KV cache overflow"));
+    assert_eq!(r.top[0].trend, "+200%");
+    assert_eq!(r.slos[0].spent_pct, "50.0%");
+    assert_eq!(r.slos[0].delta, "+30.0 pp");
+    assert_eq!(r.episodes[0].max_tier, 3);
+    assert_eq!(r.episodes[0].duration, "2 h 00 min");
+}
+
+#[test]
+fn episodes_are_clipped_to_the_week_and_left_open_until_now() {
+    let start = week_start_ms(WEEK).unwrap();
+    let rec = |at: u64, tier: u8| {
+        serde_json::from_value(decision(at, tier, 0, "enter", "t", false)).unwrap()
+    };
+    // Raised the week before, back at T0 on Monday 01:00; raised again Sunday 23:00, still up.
+    let ds = vec![
+        rec(start - H, 2),
+        rec(start + H, 0),
+        rec(start + 7 * D - H, 1),
+    ];
+    let eps = rstore::episodes_from_decisions(&ds, start, start + 30 * D);
+    assert_eq!(eps.len(), 2, "{eps:#?}");
+    assert_eq!(
+        (eps[0].start_ms, eps[0].end_ms, eps[0].max_tier),
+        (start, start + H, 2)
+    );
+    assert_eq!(
+        (eps[1].start_ms, eps[1].end_ms),
+        (start + 7 * D - H, start + 7 * D)
+    );
+    // Before the week, nothing.
+    assert!(rstore::episodes_from_decisions(&ds[..2], start + 7 * D, start + 30 * D).is_empty());
+}
+
+async fn get(app: &axum::Router, uri: &str) -> (StatusCode, String, String) {
+    let res = app
+        .clone()
+        .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = res.status();
+    let ct = res
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (status, ct, String::from_utf8(body.to_vec()).unwrap())
+}
+
+#[tokio::test]
+async fn router_serves_every_format_refuses_bad_weeks_and_says_no_data() {
+    let (store, _dir) = store().await;
+    fill(store.as_ref()).await;
+    let app = rstore::router(store.clone(), Arc::new(slos()), "c<b>".into());
+
+    let (st, ct, html) = get(&app, "/reports/2026-W48").await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(ct.starts_with("text/html"), "{ct}");
+    assert!(html.contains("KV cache overflow") && html.contains("c&lt;b&gt;"));
+    assert!(!html.contains("c<b>"));
+
+    let (st, ct, md) = get(&app, "/reports/2026-W48?format=md").await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(ct.starts_with("text/markdown"), "{ct}");
+    assert!(md.contains("## Roadmap") && md.contains("50.0%"));
+
+    let (st, ct, json) = get(&app, "/reports/2026-W48?format=json").await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(ct.starts_with("application/json"), "{ct}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["week"], WEEK);
+    assert_eq!(v["episodes"][0]["max_tier"], 3);
+
+    for bad in [
+        "/reports/2026-W99",
+        "/reports/yesterday",
+        "/reports/2026-W48?format=pdf",
+    ] {
+        let (st, _, msg) = get(&app, bad).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{bad}");
+        assert!(!msg.is_empty());
+    }
+
+    let (st, _, md) = get(&app, "/reports/2026-W10?format=md").await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(md.contains("No data was recorded"), "{md}");
+    for w in ["current", "last"] {
+        let (st, _, _) = get(&app, &format!("/reports/{w}?format=json")).await;
+        assert_eq!(st, StatusCode::OK, "{w}");
+    }
+}
+
+#[tokio::test]
+async fn stored_reports_are_served_and_listed_escaped() {
+    let (store, _dir) = store().await;
+    let mut data = week_data(store.as_ref(), &slos(), "2026-W40", "c")
+        .await
+        .unwrap();
+    assert!(data.patterns.is_empty() && data.slos.is_empty() && data.episodes.is_empty());
+    data.episodes.push(brownout::report::Episode {
+        start_ms: data.start_ms,
+        end_ms: data.start_ms + H,
+        max_tier: 2,
+        trigger: "stored-marker".into(),
+        detail: String::new(),
+    });
+    store
+        .put_doc(
+            "report",
+            "c:2026-W40",
+            &serde_json::to_value(&data).unwrap(),
+        )
+        .await
+        .unwrap();
+    store
+        .put_doc("report", "c:<script>", &serde_json::json!({}))
+        .await
+        .unwrap();
+    store
+        .put_doc("report", "other:2026-W41", &serde_json::json!({}))
+        .await
+        .unwrap();
+    let app = rstore::router(store.clone(), Arc::new(slos()), "c".into());
+    let (st, _, json) = get(&app, "/reports/2026-W40?format=json").await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(json.contains("stored-marker"));
+    let (st, ct, html) = get(&app, "/reports").await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(ct.starts_with("text/html"));
+    assert!(html.contains("href=\"/reports/2026-W40\""));
+    assert!(!html.contains("<script>") && !html.contains("2026-W41"));
+}
+
+#[tokio::test]
+async fn weekly_task_stores_last_weeks_report_once() {
+    let (store, _dir) = store().await;
+    let slos = Arc::new(slos());
+    let key = rstore::report_key("c", &rstore::last_week());
+    assert!(store.get_doc("report", &key).await.unwrap().is_none());
+    rstore::run_weekly(
+        store.clone(),
+        slos.clone(),
+        "c".into(),
+        std::future::ready(()),
+    )
+    .await;
+    let first = store
+        .get_doc("report", &key)
+        .await
+        .unwrap()
+        .expect("stored");
+    let data: brownout::report::WeekData = serde_json::from_value(first.value.clone()).unwrap();
+    assert_eq!(data.week, rstore::last_week());
+    assert_eq!(data.start_ms, week_start_ms(&rstore::last_week()).unwrap());
+    rstore::run_weekly(store.clone(), slos, "c".into(), std::future::ready(())).await;
+    let again = store.get_doc("report", &key).await.unwrap().unwrap();
+    assert_eq!(again.updated_ms, first.updated_ms, "written twice");
+    assert!(
+        !rstore::ensure_stored(store.as_ref(), &[], "c", &rstore::last_week())
+            .await
+            .unwrap()
+    );
+}
+
+/// The composed plane serves `/reports` behind the read token and stores last week's report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plane_serves_reports_behind_the_read_token_and_stores_last_week() {
+    use brownout::auth::{Role, Tokens};
+    use brownout::degrade::{InProcBus, Transport};
+    use brownout::plane::{App, Listeners};
+    use brownout::plane::{Plane, PlaneOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = brownout::config::Config::defaults();
+    config.data_dir = dir.path().to_path_buf();
+    let tokens = Tokens::random();
+    let read = tokens.get(Role::Read).unwrap().expose().to_string();
+    let app = App::build(config, tokens).await.unwrap();
+    let mut opts = PlaneOptions::defaults(
+        "rep",
+        b"key-key-key-key-key",
+        Transport::InProc(InProcBus::new()),
+    )
+    .unwrap();
+    opts.ui = None;
+    let plane = Plane::start(app, Listeners::loopback().await.unwrap(), opts)
+        .await
+        .unwrap();
+    let base = format!("http://{}", plane.running.http_addr);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let res = client
+        .get(format!("{base}/reports/last"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), reqwest::StatusCode::UNAUTHORIZED);
+    let res = client
+        .get(format!("{base}/reports/last?format=json"))
+        .bearer_auth(&read)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), reqwest::StatusCode::OK);
+    let v: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(v["week"], rstore::last_week());
+    assert_eq!(v["cluster"], "rep");
+    let key = rstore::report_key("rep", &rstore::last_week());
+    let store = plane.state().store.clone();
+    let mut stored = None;
+    for _ in 0..100 {
+        stored = store.get_doc("report", &key).await.unwrap();
+        if stored.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(stored.is_some(), "the weekly task did not store {key}");
+    plane.stop().await.unwrap();
+}
+
+/// `brownout report --store` reads the SQLite store under BROWNOUT_DATA_DIR (with the embedded
+/// SLOs, so no SLO of this test's service appears).
+#[tokio::test]
+async fn cli_reads_the_store_under_the_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = SqliteStore::open(&dir.path().join("brownout.sqlite")).unwrap();
+        s.migrate().await.unwrap();
+        fill(&s).await;
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_brownout"))
+        .args([
+            "report",
+            "--week",
+            WEEK,
+            "--cluster",
+            "c",
+            "--format",
+            "json",
+            "--store",
+        ])
+        .env("BROWNOUT_DATA_DIR", dir.path())
+        .env_remove("CLICKHOUSE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["top"][0]["label"]
+            .as_str()
+            .unwrap()
+            .contains("KV cache overflow"),
+        "{v}"
+    );
+    assert_eq!(v["top"][0]["count"], 30);
+    assert_eq!(v["episodes"][0]["max_tier"], 3);
+    assert_eq!(v["empty"], false);
+}

@@ -1,0 +1,454 @@
+//! The web UI router in memory (`tower::ServiceExt::oneshot`): every page answers 200 with its key
+//! content, the drill-down links lead one level down each, unknown names are 404 pages, the JSON
+//! endpoints parse, and security headers are set.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use brownout::web::{self, UiDataSource, UiError};
+use brownout_test_support::ui::SampleDataSource;
+use futures::future::{BoxFuture, FutureExt};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+
+const NOW_MS: u64 = 1_764_460_800_000; // 2025-11-30 00:00 UTC
+
+fn demo() -> Arc<SampleDataSource> {
+    Arc::new(SampleDataSource::new(NOW_MS))
+}
+
+async fn get(
+    source: Arc<dyn UiDataSource>,
+    uri: &str,
+) -> (StatusCode, axum::http::HeaderMap, String) {
+    let res = web::router(source)
+        .oneshot(Request::get(uri).body(Body::empty()).expect("request"))
+        .await
+        .expect("router is infallible");
+    let status = res.status();
+    let headers = res.headers().clone();
+    let body = res.into_body().collect().await.expect("body").to_bytes();
+    (
+        status,
+        headers,
+        String::from_utf8(body.to_vec()).expect("utf-8 page"),
+    )
+}
+
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn every_page_renders_with_its_key_content() {
+    let d = demo();
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "/",
+            &[
+                "Overview",
+                "prod-cn-east",
+                "T2",
+                "slo_burn",
+                "chat-availability",
+                "gpu-a100-01",
+                "chat-gateway",
+                "AgentExecutionFailed",
+                "SAMPLE DATA",
+            ],
+        ),
+        (
+            "/hosts",
+            &[
+                "GPU hosts",
+                "gpu-h100-03",
+                "NVIDIA A100-SXM4-80GB",
+                "engine-0",
+                "internal frag.",
+                "stale",
+                "down",
+            ],
+        ),
+        (
+            "/hosts/gpu-a100-01",
+            &[
+                "gpu-a100-01",
+                "VRAM used",
+                "75% watermark",
+                "85% P2",
+                "92% P1",
+                "KV-cache usage",
+                "Queue depth",
+                "/services/",
+            ],
+        ),
+        (
+            "/services/chat-gateway",
+            &[
+                "chat-gateway",
+                "Golden signals",
+                "Instances",
+                "/services/chat-gateway/instances/",
+            ],
+        ),
+        (
+            "/patterns",
+            &[
+                "Failure patterns",
+                "Tool Execution Timeout",
+                "NEW",
+                "jaeger.internal:16686",
+                "rel=\"noopener noreferrer\"",
+                "timeout_resource",
+            ],
+        ),
+        (
+            "/slos",
+            &[
+                "SLOs and error budgets",
+                "chat-ttft-p99",
+                "burn-down",
+                "Alert history",
+                "14.4×",
+                "PAGE",
+            ],
+        ),
+        (
+            "/degradation",
+            &[
+                "Degradation",
+                "prod-us-west",
+                "tier timeline",
+                "Acks per instance",
+                "NACK",
+                "lagging",
+                "bad signature",
+            ],
+        ),
+        (
+            "/debug/resource",
+            &[
+                "/debug/resource",
+                "model load",
+                "warm-up",
+                "ext. frag.",
+                "int. frag.",
+                "llama-3-70b-instruct",
+            ],
+        ),
+    ];
+    for (uri, needles) in cases {
+        let (status, headers, body) = get(d.clone(), uri).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+        assert!(
+            headers[header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html"),
+            "{uri}"
+        );
+        for n in *needles {
+            assert!(body.contains(n), "{uri} lacks {n:?}");
+        }
+        assert!(!body.contains("<script>"), "{uri}: no inline script");
+    }
+}
+
+#[tokio::test]
+async fn drill_down_is_one_click_per_level() {
+    let d = demo();
+    // Level 1: the overview links each service.
+    let (_, _, overview) = get(d.clone(), "/").await;
+    let (service, instance) = d
+        .instance_names()
+        .into_iter()
+        .next()
+        .expect("sample has instances");
+    let service_href = format!("href=\"/services/{}\"", enc(&service));
+    assert!(
+        overview.contains(&service_href),
+        "overview links {service_href}"
+    );
+    // Level 2: the service page links each of its instances.
+    let (status, _, svc) = get(d.clone(), &format!("/services/{}", enc(&service))).await;
+    assert_eq!(status, StatusCode::OK);
+    let inst_path = format!("/services/{}/instances/{}", enc(&service), enc(&instance));
+    assert!(
+        svc.contains(&format!("href=\"{inst_path}\"")),
+        "service page links {inst_path}"
+    );
+    // Level 3: the instance page shows its logs.
+    let (status, _, inst) = get(d.clone(), &inst_path).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        inst.contains("Recent logs")
+            && inst.contains("req-")
+            && inst.contains("kv_cache_exhausted"),
+        "{inst}"
+    );
+}
+
+#[tokio::test]
+async fn unknown_names_are_404_pages_not_500() {
+    let d = demo();
+    for uri in [
+        "/hosts/no-such-host",
+        "/services/nope",
+        "/services/chat-gateway/instances/nope",
+        "/nowhere",
+        "/hosts/%F0%9F%92%A9",
+    ] {
+        let (status, _, body) = get(d.clone(), uri).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{uri}");
+        assert!(
+            body.contains("404") && body.contains("Back to the overview"),
+            "{uri}: {body}"
+        );
+    }
+}
+
+/// A source whose components are down.
+struct Unavailable;
+
+fn down<'a, T: Send + 'a>() -> BoxFuture<'a, Result<T, UiError>> {
+    futures::future::ready(Err(UiError::Unavailable {
+        component: "store",
+        detail: "connection refused 10.0.0.7:8123".into(),
+    }))
+    .boxed()
+}
+
+impl UiDataSource for Unavailable {
+    fn overview(&self) -> BoxFuture<'_, Result<web::OverviewView, UiError>> {
+        down()
+    }
+    fn hosts(&self) -> BoxFuture<'_, Result<web::HostsView, UiError>> {
+        down()
+    }
+    fn host<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<web::HostDetailView, UiError>> {
+        down()
+    }
+    fn service<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<web::ServiceView, UiError>> {
+        down()
+    }
+    fn instance<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a str,
+    ) -> BoxFuture<'a, Result<web::InstanceView, UiError>> {
+        down()
+    }
+    fn patterns(&self) -> BoxFuture<'_, Result<web::PatternsView, UiError>> {
+        down()
+    }
+    fn slos(&self) -> BoxFuture<'_, Result<web::SloView, UiError>> {
+        down()
+    }
+    fn degradation(&self) -> BoxFuture<'_, Result<web::DegradationView, UiError>> {
+        down()
+    }
+    fn resource(&self) -> BoxFuture<'_, Result<web::ResourceView, UiError>> {
+        down()
+    }
+}
+
+#[tokio::test]
+async fn unavailable_source_is_503_without_internal_detail() {
+    for uri in ["/", "/hosts", "/slos", "/ui/api/overview"] {
+        let (status, _, body) = get(Arc::new(Unavailable), uri).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{uri}");
+        assert!(body.contains("store is unavailable"), "{uri}: {body}");
+        assert!(!body.contains("10.0.0.7"), "{uri}: internal detail leaked");
+    }
+}
+
+#[tokio::test]
+async fn json_endpoints_serve_the_views() {
+    let d = demo();
+    for uri in [
+        "/ui/api/overview",
+        "/ui/api/hosts",
+        "/ui/api/patterns",
+        "/ui/api/slos",
+        "/ui/api/degradation",
+        "/ui/api/resource",
+    ] {
+        let (status, headers, body) = get(d.clone(), uri).await;
+        assert_eq!(status, StatusCode::OK, "{uri}");
+        assert_eq!(headers[header::CONTENT_TYPE], "application/json", "{uri}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("valid JSON");
+        assert_eq!(v["origin"], "sample", "{uri}");
+    }
+    for uri in [
+        "/ui/api/hosts/gpu-a100-01",
+        "/ui/api/services/chat-gateway",
+        "/ui/api/services/chat-gateway/instances/chat-gateway-7f9c-0",
+    ] {
+        let (status, _, body) = get(d.clone(), uri).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("valid JSON");
+        assert_eq!(v["origin"], "sample", "{uri}");
+    }
+    let (status, _, body) = get(d.clone(), "/ui/api/hosts/nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON error");
+    assert_eq!(v["error"]["code"], "not_found");
+    let (_, _, body) = get(d, "/ui/api/overview").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["clusters"][0]["tier"], 2, "tiers are numbers on the wire");
+    assert_eq!(v["hosts"][4]["state"], "down");
+}
+
+#[tokio::test]
+async fn static_assets_and_security_headers() {
+    let d = demo();
+    let (status, headers, css) = get(d.clone(), "/static/brownout.css").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        headers[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/css")
+    );
+    assert!(css.contains(".tier-badge"));
+    let (status, headers, js) = get(d.clone(), "/static/brownout.js").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        headers[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/javascript")
+    );
+    assert!(
+        js.contains("/ui/api/overview") && !js.contains("innerHTML"),
+        "live updates write text only"
+    );
+    let (_, headers, _) = get(d, "/").await;
+    let csp = headers[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
+    assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+}
+
+#[tokio::test]
+async fn non_http_trace_links_are_shown_as_text() {
+    let vocab = brownout_test_support::ui::Vocabulary {
+        trace_url_prefix: "javascript:alert(1)//".into(),
+        ..brownout_test_support::ui::Vocabulary::default()
+    };
+    let d = Arc::new(SampleDataSource::with_vocabulary(NOW_MS, vocab));
+    let (status, _, body) = get(d, "/patterns").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        !body.contains("javascript:"),
+        "no javascript: URL anywhere in the page"
+    );
+    assert!(
+        body.contains("class=\"muted\">trace "),
+        "the trace id is still shown"
+    );
+}
+
+/// A live source before anything has reported: every list empty.
+struct Empty;
+
+fn ok<'a, T: Send + 'a>(v: T) -> BoxFuture<'a, Result<T, UiError>> {
+    futures::future::ready(Ok(v)).boxed()
+}
+
+impl UiDataSource for Empty {
+    fn overview(&self) -> BoxFuture<'_, Result<web::OverviewView, UiError>> {
+        ok(web::OverviewView {
+            origin: web::DataOrigin::Live,
+            generated_at_ms: NOW_MS,
+            clusters: vec![],
+            slos: vec![],
+            hosts: vec![],
+            services: vec![],
+            top_patterns: vec![],
+        })
+    }
+    fn hosts(&self) -> BoxFuture<'_, Result<web::HostsView, UiError>> {
+        ok(web::HostsView {
+            origin: web::DataOrigin::Live,
+            generated_at_ms: NOW_MS,
+            hosts: vec![],
+        })
+    }
+    fn host<'a>(&'a self, h: &'a str) -> BoxFuture<'a, Result<web::HostDetailView, UiError>> {
+        futures::future::ready(Err(UiError::not_found("host", h))).boxed()
+    }
+    fn service<'a>(&'a self, s: &'a str) -> BoxFuture<'a, Result<web::ServiceView, UiError>> {
+        futures::future::ready(Err(UiError::not_found("service", s))).boxed()
+    }
+    fn instance<'a>(
+        &'a self,
+        _: &'a str,
+        i: &'a str,
+    ) -> BoxFuture<'a, Result<web::InstanceView, UiError>> {
+        futures::future::ready(Err(UiError::not_found("instance", i))).boxed()
+    }
+    fn patterns(&self) -> BoxFuture<'_, Result<web::PatternsView, UiError>> {
+        ok(web::PatternsView {
+            origin: web::DataOrigin::Live,
+            generated_at_ms: NOW_MS,
+            patterns: vec![],
+        })
+    }
+    fn slos(&self) -> BoxFuture<'_, Result<web::SloView, UiError>> {
+        ok(web::SloView {
+            origin: web::DataOrigin::Live,
+            generated_at_ms: NOW_MS,
+            slos: vec![],
+        })
+    }
+    fn degradation(&self) -> BoxFuture<'_, Result<web::DegradationView, UiError>> {
+        ok(web::DegradationView {
+            origin: web::DataOrigin::Live,
+            generated_at_ms: NOW_MS,
+            clusters: vec![],
+        })
+    }
+    fn resource(&self) -> BoxFuture<'_, Result<web::ResourceView, UiError>> {
+        ok(web::ResourceView {
+            origin: web::DataOrigin::Live,
+            generated_at_ms: NOW_MS,
+            engines: vec![],
+        })
+    }
+}
+
+#[tokio::test]
+async fn empty_live_source_renders_every_page_with_empty_states() {
+    let cases: &[(&str, &str)] = &[
+        ("/", "No cluster has published a command yet."),
+        ("/", "No gpu-agent has reported yet."),
+        ("/", "No SLOs configured."),
+        ("/", "No failures in the last hour."),
+        ("/hosts", "No gpu-agent has reported yet."),
+        ("/patterns", "No failure patterns mined yet."),
+        ("/slos", "No SLOs configured."),
+        ("/degradation", "No cluster has published a command yet."),
+        ("/debug/resource", "No engines reporting."),
+    ];
+    for (uri, needle) in cases {
+        let (status, _, body) = get(Arc::new(Empty), uri).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+        assert!(body.contains(needle), "{uri} lacks {needle:?}");
+        assert!(
+            body.contains("class=\"origin live\"") && !body.contains("SAMPLE DATA"),
+            "{uri}: live origin"
+        );
+    }
+}
