@@ -46,7 +46,7 @@ fn json_examples_parse_as_commands() {
     assert_eq!(drained.entry.admit_rps, Some(20.0), "from \"*\"");
     assert_eq!(g.abort[1].kind, AbortKind::Trace);
     // The example is the fixture the protocol crate's signature test uses, byte for byte.
-    let fixture = include_str!("../protocol/fixtures/command_guards.json");
+    let fixture = include_str!("../../protocol/fixtures/command_guards.json");
     assert!(
         blocks("json").iter().any(|b| b == fixture),
         "docs/PROTOCOL.md's guards example differs from protocol/fixtures/command_guards.json"
