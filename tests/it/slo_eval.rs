@@ -41,6 +41,7 @@ fn request(ts_ms: u64, ok: bool) -> Observation<'static> {
         feature: "basic_qa",
         criticality: Criticality::Default,
         ok,
+        deliberate: false,
         latency_ms: Some(300.0),
         ttft_ms: Some(120.0),
     }
