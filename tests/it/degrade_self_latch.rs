@@ -127,7 +127,6 @@ fn run_loop(policy: Policy, mode: Refusals, until_ms: u64) -> (Vec<Change>, Tier
     let mut alerts = Vec::new();
     let mut new_patterns = Vec::new();
     let mut changes = Vec::new();
-    let mut features: BTreeMap<String, FeatureState> = BTreeMap::new();
     let mut tier = Tier::T0;
     let mut trigger = String::new();
     let mut now = T0;
@@ -152,7 +151,7 @@ fn run_loop(policy: Policy, mode: Refusals, until_ms: u64) -> (Vec<Change>, Tier
         }
         tier = d.tier;
         trigger = d.reason.trigger.clone();
-        features = d.features.clone();
+        let features: &BTreeMap<String, FeatureState> = &d.features;
 
         // One second of steady load against a serving tier that obeys the decision.
         for k in 0..RPS {
