@@ -631,3 +631,84 @@ both_backends!(
     retention_drops_old_days,
     deliberate_refusals_are_kept_apart,
 );
+
+/// ClickHouse tables made before the `deliberate` column get it from `migrate` (an `ALTER …
+/// ADD COLUMN … DEFAULT` after asking `system.columns`); rows already there have it computed
+/// from their attributes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_clickhouse_table_gains_the_deliberate_columns() {
+    let url =
+        std::env::var("CLICKHOUSE_TEST_URL").unwrap_or_else(|_| "http://127.0.0.1:8123".into());
+    let prefix = format!("t{}_", uuid::Uuid::new_v4().simple());
+    let http = brownout::loadgen::http_client().expect("HTTP client");
+    let sql = |q: String| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let r = http.post(&url).body(q.clone()).send().await.unwrap();
+            assert!(r.status().is_success(), "{q}: {}", r.text().await.unwrap());
+        }
+    };
+    // The spans and failures tables as released before the column.
+    sql(format!(
+        "CREATE TABLE {prefix}spans (ts DateTime, start_us UInt64, duration_us UInt64, trace_id String, \
+         span_id String, parent_span_id String, service String, name String, kind UInt8, status UInt8, \
+         status_message String, feature String, criticality String, host String, is_request UInt8, \
+         attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32) \
+         ENGINE = MergeTree() PARTITION BY toYYYYMMDD(ts) ORDER BY (service, ts)"
+    ))
+    .await;
+    sql(format!(
+        "CREATE TABLE {prefix}failures (ts DateTime, ts_ms UInt64, id String, service String, host String, \
+         request_id String, trace_id String, user_id String, feature String, criticality String, \
+         category String, error_type String, message String, latency_ms Float64, pattern String, \
+         attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32) \
+         ENGINE = MergeTree() PARTITION BY toYYYYMMDD(ts) ORDER BY (ts, id)"
+    ))
+    .await;
+    let (secs, us) = ((T0 + 1_000) / 1000, (T0 + 1_000) * 1000);
+    sql(format!(
+        "INSERT INTO {prefix}spans VALUES \
+         ({secs}, {us}, 1000, 't', 's1', '', 'muse', 'chat', 2, 0, '', 'pdf', 'default', 'h', 1, ['brownout.deliberate'], ['true'], 1, 0), \
+         ({secs}, {us}, 1000, 't', 's2', '', 'muse', 'chat', 2, 1, '', 'pdf', 'default', 'h', 1, [], [], 1, 1)"
+    ))
+    .await;
+    sql(format!(
+        "INSERT INTO {prefix}failures VALUES ({secs}, {}, 'f1', 'muse', 'h', '', '', '', 'pdf', 'default', \
+         'degraded', 'FeatureDisabled', 'feature pdf disabled at tier 1', 0, '', ['deliberate'], ['true'], 1, 0)",
+        T0 + 1_000
+    ))
+    .await;
+    let cfg = ClickHouseConfig {
+        url: url.clone(),
+        database: "default".into(),
+        user: None,
+        password: None,
+        table_prefix: prefix.clone(),
+    };
+    let s = Arc::new(ClickHouseStore::new(&cfg));
+    s.migrate().await.unwrap();
+    s.migrate().await.expect("a second migration finds the columns");
+    let q = CountQuery {
+        since_ms: T0,
+        until_ms: T0 + 60_000,
+        bucket_ms: 60_000,
+        service: None,
+        latency_threshold_ms: None,
+    };
+    let rows = s.request_counts(&q).await.unwrap();
+    assert_eq!(
+        (rows[0].good, rows[0].total, rows[0].refused),
+        (1, 1, 1),
+        "{rows:?}"
+    );
+    let fq = |deliberate| FailureQuery {
+        since_ms: T0,
+        until_ms: T0 + 60_000,
+        limit: 10,
+        deliberate: Some(deliberate),
+        ..FailureQuery::default()
+    };
+    assert!(s.failures(&fq(false)).await.unwrap().items.is_empty());
+    assert_eq!(s.failures(&fq(true)).await.unwrap().items.len(), 1);
+    s.drop_tables().await.expect("drop test tables");
+}
