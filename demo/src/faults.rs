@@ -130,7 +130,10 @@ pub async fn run(cfg: FaultConfig) -> u64 {
             Ok(r) if r.status().is_success() => accepted += n as u64,
             Ok(r) if !warned => {
                 warned = true;
-                eprintln!("brownout-demo: application faults refused: HTTP {}", r.status());
+                eprintln!(
+                    "brownout-demo: application faults refused: HTTP {}",
+                    r.status()
+                );
             }
             Err(e) if !warned => {
                 warned = true;

@@ -109,7 +109,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let load = (!args.no_load).then(|| {
         let targets = world.engine_urls();
         let speed = args.speed;
-        let faults = (format!("http://{}", world.http_addr()), world.tokens().0.to_string());
+        let faults = (
+            format!("http://{}", world.http_addr()),
+            world.tokens().0.to_string(),
+        );
         tokio::spawn(async move {
             // One simulated evening per cycle, repeated until the demo stops; the agent
             // application's own failures follow the same curve.
@@ -177,7 +180,12 @@ pub fn demo_load(targets: Vec<String>, speed: f64, seed: u64) -> LoadConfig {
 
 /// The agent application's failures for one simulated evening ([`faults`]): about one every two
 /// seconds outside the peak, the peak's factor more at its top.
-pub fn demo_faults(control_plane: &str, ingest_token: &str, shape: LoadShape, seed: u64) -> faults::FaultConfig {
+pub fn demo_faults(
+    control_plane: &str,
+    ingest_token: &str,
+    shape: LoadShape,
+    seed: u64,
+) -> faults::FaultConfig {
     faults::FaultConfig {
         control_plane: control_plane.to_string(),
         ingest_token: ingest_token.to_string(),

@@ -145,11 +145,7 @@ pub fn jira_csv(r: &Report) -> String {
     let mut out = header.iter().map(|h| cell(h)).collect::<Vec<_>>().join(",");
     out.push_str("\r\n");
     for item in &r.roadmap {
-        let mut row = vec![
-            cell(&title(item)),
-            cell("Task"),
-            cell(priority(item.rank)),
-        ];
+        let mut row = vec![cell(&title(item)), cell("Task"), cell(priority(item.rank))];
         let mut l = labels(item);
         l.resize(n_labels, String::new());
         row.extend(l.iter().map(|x| cell(x)));

@@ -219,7 +219,8 @@ async fn slo_week(
         }
     };
     // Share of the period's budget: the burn rate × the time it lasted / the period.
-    let spent = |bad: u64, total: u64, days: f64| burn(bad, total) * days.min(period_days) / period_days;
+    let spent =
+        |bad: u64, total: u64, days: f64| burn(bad, total) * days.min(period_days) / period_days;
     let budget_spent_ratio = spent(bad, total, covered_days);
     // Days reached so far (the week's last day included once the week is over).
     let days_reached = (end.saturating_sub(start_ms)).div_ceil(DAY_MS).clamp(1, 7) as usize;
@@ -228,7 +229,11 @@ async fn slo_week(
     for d in &this[..days_reached] {
         cum += d.0;
         // Each day's cumulative bad events against the period's projected budget.
-        let share = if total == 0 { 0.0 } else { cum as f64 / bad.max(1) as f64 };
+        let share = if total == 0 {
+            0.0
+        } else {
+            cum as f64 / bad.max(1) as f64
+        };
         remaining_by_day.push((1.0 - budget_spent_ratio * share.min(1.0)).max(0.0));
     }
     let this_burn = burn(bad, total);
@@ -290,7 +295,11 @@ pub fn refusal_counts<'a>(rows: impl Iterator<Item = &'a FailureRow>) -> Vec<Ref
             }
         })
         .collect();
-    out.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.outcome.cmp(&b.outcome)));
+    out.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then_with(|| a.outcome.cmp(&b.outcome))
+    });
     out
 }
 
@@ -320,8 +329,7 @@ pub fn episodes_from_decisions(
                 Some(e) => {
                     e.max_tier = e.max_tier.max(tier);
                     // A change of tier, or of what holds it, is a step.
-                    if e
-                        .steps
+                    if e.steps
                         .last()
                         .is_none_or(|l| l.tier != tier || l.trigger != d.trigger)
                     {
@@ -629,7 +637,9 @@ async fn export_csv(State(st): State<ReportState>, Path(week): Path<String>) -> 
     };
     let disposition = format!(
         "attachment; filename=\"brownout-roadmap-{}.csv\"",
-        report.week.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_")
+        report
+            .week
+            .replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_")
     );
     (
         [
@@ -661,7 +671,11 @@ async fn export_md(
         Err(resp) => return resp,
     };
     match super::export::github_md(&report, item) {
-        Some(body) => ([(header::CONTENT_TYPE, "text/markdown; charset=utf-8")], body).into_response(),
+        Some(body) => (
+            [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
+            body,
+        )
+            .into_response(),
         None => ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
             "roadmap_item_not_found",

@@ -74,7 +74,9 @@ fn migrate_schema(c: &Connection) -> Result<(), rusqlite::Error> {
     c.execute_batch(SCHEMA)?;
     for (table, ddl) in DELIBERATE_COLUMNS {
         let has: bool = c.query_row(
-            &format!("SELECT count(*) FROM pragma_table_xinfo('{table}') WHERE name = 'deliberate'"),
+            &format!(
+                "SELECT count(*) FROM pragma_table_xinfo('{table}') WHERE name = 'deliberate'"
+            ),
             [],
             |r| r.get::<_, i64>(0).map(|n| n > 0),
         )?;

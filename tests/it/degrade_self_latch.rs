@@ -50,7 +50,10 @@ const FEATURES: [(&str, Criticality); 7] = [
 fn span(ts_ms: u64, i: u64, feature: &str, crit: Criticality, refused: Option<u8>) -> SpanRow {
     let mut attributes = vec![
         ("brownout.feature".to_string(), feature.to_string()),
-        ("brownout.criticality".to_string(), crit.as_str().to_string()),
+        (
+            "brownout.criticality".to_string(),
+            crit.as_str().to_string(),
+        ),
         ("brownout.ttft_s".to_string(), "0.15".to_string()),
     ];
     match refused {
@@ -83,7 +86,13 @@ fn span(ts_ms: u64, i: u64, feature: &str, crit: Criticality, refused: Option<u8
     }
 }
 
-fn refusal_event(ts_ms: u64, trace_id: &str, feature: &str, crit: Criticality, tier: u8) -> FailureEvent {
+fn refusal_event(
+    ts_ms: u64,
+    trace_id: &str,
+    feature: &str,
+    crit: Criticality,
+    tier: u8,
+) -> FailureEvent {
     let mut attributes = BTreeMap::new();
     attributes.insert("outcome".to_string(), "feature_disabled".to_string());
     attributes.insert("deliberate".to_string(), "true".to_string());

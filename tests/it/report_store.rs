@@ -503,16 +503,30 @@ async fn own_refusals_beside_real_failures_only_the_real_ones_are_ranked() {
         "test.yaml",
     )
     .unwrap();
-    let features = ["basic_qa", "pdf_analysis", "image_generation", "simple_tasks"];
+    let features = [
+        "basic_qa",
+        "pdf_analysis",
+        "image_generation",
+        "simple_tasks",
+    ];
     // Degraded from 180 s to 300 s: T2 (operator) then T1 (queue depth); both disable
     // pdf_analysis and image_generation.
     let degraded = |t: u64| (180..300).contains(&t);
     let mut b = Batch::new();
     let (mut refused, mut bad, mut total) = (0u64, 0u64, 0u64);
     let real = [
-        (Category::TimeoutResource, "request waited 20000 ms in the GPU queue and timed out"),
-        (Category::ToolUnavailable, "tool web_search timed out after 8000 ms"),
-        (Category::KvCacheExhausted, "KV cache exhausted: no free blocks for seq 4711"),
+        (
+            Category::TimeoutResource,
+            "request waited 20000 ms in the GPU queue and timed out",
+        ),
+        (
+            Category::ToolUnavailable,
+            "tool web_search timed out after 8000 ms",
+        ),
+        (
+            Category::KvCacheExhausted,
+            "KV cache exhausted: no free blocks for seq 4711",
+        ),
     ];
     let mut real_counts = [0u64; 3];
     for t in 0..600u64 {
@@ -540,7 +554,9 @@ async fn own_refusals_beside_real_failures_only_the_real_ones_are_ranked() {
                 "feature {feature} disabled at tier {}",
                 if t < 240 { 2 } else { 1 }
             );
-            f.event.attributes.insert("deliberate".into(), "true".into());
+            f.event
+                .attributes
+                .insert("deliberate".into(), "true".into());
             f.event
                 .attributes
                 .insert("outcome".into(), "feature_disabled".into());
@@ -601,7 +617,10 @@ async fn own_refusals_beside_real_failures_only_the_real_ones_are_ranked() {
         (data.refusals[0].outcome.as_str(), data.refusals[0].count),
         ("feature_disabled", refused)
     );
-    assert_eq!(data.refusals[0].features, ["image_generation", "pdf_analysis"]);
+    assert_eq!(
+        data.refusals[0].features,
+        ["image_generation", "pdf_analysis"]
+    );
     assert_eq!(data.episodes.len(), 1, "{:#?}", data.episodes);
     let e = &data.episodes[0];
     assert_eq!(
@@ -619,12 +638,18 @@ async fn own_refusals_beside_real_failures_only_the_real_ones_are_ranked() {
     let burn = bad as f64 / total as f64 / 0.001;
     assert!((s.burn_rate.unwrap() - burn).abs() < 1e-3, "{s:?}");
     let covered_days = 10.0 / 1440.0;
-    assert!((s.history_days.unwrap() - covered_days).abs() < 1e-9, "{s:?}");
+    assert!(
+        (s.history_days.unwrap() - covered_days).abs() < 1e-9,
+        "{s:?}"
+    );
     assert!(
         (s.budget_spent_ratio - burn * covered_days / 28.0).abs() < 1e-9,
         "{s:?}"
     );
-    assert!(s.budget_spent_ratio < 0.1, "not thousands of percent: {s:?}");
+    assert!(
+        s.budget_spent_ratio < 0.1,
+        "not thousands of percent: {s:?}"
+    );
     // At this rate the whole budget lasts 28 d / burn from the first request.
     let want_out = start + (28.0 / burn * 86_400_000.0) as u64;
     assert!(s.runs_out_ms.unwrap().abs_diff(want_out) < 2, "{s:?}");
@@ -657,7 +682,10 @@ async fn own_refusals_beside_real_failures_only_the_real_ones_are_ranked() {
     assert!(csv.starts_with("\"Summary\",\"Issue Type\",\"Priority\",\"Labels\""));
     for n in 1..=3 {
         let body = brownout::report::export::github_md(&r, Some(n)).unwrap();
-        assert!(body.contains("## Change") && body.contains("- [ ] "), "{body}");
+        assert!(
+            body.contains("## Change") && body.contains("- [ ] "),
+            "{body}"
+        );
     }
     assert!(brownout::report::export::github_md(&r, Some(4)).is_none());
 }
@@ -670,14 +698,24 @@ async fn exports_are_served_for_a_week() {
     let (st, ct, csv) = get(&app, "/reports/2026-W48/export.csv").await;
     assert_eq!(st, StatusCode::OK);
     assert!(ct.starts_with("text/csv"), "{ct}");
-    assert!(csv.starts_with("\"Summary\",") && csv.contains("KV cache overflow"), "{csv}");
+    assert!(
+        csv.starts_with("\"Summary\",") && csv.contains("KV cache overflow"),
+        "{csv}"
+    );
     let (st, ct, md) = get(&app, "/reports/2026-W48/export.md?item=1").await;
     assert_eq!(st, StatusCode::OK);
     assert!(ct.starts_with("text/markdown"), "{ct}");
-    assert!(md.contains("roadmap item 1") && md.contains("KV cache overflow"), "{md}");
+    assert!(
+        md.contains("roadmap item 1") && md.contains("KV cache overflow"),
+        "{md}"
+    );
     let (st, _, all) = get(&app, "/reports/2026-W48/export.md").await;
     assert_eq!(st, StatusCode::OK);
-    assert_eq!(all.matches("\n# ").count() + usize::from(all.starts_with("# ")), 2, "{all}");
+    assert_eq!(
+        all.matches("\n# ").count() + usize::from(all.starts_with("# ")),
+        2,
+        "{all}"
+    );
     let (st, _, _) = get(&app, "/reports/2026-W48/export.md?item=3").await;
     assert_eq!(st, StatusCode::NOT_FOUND, "two roadmap items only");
     let (st, _, _) = get(&app, "/reports/2026-W48/export.md?item=x").await;

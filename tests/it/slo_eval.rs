@@ -421,7 +421,9 @@ async fn task_evaluates_on_schedule_and_updates_gauges() {
     );
     // A 20× burn for the 3 605 s of history: 20 × 3 605 / 2 419 200 = 2.98% of the budget.
     assert!(
-        text.contains("brownout_slo_error_budget_remaining_ratio{slo=\"chat-availability\"} 0.970197"),
+        text.contains(
+            "brownout_slo_error_budget_remaining_ratio{slo=\"chat-availability\"} 0.970197"
+        ),
         "{text}"
     );
     assert!(text.contains("brownout_slo_alert_firing{severity=\"page\",slo=\"chat-availability\",window=\"1h/5m\"} 1"), "{text}");
@@ -609,7 +611,13 @@ fn deliberate_refusals_are_neither_good_nor_bad() {
     };
     for i in 0..1_000u64 {
         let ts = T0 + i * 3_000;
-        ev.record(&Observation::from_span("chat", ts, 400.0, false, attrs("false")));
+        ev.record(&Observation::from_span(
+            "chat",
+            ts,
+            400.0,
+            false,
+            attrs("false"),
+        ));
         if i % 2 == 0 {
             // 500 refusals from the serving tier: no ERROR status, marked deliberate.
             let o = Observation::from_span("chat", ts, 0.3, false, attrs("true"));
@@ -628,7 +636,10 @@ fn deliberate_refusals_are_neither_good_nor_bad() {
         }
     }
     let s = ev.evaluate(now).remove(0);
-    assert_eq!((s.period_events.good, s.period_events.total), (1_000, 1_000));
+    assert_eq!(
+        (s.period_events.good, s.period_events.total),
+        (1_000, 1_000)
+    );
     assert_eq!(s.burn_rate(300), Some(0.0));
     assert_eq!(s.budget_remaining_ratio, 1.0);
     assert!(s.firing().next().is_none());

@@ -492,7 +492,14 @@ async fn deliberate_refusals_are_kept_apart(b: &Backend) {
         .event
         .attributes
         .insert("outcome".into(), "feature_disabled".into());
-    let real = failure("r1", T0 + 3_000, "muse", Category::TimeoutResource, "pdf", "p1");
+    let real = failure(
+        "r1",
+        T0 + 3_000,
+        "muse",
+        Category::TimeoutResource,
+        "pdf",
+        "p1",
+    );
     batch.failures = vec![disabled.clone(), real.clone()];
     b.store.write_batch(&batch, WriteMode::Fresh).await.unwrap();
 
@@ -523,12 +530,20 @@ async fn deliberate_refusals_are_kept_apart(b: &Backend) {
         deliberate,
         ..FailureQuery::default()
     };
-    let ids = |p: brownout::store::FailurePage| {
-        p.items.into_iter().map(|r| r.id).collect::<Vec<_>>()
-    };
-    assert_eq!(ids(b.store.failures(&fq(Some(false))).await.unwrap()), ["r1"]);
-    assert_eq!(ids(b.store.failures(&fq(Some(true))).await.unwrap()), ["d1"]);
-    assert_eq!(ids(b.store.failures(&fq(None)).await.unwrap()), ["r1", "d1"]);
+    let ids =
+        |p: brownout::store::FailurePage| p.items.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(b.store.failures(&fq(Some(false))).await.unwrap()),
+        ["r1"]
+    );
+    assert_eq!(
+        ids(b.store.failures(&fq(Some(true))).await.unwrap()),
+        ["d1"]
+    );
+    assert_eq!(
+        ids(b.store.failures(&fq(None)).await.unwrap()),
+        ["r1", "d1"]
+    );
     // The refusal round-trips whole.
     assert_eq!(
         b.store.failures(&fq(Some(true))).await.unwrap().items[0],
@@ -600,7 +615,10 @@ async fn an_older_sqlite_database_gains_the_deliberate_columns() {
         })
         .await
         .unwrap();
-    assert!(real.items.is_empty(), "the old refusal is not a real failure");
+    assert!(
+        real.items.is_empty(),
+        "the old refusal is not a real failure"
+    );
     // Writing through the store still works with the generated columns in place.
     let mut b = Batch::new();
     b.spans = vec![span(9, 1, None, T0 + 5_000, 10, 1, "pdf", "default")];
@@ -687,7 +705,9 @@ async fn an_older_clickhouse_table_gains_the_deliberate_columns() {
     };
     let s = Arc::new(ClickHouseStore::new(&cfg));
     s.migrate().await.unwrap();
-    s.migrate().await.expect("a second migration finds the columns");
+    s.migrate()
+        .await
+        .expect("a second migration finds the columns");
     let q = CountQuery {
         since_ms: T0,
         until_ms: T0 + 60_000,
