@@ -509,11 +509,11 @@ fn add_to(slo: &mut SloState, ts_ms: u64, good: u64, n: u64) -> bool {
 /// Service, feature and criticality selectors.
 fn matches_selector(spec: &SloSpec, obs: &Observation<'_>) -> bool {
     obs.service == spec.service
-        && !spec
+        && spec
             .selector
             .feature
             .as_deref()
-            .is_some_and(|f| obs.feature != f)
+            .is_none_or(|f| obs.feature == f)
         && (spec.selector.criticality.is_empty()
             || spec.selector.criticality.contains(&obs.criticality))
 }

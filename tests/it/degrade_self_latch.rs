@@ -200,7 +200,7 @@ fn run_loop(policy: Policy, mode: Refusals, until_ms: u64) -> (Vec<Change>, Tier
             }
         }
         // The SLO task and the pattern feed, every 5 s.
-        if (now - T0) % (5 * SEC) == 0 {
+        if (now - T0).is_multiple_of(5 * SEC) {
             let report = brownout::slo::task::SloReport {
                 evaluated_at_ms: now,
                 slos: slo.evaluate(now),
