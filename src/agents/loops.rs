@@ -125,8 +125,8 @@ impl<S: BuildHasher> LoopTracker<S> {
         }
         self.expire(now_ms);
         let (key, kind): (&str, AbortKind) = match &call.conversation {
-            Some(c) => (c, AbortKind::Conversation),
-            None => (&call.trace_id, AbortKind::Trace),
+            Some(c) => (c.as_str(), AbortKind::Conversation),
+            None => (call.trace_id.as_str(), AbortKind::Trace),
         };
         if !self.windows.contains_key(key) {
             if self.windows.len() >= self.policy.max_traces
@@ -150,12 +150,14 @@ impl<S: BuildHasher> LoopTracker<S> {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let (k, w) = self
+        let k = self
             .windows
-            .get_key_value_mut(key)
+            .get_key_value(key)
+            .map(|(k, _)| Arc::clone(k))
             .expect("inserted above");
+        let w = self.windows.get_mut(key).expect("inserted above");
         self.order.remove(&w.seq);
-        self.order.insert(seq, Arc::clone(k));
+        self.order.insert(seq, k);
         w.seq = seq;
         w.last_seen_ms = now_ms;
         w.calls += 1;

@@ -328,3 +328,39 @@ fn metrics_count_evictions_and_loops() {
     );
     assert!(text.contains(r#"brownout_agents_tool_calls_total{outcome="ok"} 50"#));
 }
+
+#[test]
+fn the_agents_page_escapes_hostile_names_and_lists_are_bounded() {
+    let g = guards("loops: { window: 1, repeats: 2 }\nbreakers: { min_calls: 1, max_tools: 16 }");
+    let evil = r#"<script>alert("x")</script><img src=x onerror=alert(1)>"#;
+    for i in 0..300u64 {
+        let conv = format!("{evil}{i}");
+        let span = tool_span(
+            (i % 200 + 1) as u8,
+            1,
+            vec![
+                kv("gen_ai.tool.name", s(&format!("{evil}{}", i % 40))),
+                kv("gen_ai.conversation.id", s(&conv)),
+            ],
+            true,
+            1,
+        );
+        g.observe_at(&export(vec![span.clone(), span]), T0 + i * 40_000);
+    }
+    let v = g.view(T0 + 300 * 40_000);
+    assert!(v.loop_kills.len() <= loops::KILLS_KEPT);
+    assert!(v.transitions.len() <= breakers::TRANSITIONS_KEPT);
+    assert!(v.breakers.len() <= 16);
+    let mut ctx = tera::Context::from_serialize(&v).unwrap();
+    ctx.insert("page", "agents");
+    let html = crate::web::templates().render("agents.html", &ctx).unwrap();
+    assert!(!html.contains("<script>alert"), "raw markup in the page");
+    assert!(!html.contains("<img src=x"), "raw markup in the page");
+    assert!(html.contains("&lt;script&gt;alert"), "names are shown, escaped");
+    assert!(html.contains("Tool breakers"));
+    // An empty view (no guards in this process) renders too.
+    let mut ctx = tera::Context::from_serialize(AgentsView::default()).unwrap();
+    ctx.insert("page", "agents");
+    let html = crate::web::templates().render("agents.html", &ctx).unwrap();
+    assert!(html.contains("Agent guards are not running"));
+}
