@@ -373,9 +373,9 @@ impl BreakerSet {
         self.tools
             .iter()
             .filter_map(|(n, b)| {
-                b.state.feature().map(|f| {
-                    (format!("{}{n}", brownout_protocol::TOOL_FEATURE_PREFIX), f)
-                })
+                b.state
+                    .feature()
+                    .map(|f| (format!("{}{n}", brownout_protocol::TOOL_FEATURE_PREFIX), f))
             })
             .collect()
     }
@@ -456,7 +456,11 @@ mod tests {
             class: None,
             duration_us: duration_ms * 1000,
             failed,
-            error_type: if failed { "HTTPError".into() } else { String::new() },
+            error_type: if failed {
+                "HTTPError".into()
+            } else {
+                String::new()
+            },
         }
     }
 
@@ -466,14 +470,26 @@ mod tests {
         let mut s = BreakerSet::new(policy());
         let mut t = 1_000_000u64;
         for i in 0..9 {
-            assert!(s.record(&call("weather", i % 5 < 3, 100), t).is_empty(), "{i}");
+            assert!(
+                s.record(&call("weather", i % 5 < 3, 100), t).is_empty(),
+                "{i}"
+            );
             t += 1000;
         }
         assert!(s.features().is_empty(), "below min_calls nothing opens");
         let tr = s.record(&call("weather", false, 100), t);
         assert_eq!(tr.len(), 1);
-        assert_eq!((tr[0].from, tr[0].to), (BreakerState::Closed, BreakerState::Open));
-        assert!(tr[0].reason.starts_with("60% of 10 calls failed in the last 30 s"), "{}", tr[0].reason);
+        assert_eq!(
+            (tr[0].from, tr[0].to),
+            (BreakerState::Closed, BreakerState::Open)
+        );
+        assert!(
+            tr[0]
+                .reason
+                .starts_with("60% of 10 calls failed in the last 30 s"),
+            "{}",
+            tr[0].reason
+        );
         assert_eq!(s.features()["tool:weather"], FeatureState::Disabled);
         // Open: calls do not move it; the cool-down does.
         assert!(s.record(&call("weather", false, 1), t + 10_000).is_empty());
@@ -483,8 +499,15 @@ mod tests {
         assert_eq!(s.features()["tool:weather"], FeatureState::Probe);
         // Half-open: a failed probe reopens.
         let tr = s.record(&call("weather", true, 1), t + 30_001);
-        assert_eq!((tr[0].from, tr[0].to), (BreakerState::HalfOpen, BreakerState::Open));
-        assert!(tr[0].reason.contains("probe call failed (HTTPError)"), "{}", tr[0].reason);
+        assert_eq!(
+            (tr[0].from, tr[0].to),
+            (BreakerState::HalfOpen, BreakerState::Open)
+        );
+        assert!(
+            tr[0].reason.contains("probe call failed (HTTPError)"),
+            "{}",
+            tr[0].reason
+        );
         // Cool down again, then three good probes close it.
         t += 60_001;
         assert_eq!(s.tick(t)[0].to, BreakerState::HalfOpen);
@@ -494,7 +517,11 @@ mod tests {
         assert_eq!(tr[0].to, BreakerState::Closed);
         assert!(s.features().is_empty());
         let v = s.view(t + 3);
-        assert_eq!((v[0].state, v[0].calls), (BreakerState::Closed, 0), "a clean window");
+        assert_eq!(
+            (v[0].state, v[0].calls),
+            (BreakerState::Closed, 0),
+            "a clean window"
+        );
         assert_eq!(s.transitions().len(), 5);
     }
 
@@ -531,9 +558,15 @@ mod tests {
         assert_eq!(f.get("tool:code_exec"), None);
         let v = s.view(10);
         let b = v.iter().find(|b| b.tool == "search").unwrap();
-        assert_eq!(b.reason, "3 calls in a row took longer than the 2 s basic timeout");
+        assert_eq!(
+            b.reason,
+            "3 calls in a row took longer than the 2 s basic timeout"
+        );
         let c = v.iter().find(|b| b.tool == "code_exec").unwrap();
-        assert_eq!((c.class.as_str(), c.timeout_ms, c.state), ("high_risk", 5000, BreakerState::Closed));
+        assert_eq!(
+            (c.class.as_str(), c.timeout_ms, c.state),
+            ("high_risk", 5000, BreakerState::Closed)
+        );
         // Without the consecutive rule the window decides: 10 slow calls, reason with counts.
         let mut p = policy();
         p.consecutive_timeouts = 0;
@@ -542,7 +575,11 @@ mod tests {
             s.record(&call("search", false, 3000), i);
         }
         let v = s.view(10);
-        assert!(v[0].reason.contains("10 over the 2 s basic timeout"), "{}", v[0].reason);
+        assert!(
+            v[0].reason.contains("10 over the 2 s basic timeout"),
+            "{}",
+            v[0].reason
+        );
         // Timeouts interrupted by a fast call do not count in a row.
         let mut s = BreakerSet::new(policy());
         for i in 0..9u64 {

@@ -315,14 +315,20 @@ mod tests {
         let mut t = LoopTracker::new(policy(), H::default());
         // Window 5, repeats 3: calls 5, 6, 7 give the same fingerprint; the 7th is the loop.
         for i in 1..=6 {
-            assert!(t.observe(&call("t1", None, "search", 42), i).is_none(), "call {i}");
+            assert!(
+                t.observe(&call("t1", None, "search", 42), i).is_none(),
+                "call {i}"
+            );
         }
         let k = t.observe(&call("t1", None, "search", 42), 7).unwrap();
         assert_eq!((k.id.as_str(), k.kind, k.calls), ("t1", "trace", 7));
         assert!(k.reason.contains("repeated 3 times"), "{}", k.reason);
         let a = t.aborts(8);
         assert_eq!(a.len(), 1);
-        assert_eq!((a[0].kind.clone(), a[0].until_ms), (AbortKind::Trace, 7 + 60_000));
+        assert_eq!(
+            (a[0].kind.clone(), a[0].until_ms),
+            (AbortKind::Trace, 7 + 60_000)
+        );
         // Killed once: further calls of the same trace raise nothing new.
         for i in 8..30 {
             assert!(t.observe(&call("t1", None, "search", 42), i).is_none());

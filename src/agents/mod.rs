@@ -342,7 +342,9 @@ impl AgentGuards {
         self.metrics
             .tracked
             .set(i64::try_from(lc.tracked).unwrap_or(i64::MAX));
-        let untracked = bc.untracked.saturating_sub(self.metrics.tools_untracked.get());
+        let untracked = bc
+            .untracked
+            .saturating_sub(self.metrics.tools_untracked.get());
         self.metrics.tools_untracked.inc_by(untracked);
         let aborts = st.loops.aborts(now_ms).len();
         self.metrics.abort_entries.set(aborts as i64);
@@ -352,10 +354,7 @@ impl AgentGuards {
             ("open", bc.open),
             ("half_open", bc.half_open),
         ] {
-            self.metrics
-                .breakers
-                .with_label_values(&[s])
-                .set(n as i64);
+            self.metrics.breakers.with_label_values(&[s]).set(n as i64);
         }
     }
 

@@ -190,7 +190,12 @@ impl AgentsPolicy {
         let probe_ratio = match b.probe_ratio {
             None => None,
             Some(p) if (0.0..=1.0).contains(&p) => Some(p),
-            Some(p) => return Err(bad("breakers.probe_ratio", format!("{p} must be in [0, 1]"))),
+            Some(p) => {
+                return Err(bad(
+                    "breakers.probe_ratio",
+                    format!("{p} must be in [0, 1]"),
+                ));
+            }
         };
         let mut classes: Vec<ToolClass> = Vec::new();
         let raw_classes = b.classes.unwrap_or_else(|| {
@@ -255,7 +260,10 @@ impl AgentsPolicy {
             let names: Vec<&str> = classes.iter().map(|c| c.name.as_str()).collect();
             return Err(bad(
                 "breakers.default_class",
-                format!("{default_class:?} is not one of the classes ({})", names.join(", ")),
+                format!(
+                    "{default_class:?} is not one of the classes ({})",
+                    names.join(", ")
+                ),
             ));
         }
         let breakers = BreakerPolicy {
@@ -263,7 +271,12 @@ impl AgentsPolicy {
             window_ms: in_range("breakers.window_secs", b.window_secs.unwrap_or(30), 1, 600)?
                 * 1000,
             failure_ratio: ratio,
-            min_calls: in_range("breakers.min_calls", b.min_calls.unwrap_or(10), 1, 1_000_000)?,
+            min_calls: in_range(
+                "breakers.min_calls",
+                b.min_calls.unwrap_or(10),
+                1,
+                1_000_000,
+            )?,
             cool_down_ms: in_range(
                 "breakers.cool_down_secs",
                 b.cool_down_secs.unwrap_or(30),
@@ -342,9 +355,18 @@ mod tests {
         for (yaml, want) in [
             ("loops: { window: 0 }", "agents.loops.window"),
             ("loops: { repeats: 1 }", "agents.loops.repeats"),
-            ("breakers: { failure_ratio: 1.5 }", "agents.breakers.failure_ratio"),
-            ("breakers: { probe_ratio: -1 }", "agents.breakers.probe_ratio"),
-            ("breakers: { default_class: gold }", "agents.breakers.default_class"),
+            (
+                "breakers: { failure_ratio: 1.5 }",
+                "agents.breakers.failure_ratio",
+            ),
+            (
+                "breakers: { probe_ratio: -1 }",
+                "agents.breakers.probe_ratio",
+            ),
+            (
+                "breakers: { default_class: gold }",
+                "agents.breakers.default_class",
+            ),
             (
                 "breakers: { classes: { a: { timeout_ms: 1, tools: [x] }, b: { timeout_ms: 1, tools: [x] } }, default_class: a }",
                 "already in class a",

@@ -211,7 +211,10 @@ mod tests {
             hash_arguments(x, &mut a);
             a.finish()
         };
-        assert_eq!(h(r#"{"q": "rust", "n": 1}"#), h(r#"{ "n":1.0,"q":" rust " }"#));
+        assert_eq!(
+            h(r#"{"q": "rust", "n": 1}"#),
+            h(r#"{ "n":1.0,"q":" rust " }"#)
+        );
         assert_eq!(h("  find   the  file "), h("find the file"));
         assert_ne!(h(r#"{"q": "rust"}"#), h(r#"{"q": "go"}"#));
         assert_ne!(h(r#"["a","b"]"#), h(r#"["b","a"]"#), "array order matters");

@@ -38,7 +38,11 @@ fn tool_span(trace: u8, n: u8, attrs: Vec<KeyValue>, error: bool, duration_ms: u
         attributes: attrs,
         status: Some(Status {
             code: if error { 2 } else { 0 },
-            message: if error { "tool failed".into() } else { String::new() },
+            message: if error {
+                "tool failed".into()
+            } else {
+                String::new()
+            },
         }),
         ..Default::default()
     }
@@ -109,7 +113,9 @@ fn a_looping_trace_becomes_an_agent_loop_failure_and_an_abort_other_traces_untou
 
 #[test]
 fn a_failing_tool_opens_then_probes_then_closes_and_the_command_carries_it() {
-    let g = guards("breakers: { min_calls: 10, cool_down_secs: 30, close_after_successes: 2, probe_ratio: 0.25 }");
+    let g = guards(
+        "breakers: { min_calls: 10, cool_down_secs: 30, close_after_successes: 2, probe_ratio: 0.25 }",
+    );
     let mut t = T0;
     for i in 0..10 {
         // 60 %: six of ten fail.
@@ -124,7 +130,11 @@ fn a_failing_tool_opens_then_probes_then_closes_and_the_command_carries_it() {
     cmd.features
         .insert("pdf_analysis".into(), FeatureState::Disabled);
     part.apply(&mut cmd);
-    assert_eq!(cmd.features["tool:weather"], FeatureState::Disabled, "stricter wins");
+    assert_eq!(
+        cmd.features["tool:weather"],
+        FeatureState::Disabled,
+        "stricter wins"
+    );
     assert_eq!(cmd.features["pdf_analysis"], FeatureState::Disabled);
     assert_eq!(cmd.limits.probe_ratio, None, "no probe, no ratio");
     // Cool-down: half-open, the command says probe with the policy's ratio.
@@ -145,7 +155,10 @@ fn a_failing_tool_opens_then_probes_then_closes_and_the_command_carries_it() {
         .map(|t| (t.to.as_str(), t.reason.as_str()))
         .collect();
     assert_eq!(reasons.len(), 3, "{reasons:?}");
-    assert!(reasons[2].1.starts_with("60% of 10 calls failed"), "{reasons:?}");
+    assert!(
+        reasons[2].1.starts_with("60% of 10 calls failed"),
+        "{reasons:?}"
+    );
     assert!(reasons[0].1.contains("2 probe calls in a row succeeded"));
 }
 
@@ -161,7 +174,9 @@ fn attribute_values_of_every_otlp_type_are_read_without_panicking() {
         Value::BytesValue(vec![0, 0xff, 0x10]),
         Value::ArrayValue(ArrayValue {
             values: vec![
-                AnyValue { value: Some(s("a")) },
+                AnyValue {
+                    value: Some(s("a")),
+                },
                 AnyValue { value: None },
                 AnyValue {
                     value: Some(Value::ArrayValue(ArrayValue { values: vec![] })),
@@ -242,9 +257,17 @@ fn attribute_values_of_every_otlp_type_are_read_without_panicking() {
         found.extend(g.observe_at(&spans, T0 + 2000 + i).failures);
     }
     assert_eq!(found.len(), 1);
-    assert!(found[0].attributes["abort_id"].contains("\"q\":\"x\""), "{:?}", found[0]);
+    assert!(
+        found[0].attributes["abort_id"].contains("\"q\":\"x\""),
+        "{:?}",
+        found[0]
+    );
     let part = g.command_part(T0 + 3000);
-    assert!(part.abort.iter().any(|a| a.id == found[0].attributes["abort_id"]));
+    assert!(
+        part.abort
+            .iter()
+            .any(|a| a.id == found[0].attributes["abort_id"])
+    );
 }
 
 #[test]
@@ -356,7 +379,10 @@ fn the_agents_page_escapes_hostile_names_and_lists_are_bounded() {
     let html = crate::web::templates().render("agents.html", &ctx).unwrap();
     assert!(!html.contains("<script>alert"), "raw markup in the page");
     assert!(!html.contains("<img src=x"), "raw markup in the page");
-    assert!(html.contains("&lt;script&gt;alert"), "names are shown, escaped");
+    assert!(
+        html.contains("&lt;script&gt;alert"),
+        "names are shown, escaped"
+    );
     assert!(html.contains("Tool breakers"));
     // An empty view (no guards in this process) renders too.
     let mut ctx = tera::Context::from_serialize(AgentsView::default()).unwrap();

@@ -71,7 +71,10 @@ const TEMPLATES: &[(&str, &str)] = &[
         "resource.html",
         include_str!("../../templates/web/resource.html"),
     ),
-    ("agents.html", include_str!("../../templates/web/agents.html")),
+    (
+        "agents.html",
+        include_str!("../../templates/web/agents.html"),
+    ),
     ("error.html", include_str!("../../templates/web/error.html")),
 ];
 const CSS: &str = include_str!("../../templates/web/static/brownout.css");

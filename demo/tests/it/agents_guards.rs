@@ -86,7 +86,11 @@ fn tool_span(trace: [u8; 16], n: u64, tool: &str, args: &str, conv: &str, error:
         attributes,
         status: Some(Status {
             code: if error { 2 } else { 0 },
-            message: if error { "upstream 502".into() } else { String::new() },
+            message: if error {
+                "upstream 502".into()
+            } else {
+                String::new()
+            },
         }),
         ..Default::default()
     }
@@ -188,8 +192,22 @@ async fn a_looping_conversation_is_flagged_stored_and_refused_409_other_traces_u
             &c,
             &w,
             vec![
-                tool_span(looping, i, "web_search", r#"{"q": "cheapest flight"}"#, &conv, false),
-                tool_span(other, 100 + i, "web_search", &format!(r#"{{"q": "page {i}"}}"#), "", false),
+                tool_span(
+                    looping,
+                    i,
+                    "web_search",
+                    r#"{"q": "cheapest flight"}"#,
+                    &conv,
+                    false,
+                ),
+                tool_span(
+                    other,
+                    100 + i,
+                    "web_search",
+                    &format!(r#"{{"q": "page {i}"}}"#),
+                    "",
+                    false,
+                ),
             ],
         )
         .await;
@@ -202,7 +220,11 @@ async fn a_looping_conversation_is_flagged_stored_and_refused_409_other_traces_u
     })
     .await;
     let (s, v) = chat(&c, &engine, &["web_search"], &conv_h).await;
-    assert_eq!((s, v["error"]["code"].as_str()), (409, Some("agent_loop_detected")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (409, Some("agent_loop_detected")),
+        "{v}"
+    );
     let (s, _) = chat(&c, &engine, &[], &[("traceparent", traceparent(looping))]).await;
     assert_eq!(s, 409, "the trace of the loop is aborted too");
     // Others pass: another conversation, the other trace, no id at all.
@@ -222,23 +244,24 @@ async fn a_looping_conversation_is_flagged_stored_and_refused_409_other_traces_u
     // The loop is a stored failure event of category agent_loop (the query API reads the store).
     let cp = format!("http://{}", w.http_addr());
     let read = w.tokens().1.to_string();
-    let items = brownout_test_support::eventually_async("the agent_loop failure is stored", WAIT, || {
-        let (c, cp, read) = (&c, &cp, &read);
-        async move {
-            let v: Value = c
-                .get(format!("{cp}/api/v1/failures?category=agent_loop"))
-                .bearer_auth(read)
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            let items = v["items"].as_array()?.clone();
-            (!items.is_empty()).then_some(items)
-        }
-    })
-    .await;
+    let items =
+        brownout_test_support::eventually_async("the agent_loop failure is stored", WAIT, || {
+            let (c, cp, read) = (&c, &cp, &read);
+            async move {
+                let v: Value = c
+                    .get(format!("{cp}/api/v1/failures?category=agent_loop"))
+                    .bearer_auth(read)
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                let items = v["items"].as_array()?.clone();
+                (!items.is_empty()).then_some(items)
+            }
+        })
+        .await;
     assert_eq!(items.len(), 1, "one loop, one event: {items:?}");
     assert_eq!(items[0]["trace_id"], hex(looping));
     assert_eq!(items[0]["error_type"], "AgentLoopDetected");
@@ -255,7 +278,12 @@ async fn a_looping_conversation_is_flagged_stored_and_refused_409_other_traces_u
         .await
         .unwrap();
     let aborts = d["command"]["abort"].as_array().unwrap();
-    assert!(aborts.iter().any(|a| a["id"] == conv.as_str() && a["kind"] == "conversation"), "{d}");
+    assert!(
+        aborts
+            .iter()
+            .any(|a| a["id"] == conv.as_str() && a["kind"] == "conversation"),
+        "{d}"
+    );
     assert!(!aborts.iter().any(|a| a["id"] == hex(other).as_str()));
     let page = c
         .get(format!("{cp}/agents"))
@@ -281,7 +309,14 @@ async fn a_tool_failing_60_percent_opens_reaches_v1_features_probes_and_closes()
         .flat_map(|i| {
             [
                 tool_span(trace, i, "flaky", &format!("{{\"i\": {i}}}"), "", i < 6),
-                tool_span(trace, 100 + i, "calculator", &format!("{{\"i\": {i}}}"), "", false),
+                tool_span(
+                    trace,
+                    100 + i,
+                    "calculator",
+                    &format!("{{\"i\": {i}}}"),
+                    "",
+                    false,
+                ),
             ]
         })
         .collect();
@@ -293,7 +328,11 @@ async fn a_tool_failing_60_percent_opens_reaches_v1_features_probes_and_closes()
     .await;
     assert_eq!(feature_state(&c, &engine, "tool:calculator").await, None);
     let (s, v) = chat(&c, &engine, &["flaky"], &[]).await;
-    assert_eq!((s, v["error"]["code"].as_str()), (503, Some("tool_disabled")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("tool_disabled")),
+        "{v}"
+    );
     assert_eq!(v["error"]["tool"], "flaky");
     assert_eq!(chat(&c, &engine, &["calculator"], &[]).await.0, 200);
 
@@ -306,7 +345,11 @@ async fn a_tool_failing_60_percent_opens_reaches_v1_features_probes_and_closes()
     for _ in 0..4 {
         statuses.push(chat(&c, &engine, &["flaky"], &[]).await.0);
     }
-    assert_eq!(statuses, [200, 503, 200, 503], "probe_ratio 0.5 from the policy");
+    assert_eq!(
+        statuses,
+        [200, 503, 200, 503],
+        "probe_ratio 0.5 from the policy"
+    );
 
     // Two good probe calls close it.
     send_spans(
@@ -342,6 +385,9 @@ async fn a_tool_failing_60_percent_opens_reaches_v1_features_probes_and_closes()
         .filter_map(|t| t["reason"].as_str())
         .collect();
     assert_eq!(reasons.len(), 3, "{v}");
-    assert!(reasons[2].starts_with("60% of 10 calls failed"), "{reasons:?}");
+    assert!(
+        reasons[2].starts_with("60% of 10 calls failed"),
+        "{reasons:?}"
+    );
     w.stop().await.unwrap();
 }
