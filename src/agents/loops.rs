@@ -153,9 +153,8 @@ impl<S: BuildHasher> LoopTracker<S> {
         let k = self
             .windows
             .get_key_value(key)
-            .map(|(k, _)| Arc::clone(k))
-            .expect("inserted above");
-        let w = self.windows.get_mut(key).expect("inserted above");
+            .map(|(k, _)| Arc::clone(k))?;
+        let w = self.windows.get_mut(key)?;
         self.order.remove(&w.seq);
         self.order.insert(seq, k);
         w.seq = seq;

@@ -209,7 +209,7 @@ fn attribute_values_of_every_otlp_type_are_read_without_panicking() {
                         kv("gen_ai.conversation.id", conv.clone()),
                         kv("enduser.id", args.clone()),
                     ],
-                    n % 2 == 0,
+                    n.is_multiple_of(2),
                     u64::from(n),
                 )]);
                 let _ = g.observe_at(&spans, T0 + u64::from(n));
