@@ -25,11 +25,14 @@ pub enum Category {
     StateConflict,
     RateLimited,
     Degraded,
+    /// An agent going in circles: the control plane saw the same tool-call fingerprint repeat
+    /// in one trace or conversation (docs/AGENTS.md). Only inferred from an explicit `category`.
+    AgentLoop,
     Other,
 }
 
 impl Category {
-    pub const ALL: [Category; 10] = [
+    pub const ALL: [Category; 11] = [
         Category::TimeoutResource,
         Category::TimeoutNetwork,
         Category::ModelError,
@@ -39,6 +42,7 @@ impl Category {
         Category::StateConflict,
         Category::RateLimited,
         Category::Degraded,
+        Category::AgentLoop,
         Category::Other,
     ];
 
@@ -53,6 +57,7 @@ impl Category {
             Category::StateConflict => "state_conflict",
             Category::RateLimited => "rate_limited",
             Category::Degraded => "degraded",
+            Category::AgentLoop => "agent_loop",
             Category::Other => "other",
         }
     }
@@ -499,6 +504,12 @@ mod tests {
         assert!(e.is_err(), "unknown field still refused");
         let e = FailureEvent::parse_line(line(r#","category":"martian""#).as_bytes()).unwrap();
         assert_eq!(e.category, Category::Other);
+        let e = FailureEvent::parse_line(line(r#","category":"agent_loop""#).as_bytes()).unwrap();
+        assert_eq!(e.category, Category::AgentLoop);
+        assert_eq!(Category::parse("agent_loop"), Some(Category::AgentLoop));
+        for c in Category::ALL {
+            assert_eq!(Category::parse(c.as_str()), Some(c));
+        }
     }
 
     #[test]

@@ -182,6 +182,8 @@ struct Inner {
     shared: Mutex<Shared>,
     metrics: DegradeMetrics,
     hook: Mutex<Option<PersistHook>>,
+    /// Loop kills and tool breakers merged into every command (`crate::agents`).
+    agents: std::sync::OnceLock<Arc<crate::agents::AgentGuards>>,
 }
 
 /// Shared handle on the degradation component. Cheap to clone.
@@ -221,6 +223,7 @@ impl DegradeHandle {
                 shared: Mutex::new(Shared::default()),
                 metrics,
                 hook: Mutex::new(None),
+                agents: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -247,6 +250,17 @@ impl DegradeHandle {
             .hook
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(hook));
+    }
+
+    /// Installs the agent guards whose breakers and loop kills every command carries (once;
+    /// a second call is ignored).
+    pub fn set_agent_guards(&self, guards: Arc<crate::agents::AgentGuards>) {
+        let _ = self.inner.agents.set(guards);
+    }
+
+    /// The agent guards, when installed.
+    pub fn agent_guards(&self) -> Option<&Arc<crate::agents::AgentGuards>> {
+        self.inner.agents.get()
     }
 
     /// Latest snapshot of a host (from `POST /v1/agents/snapshot`).

@@ -54,6 +54,9 @@ struct RawPolicy {
     dry_run: bool,
     features: Vec<RawFeature>,
     tiers: RawTiers,
+    /// Loop kills and tool breakers (docs/AGENTS.md); defaulted when absent.
+    #[serde(default)]
+    agents: Option<crate::agents::policy::RawAgents>,
 }
 
 fn default_eval_ms() -> u64 {
@@ -364,6 +367,8 @@ pub struct Policy {
     pub tiers: [TierPolicy; 3],
     pub t2: T2Params,
     pub t3: T3Params,
+    /// Loop kills and tool breakers (`agents:`, docs/AGENTS.md).
+    pub agents: crate::agents::AgentsPolicy,
 }
 
 impl Policy {
@@ -433,6 +438,8 @@ fn check_ratio(field: &str, v: f64) -> Result<(), PolicyError> {
 }
 
 fn validate(raw: RawPolicy) -> Result<Policy, PolicyError> {
+    let agents = crate::agents::AgentsPolicy::validate(raw.agents.unwrap_or_default())
+        .map_err(|e| invalid(format!("agents.{}", e.field), e.reason))?;
     if !(50..=60_000).contains(&raw.evaluate_interval_ms) {
         return Err(invalid(
             "evaluate_interval_ms",
@@ -607,6 +614,7 @@ fn validate(raw: RawPolicy) -> Result<Policy, PolicyError> {
             jitter_ratio: t3p.jitter_ratio,
             recovery_eta_max_ms: t3p.recovery_eta_max_secs * 1000,
         },
+        agents,
     })
 }
 

@@ -8,6 +8,8 @@
 //!               │            └── failures, spans ──> feed_slo ──> SLO evaluator ── report ─┐   │
 //!               └─ HostRegistry ── snapshots ───────────────────> feed_controller <────────┴───┘
 //!                                                                   └──> degradation controller ──> bus
+//!  IngestState ── spans ──> AgentGuards (loop kills, tool breakers) ── command part ──┘ (merged)
+//!       ^───────── agent_loop failures ──┘
 //!  routers: api(ApiDeps) · ingest(IngestState) · patterns(engine) · slo(handle) · reports(store)
 //!           · degrade(handle) · web(LiveDataSource over store, hosts, slo, degrade, patterns)
 //! ```
@@ -151,6 +153,8 @@ pub struct Plane {
     pub running: Running,
     pub slo: SloHandle,
     pub degrade: DegradeHandle,
+    /// Loop kills and tool breakers (docs/AGENTS.md).
+    pub agents: Arc<crate::agents::AgentGuards>,
     pub patterns: SharedEngine,
     /// The pattern feed's latest ranking (the one clustering, shared by the UI and the
     /// controller).
@@ -191,6 +195,11 @@ impl Plane {
         app.set_tagger(Arc::new(PatternTagger(patterns.clone())));
         let registry = state.metrics.registry();
 
+        // Loop kills and tool breakers: fed by ingest, merged into every command.
+        let agents = crate::agents::AgentGuards::new(opts.policy.agents.clone(), Some(registry))
+            .context("registering agent guard metrics")?;
+        app.set_span_observer(agents.clone());
+
         let report_slos = Arc::new(opts.slos.clone());
         let slo = SloHandle::new(Evaluator::new(opts.slos));
         let slo_metrics = SloMetrics::register(registry).context("registering SLO metrics")?;
@@ -201,6 +210,7 @@ impl Plane {
             .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
         let degrade =
             DegradeHandle::new(dcfg, registry).context("registering degradation metrics")?;
+        degrade.set_agent_guards(agents.clone());
         {
             let store = state.store.clone();
             degrade.on_decision(move |d| {
@@ -255,7 +265,8 @@ impl Plane {
                 degrade: degrade.clone(),
                 patterns: ranked_patterns.clone(),
                 origin,
-            });
+            })
+            .with_agents(agents.clone());
             tasks.push((
                 "ui sampler",
                 tokio::spawn(live.clone().run_sampler(stopped())),
@@ -332,6 +343,7 @@ impl Plane {
             running,
             slo,
             degrade,
+            agents,
             patterns,
             ranked_patterns,
             tasks,

@@ -64,7 +64,17 @@ pub trait UiDataSource: Send + Sync + 'static {
     /// `/debug/resource`: the console of docs/REQUIREMENTS.md R7.4 (queues, model load/warm-up, KV
     /// fragmentation).
     fn resource(&self) -> BoxFuture<'_, Result<ResourceView, UiError>>;
+    /// `/agents`: tool circuit breakers and recent loop kills (docs/AGENTS.md). The default is
+    /// an empty view marked disabled (a source without agent guards).
+    fn agents(&self) -> BoxFuture<'_, Result<AgentsView, UiError>> {
+        Box::pin(futures::future::ready(Ok(AgentsView {
+            generated_at_ms: brownout_protocol::now_ms(),
+            ..AgentsView::default()
+        })))
+    }
 }
+
+pub use crate::agents::AgentsView;
 
 /// Where the data comes from, shown in the page header so sample data is never mistaken for
 /// production.
