@@ -3,6 +3,7 @@
 //! `cargo test -p brownout-demo --test it [module::]`. `tests/redis_tls.rs` is a binary of its
 //! own: it sets process environment variables, which no other test may see.
 
+mod bench_overload;
 mod degrade_redis;
 mod degrade_ui;
 mod drills;
