@@ -226,14 +226,13 @@ pub async fn run_load(cfg: LoadConfig) -> anyhow::Result<LoadReport> {
     let progress = cfg.progress.then(|| {
         let rec = recorder.clone();
         let mut bar = progress::Progress::new(&cfg.label, cfg.shape.duration);
-        let handle = tokio::spawn(async move {
+        tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
             loop {
                 tick.tick().await;
                 bar.tick(start.elapsed(), &rec.progress_line(total));
             }
-        });
-        handle
+        })
     });
     let mut tasks = Vec::with_capacity(total);
     for (i, arrival) in arrivals.into_iter().enumerate() {
@@ -426,7 +425,7 @@ async fn run_flow(
             attempt += 1;
             let u = client::unit(
                 a.jitter_seed,
-                (n as u64) << 32 | u64::from(attempt),
+                ((n as u64) << 32) | u64::from(attempt),
                 u64::from(flow_attempt),
             );
             let Some(delay) = client::retry_delay(a.client, attempt, failure, u) else {
@@ -501,6 +500,7 @@ async fn one_call(
         .header("x-brownout-criticality", a.kind.criticality().as_str())
         .header("x-brownout-feature", a.kind.feature())
         .header("x-brownout-client", a.client.as_str())
+        .header("x-brownout-user", format!("user-{:016x}", a.jitter_seed))
         .json(&body);
     let resp = match tokio::time::timeout_at(cut, req.send()).await {
         Err(_) => return abandoned(None, 0),
