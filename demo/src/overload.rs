@@ -1,8 +1,8 @@
 //! `brownout-demo bench overload`: the proof that the loop protects users, judged by flows.
 //!
 //! ```text
-//!  calibrate: closed-loop flows on a fresh engine → capacity_flows_per_s (flows that finish
-//!             within their deadline, per second; the best of three concurrencies)
+//!  calibrate: closed-loop flows (no think time) on a fresh engine → capacity_flows_per_s
+//!             (flows that finish within their deadline, per second; best of three concurrencies)
 //!  then, for each configuration, a fresh deployment and the same seeded arrival plan:
 //!     0.6× capacity (warm-up) ─ ramp ─ 3× held ≥ 60 s ─ 0.6× (recovery, the retry storm)
 //!  baseline  FCFS scheduling, no critical reserve, controller in dry run (a plain vLLM)
@@ -350,9 +350,8 @@ fn load_config(args: &OverloadArgs, targets: Vec<String>, shape: LoadShape, labe
     Ok(c)
 }
 
-/// Flows per second a fresh engine completes within their deadlines, closed loop: the best of
-/// `max_num_seqs/2`, `max_num_seqs` and `2×max_num_seqs` concurrent users (think time keeps a
-/// user off the engine part of the time).
+/// Flows per second a fresh engine completes within their deadlines, closed loop without think
+/// time: the best of `max_num_seqs/2`, `max_num_seqs` and `2×max_num_seqs` concurrent users.
 async fn calibrate(args: &OverloadArgs, model: &str) -> anyhow::Result<f64> {
     let opts = WorldOptions {
         agents: false,
@@ -360,7 +359,10 @@ async fn calibrate(args: &OverloadArgs, model: &str) -> anyhow::Result<f64> {
     };
     let seqs = opts.engine.max_num_seqs.max(1);
     let world = World::start(opts).await?;
-    let cfg = load_config(args, world.engine_urls(), LoadShape::default(), "calibrate")?;
+    let mut cfg = load_config(args, world.engine_urls(), LoadShape::default(), "calibrate")?;
+    // No think time: a closed-loop user is then always on the engine, so the figure is what the
+    // engine can serve (think time costs the engine nothing in the open-loop runs either).
+    cfg.speed = 1e9;
     let each = Duration::from_secs_f64((args.calibrate_secs as f64 / 3.0).max(2.0));
     let mut best = 0.0f64;
     for c in [(seqs / 2).max(1), seqs, seqs * 2] {
