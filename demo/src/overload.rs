@@ -330,15 +330,20 @@ async fn engine_counters(client: &reqwest::Client, url: &str) -> Option<EngineCo
         .send()
         .await
         .ok()?;
-    r.status()
-        .is_success()
-        .then_some(())?;
+    r.status().is_success().then_some(())?;
     Some(parse_counters(&r.text().await.ok()?))
 }
 
-fn load_config(args: &OverloadArgs, targets: Vec<String>, shape: LoadShape, label: &str) -> anyhow::Result<LoadConfig> {
+fn load_config(
+    args: &OverloadArgs,
+    targets: Vec<String>,
+    shape: LoadShape,
+    label: &str,
+) -> anyhow::Result<LoadConfig> {
     let mut deadlines = Deadlines::default();
-    deadlines.apply(&args.deadline).map_err(anyhow::Error::msg)?;
+    deadlines
+        .apply(&args.deadline)
+        .map_err(anyhow::Error::msg)?;
     let mut c = LoadConfig::new(targets, shape);
     c.speed = args.speed;
     c.client_mix = args.client_mix;
@@ -367,7 +372,9 @@ async fn calibrate(args: &OverloadArgs, model: &str) -> anyhow::Result<f64> {
     let mut best = 0.0f64;
     for c in [(seqs / 2).max(1), seqs, seqs * 2] {
         let r = brownout::loadgen::closed_loop_flows_per_s(&cfg, c, each).await?;
-        eprintln!("bench overload: calibration: {c} users in a closed loop → {r:.2} flows/s within deadline");
+        eprintln!(
+            "bench overload: calibration: {c} users in a closed loop → {r:.2} flows/s within deadline"
+        );
         best = best.max(r);
     }
     world.stop().await?;
@@ -507,11 +514,21 @@ fn figures(
         sheddable_flow_success_rate: success(Criticality::Sheddable),
         ttft_p50_s: classes
             .iter()
-            .map(|c| (c.as_str().to_string(), class(*c).map_or(0.0, |x| x.ttft_p50_s)))
+            .map(|c| {
+                (
+                    c.as_str().to_string(),
+                    class(*c).map_or(0.0, |x| x.ttft_p50_s),
+                )
+            })
             .collect(),
         ttft_p99_s: classes
             .iter()
-            .map(|c| (c.as_str().to_string(), class(*c).map_or(0.0, |x| x.ttft_p99_s)))
+            .map(|c| {
+                (
+                    c.as_str().to_string(),
+                    class(*c).map_or(0.0, |x| x.ttft_p99_s),
+                )
+            })
             .collect(),
         onset_to_first_degradation_s: tf.onset_to_first_degradation_s,
         back_to_t0_s: tf.back_to_t0_s,
@@ -567,22 +584,108 @@ pub fn markdown_table(runs: &[(Setup, &Figures)]) -> String {
     }
     s.push('\n');
     let rows: Vec<(&str, Box<dyn Fn(&Figures) -> String>)> = vec![
-        ("flow goodput, whole run (flows/s)", Box::new(|f| format!("{:.2}", f.flow_goodput_per_s))),
-        ("flow goodput during the overload (flows/s)", Box::new(|f| format!("{:.2} ({:.0}% of capacity)", f.overload_goodput_per_s, f.overload_goodput_vs_capacity * 100.0))),
-        ("critical flow success", Box::new(|f| pct(f.critical_flow_success_rate))),
-        ("default flow success", Box::new(|f| pct(f.default_flow_success_rate))),
-        ("sheddable flow success", Box::new(|f| pct(f.sheddable_flow_success_rate))),
-        ("TTFT p50 / p99 critical", Box::new(|f| format!("{:.2} / {:.2} s", f.ttft_p50_s["critical"], f.ttft_p99_s["critical"]))),
-        ("TTFT p50 / p99 default", Box::new(|f| format!("{:.2} / {:.2} s", f.ttft_p50_s["default"], f.ttft_p99_s["default"]))),
-        ("TTFT p50 / p99 sheddable", Box::new(|f| format!("{:.2} / {:.2} s", f.ttft_p50_s["sheddable"], f.ttft_p99_s["sheddable"]))),
-        ("onset → first degradation", Box::new(|f| opt_s(f.onset_to_first_degradation_s))),
-        ("overload end → back to T0", Box::new(|f| opt_s(f.back_to_t0_s))),
-        ("tier changes / flaps / max tier", Box::new(|f| format!("{} / {} / T{}", f.tier_changes, f.flaps, f.max_tier))),
-        ("decided (dry run) changes, first", Box::new(|f| format!("{}, {}", f.decided_tier_changes, opt_s(f.decided_first_degradation_s)))),
-        ("users / flow tries / missed deadline", Box::new(|f| format!("{} / {} / {}", f.users, f.flows, f.deadline_missed))),
-        ("shed / disabled / expired / hung up", Box::new(|f| format!("{} / {} / {} / {}", f.shed, f.disabled, f.expired, f.abandoned))),
-        ("call retries / flow retries", Box::new(|f| format!("{} / {}", f.call_retries, f.flow_retries))),
-        ("wasted tokens (engine) / generated", Box::new(|f| format!("{} / {}", f.wasted_tokens, f.generated_tokens.map_or("?".into(), |g| g.to_string())))),
+        (
+            "flow goodput, whole run (flows/s)",
+            Box::new(|f| format!("{:.2}", f.flow_goodput_per_s)),
+        ),
+        (
+            "flow goodput during the overload (flows/s)",
+            Box::new(|f| {
+                format!(
+                    "{:.2} ({:.0}% of capacity)",
+                    f.overload_goodput_per_s,
+                    f.overload_goodput_vs_capacity * 100.0
+                )
+            }),
+        ),
+        (
+            "critical flow success",
+            Box::new(|f| pct(f.critical_flow_success_rate)),
+        ),
+        (
+            "default flow success",
+            Box::new(|f| pct(f.default_flow_success_rate)),
+        ),
+        (
+            "sheddable flow success",
+            Box::new(|f| pct(f.sheddable_flow_success_rate)),
+        ),
+        (
+            "TTFT p50 / p99 critical",
+            Box::new(|f| {
+                format!(
+                    "{:.2} / {:.2} s",
+                    f.ttft_p50_s["critical"], f.ttft_p99_s["critical"]
+                )
+            }),
+        ),
+        (
+            "TTFT p50 / p99 default",
+            Box::new(|f| {
+                format!(
+                    "{:.2} / {:.2} s",
+                    f.ttft_p50_s["default"], f.ttft_p99_s["default"]
+                )
+            }),
+        ),
+        (
+            "TTFT p50 / p99 sheddable",
+            Box::new(|f| {
+                format!(
+                    "{:.2} / {:.2} s",
+                    f.ttft_p50_s["sheddable"], f.ttft_p99_s["sheddable"]
+                )
+            }),
+        ),
+        (
+            "onset → first degradation",
+            Box::new(|f| opt_s(f.onset_to_first_degradation_s)),
+        ),
+        (
+            "overload end → back to T0",
+            Box::new(|f| opt_s(f.back_to_t0_s)),
+        ),
+        (
+            "tier changes / flaps / max tier",
+            Box::new(|f| format!("{} / {} / T{}", f.tier_changes, f.flaps, f.max_tier)),
+        ),
+        (
+            "decided (dry run) changes, first",
+            Box::new(|f| {
+                format!(
+                    "{}, {}",
+                    f.decided_tier_changes,
+                    opt_s(f.decided_first_degradation_s)
+                )
+            }),
+        ),
+        (
+            "users / flow tries / missed deadline",
+            Box::new(|f| format!("{} / {} / {}", f.users, f.flows, f.deadline_missed)),
+        ),
+        (
+            "shed / disabled / expired / hung up",
+            Box::new(|f| {
+                format!(
+                    "{} / {} / {} / {}",
+                    f.shed, f.disabled, f.expired, f.abandoned
+                )
+            }),
+        ),
+        (
+            "call retries / flow retries",
+            Box::new(|f| format!("{} / {}", f.call_retries, f.flow_retries)),
+        ),
+        (
+            "wasted tokens (engine) / generated",
+            Box::new(|f| {
+                format!(
+                    "{} / {}",
+                    f.wasted_tokens,
+                    f.generated_tokens.map_or("?".into(), |g| g.to_string())
+                )
+            }),
+        ),
     ];
     for (name, f) in rows {
         s.push_str(&format!("| {name} |"));
@@ -598,7 +701,10 @@ pub fn markdown_table(runs: &[(Setup, &Figures)]) -> String {
 pub fn summary_json(runs: &[(Setup, &Figures)]) -> serde_json::Value {
     let mut m = serde_json::Map::new();
     for (c, f) in runs {
-        m.insert(c.as_str().into(), serde_json::to_value(f).unwrap_or_default());
+        m.insert(
+            c.as_str().into(),
+            serde_json::to_value(f).unwrap_or_default(),
+        );
     }
     serde_json::Value::Object(m)
 }
@@ -628,7 +734,10 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
         (0.0..=1.0).contains(&args.flow_retry_prob),
         "--flow-retry-prob must be in [0, 1]"
     );
-    anyhow::ensure!(args.speed > 0.0 && args.speed.is_finite(), "--speed must be positive");
+    anyhow::ensure!(
+        args.speed > 0.0 && args.speed.is_finite(),
+        "--speed must be positive"
+    );
     Deadlines::default()
         .apply(&args.deadline)
         .map_err(anyhow::Error::msg)?;
@@ -646,14 +755,23 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
     eprintln!(
         "bench overload: model {model}; load average {}; configurations {}",
         load_average().unwrap_or_else(|| "?".into()),
-        setups.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+        setups
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let capacity = match args.capacity_flows_per_s {
         Some(c) => {
-            anyhow::ensure!(c > 0.0 && c.is_finite(), "--capacity-flows-per-s must be positive");
+            anyhow::ensure!(
+                c > 0.0 && c.is_finite(),
+                "--capacity-flows-per-s must be positive"
+            );
             c
         }
-        None => calibrate(&args, &model).await.context("calibrating the capacity")?,
+        None => calibrate(&args, &model)
+            .await
+            .context("calibrating the capacity")?,
     };
     anyhow::ensure!(
         capacity > 0.0,
@@ -690,7 +808,8 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
         .iter()
         .map(|(s, d)| (s.as_str(), d.goodput_series.clone()))
         .collect();
-    let svg = super::chart::goodput_chart(&series, capacity, phases.onset_s(), phases.end_s(), &model);
+    let svg =
+        super::chart::goodput_chart(&series, capacity, phases.onset_s(), phases.end_s(), &model);
     let all = serde_json::json!({
         "model": model,
         "load_average_at_start": load_average(),
@@ -739,7 +858,10 @@ mod tests {
         assert_eq!(f.back_to_t0_s, Some(30.0));
         // Never degraded; degraded and never back.
         let none = tier_figures(&[], 40.0, 100.0);
-        assert_eq!((none.onset_to_first_degradation_s, none.back_to_t0_s), (None, None));
+        assert_eq!(
+            (none.onset_to_first_degradation_s, none.back_to_t0_s),
+            (None, None)
+        );
         let stuck = tier_figures(&c[..2], 40.0, 100.0);
         assert_eq!(stuck.back_to_t0_s, None);
         assert_eq!(stuck.flaps, 0);
@@ -777,7 +899,10 @@ mod tests {
     fn counters_are_summed_from_the_exposition() {
         let text = "# HELP x\nvllm:generation_tokens_total{model_name=\"a\"} 120\nvllm:generation_tokens_total{model_name=\"b\"} 5\nbrownout_serving_abandoned_tokens_total{model_name=\"a\"} 7\nbrownout_serving_abandoned_requests_total 2\nother 9\n";
         let c = parse_counters(text);
-        assert_eq!((c.generated, c.abandoned_tokens, c.abandoned_requests), (125.0, 7.0, 2.0));
+        assert_eq!(
+            (c.generated, c.abandoned_tokens, c.abandoned_requests),
+            (125.0, 7.0, 2.0)
+        );
     }
 
     #[test]

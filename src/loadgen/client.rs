@@ -84,9 +84,8 @@ pub fn call_timeout(kind: ClientKind, remaining: Duration, impatient: Duration) 
 /// A uniform draw in [0, 1) from `(seed, a, b)` (SplitMix64): the same flow gets the same
 /// jitter in every configuration of a benchmark.
 pub fn unit(seed: u64, a: u64, b: u64) -> f64 {
-    let mut z = seed
-        ^ a.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ b.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let mut z =
+        seed ^ a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xD1B5_4A32_D192_ED03);
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -144,10 +143,7 @@ impl Deadlines {
                 .find(|f| f.as_str() == k)
                 .ok_or_else(|| {
                     let names: Vec<_> = FlowKind::ALL.iter().map(|f| f.as_str()).collect();
-                    format!(
-                        "unknown flow kind {k:?} (agent, {})",
-                        names.join(", ")
-                    )
+                    format!("unknown flow kind {k:?} (agent, {})", names.join(", "))
                 })?;
             self.set(kind, d);
         }
@@ -201,7 +197,10 @@ mod tests {
         for i in 0..1000 {
             let u = unit(42, i, 1);
             let d = retry_delay(ClientKind::WellBehaved, 1, f, u).unwrap();
-            assert!(d >= ra && d < ra.mul_f64(1.0 + WELL_BEHAVED_JITTER), "{d:?}");
+            assert!(
+                d >= ra && d < ra.mul_f64(1.0 + WELL_BEHAVED_JITTER),
+                "{d:?}"
+            );
             seen.push(d);
         }
         seen.sort();
@@ -212,7 +211,12 @@ mod tests {
             Some(Duration::from_secs(4))
         );
         assert_eq!(
-            retry_delay(ClientKind::WellBehaved, WELL_BEHAVED_MAX_RETRIES + 1, f, 0.5),
+            retry_delay(
+                ClientKind::WellBehaved,
+                WELL_BEHAVED_MAX_RETRIES + 1,
+                f,
+                0.5
+            ),
             None
         );
         // Without Retry-After: full jitter under an exponential cap.
@@ -265,7 +269,11 @@ mod tests {
     fn only_the_well_behaved_client_gives_up_ahead_of_the_deadline() {
         let (d, left) = (Duration::from_secs(5), Duration::from_secs(3));
         assert!(gives_up_before_deadline(ClientKind::WellBehaved, d, left));
-        assert!(!gives_up_before_deadline(ClientKind::WellBehaved, d, left * 2));
+        assert!(!gives_up_before_deadline(
+            ClientKind::WellBehaved,
+            d,
+            left * 2
+        ));
         assert!(!gives_up_before_deadline(ClientKind::Naive, d, left));
         assert!(!gives_up_before_deadline(ClientKind::Impatient, d, left));
     }

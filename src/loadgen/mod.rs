@@ -307,7 +307,16 @@ pub async fn closed_loop_flows_per_s(
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let a = &plan[i % plan.len()];
                 let t0 = Instant::now();
-                let run = run_flow(&client, &target, a, 0, t0 + cfg.deadlines.get(a.kind), &cfg, &rec).await;
+                let run = run_flow(
+                    &client,
+                    &target,
+                    a,
+                    0,
+                    t0 + cfg.deadlines.get(a.kind),
+                    &cfg,
+                    &rec,
+                )
+                .await;
                 if run.end == FlowEnd::Ok {
                     ok += 1;
                 }
@@ -409,7 +418,16 @@ async fn run_flow(
             }
             let remaining = deadline - now;
             let timeout = client::call_timeout(a.client, remaining, cfg.impatient_timeout);
-            let outcome = one_call(client, target, a, prompt, cfg, now + timeout, timeout >= remaining).await;
+            let outcome = one_call(
+                client,
+                target,
+                a,
+                prompt,
+                cfg,
+                now + timeout,
+                timeout >= remaining,
+            )
+            .await;
             rec.record(crit, &outcome);
             run.tokens += outcome_tokens(&outcome);
             let failure = match &outcome {
@@ -611,7 +629,11 @@ impl SseScan {
     }
 
     fn event(&mut self, text: &str) {
-        for d in text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim) {
+        for d in text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+        {
             if d == "[DONE]" {
                 self.done = true;
                 continue;
@@ -622,7 +644,10 @@ impl SseScan {
             if let Some(code) = v.pointer("/error/code").and_then(|c| c.as_str()) {
                 self.error = Some(code.chars().take(64).collect());
             }
-            if let Some(n) = v.pointer("/usage/completion_tokens").and_then(serde_json::Value::as_u64) {
+            if let Some(n) = v
+                .pointer("/usage/completion_tokens")
+                .and_then(serde_json::Value::as_u64)
+            {
                 self.usage_tokens = Some(n);
             }
             let c = &v["choices"][0];
@@ -695,7 +720,11 @@ mod tests {
     /// A fake OpenAI endpoint: `mode` decides each answer; counts requests and hang-ups.
     async fn fake_server(
         mode: &'static str,
-    ) -> (String, Arc<std::sync::atomic::AtomicU64>, Arc<std::sync::atomic::AtomicU64>) {
+    ) -> (
+        String,
+        Arc<std::sync::atomic::AtomicU64>,
+        Arc<std::sync::atomic::AtomicU64>,
+    ) {
         use axum::response::IntoResponse as _;
         use std::sync::atomic::{AtomicU64, Ordering};
         let hits = Arc::new(AtomicU64::new(0));
@@ -783,7 +812,16 @@ mod tests {
         let client = http_client().unwrap();
         let a = one_user(FlowKind::Login, ClientKind::Naive);
         let t0 = Instant::now();
-        let run = run_flow(&client, &url, &a, 0, t0 + Duration::from_millis(300), &c, &rec).await;
+        let run = run_flow(
+            &client,
+            &url,
+            &a,
+            0,
+            t0 + Duration::from_millis(300),
+            &c,
+            &rec,
+        )
+        .await;
         assert_eq!(run.end, FlowEnd::Deadline);
         assert_eq!(run.tokens, 1, "the one token streamed before the deadline");
         assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
@@ -811,7 +849,10 @@ mod tests {
         assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 4);
         let r = rec.report(Duration::from_secs(1));
         let f = &r.class(Criticality::Default).unwrap().flows;
-        assert_eq!((f.users, f.users_ok, f.useful_tokens, f.wasted_tokens), (1, 1, 8, 0));
+        assert_eq!(
+            (f.users, f.users_ok, f.useful_tokens, f.wasted_tokens),
+            (1, 1, 8, 0)
+        );
     }
 
     #[tokio::test]
@@ -822,12 +863,30 @@ mod tests {
         let rec = Recorder::new(c.ttft_slo);
         let client = http_client().unwrap();
         let a = one_user(FlowKind::Login, ClientKind::WellBehaved);
-        let run = run_flow(&client, &url, &a, 0, Instant::now() + Duration::from_millis(600), &c, &rec).await;
+        let run = run_flow(
+            &client,
+            &url,
+            &a,
+            0,
+            Instant::now() + Duration::from_millis(600),
+            &c,
+            &rec,
+        )
+        .await;
         assert_eq!((run.end, run.retries), (FlowEnd::Shed, 0));
         assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
         // The impatient client hammers until the deadline (or its cap).
         let a = one_user(FlowKind::Login, ClientKind::Impatient);
-        let run = run_flow(&client, &url, &a, 0, Instant::now() + Duration::from_millis(600), &c, &rec).await;
+        let run = run_flow(
+            &client,
+            &url,
+            &a,
+            0,
+            Instant::now() + Duration::from_millis(600),
+            &c,
+            &rec,
+        )
+        .await;
         assert_eq!(run.retries, client::IMPATIENT_MAX_RETRIES);
         assert_eq!(run.end, FlowEnd::Shed);
     }

@@ -195,7 +195,9 @@ impl std::str::FromStr for ClientMix {
                 .parse()
                 .ok()
                 .filter(|v: &f64| v.is_finite() && *v >= 0.0)
-                .ok_or_else(|| format!("client mix entry {part:?}: the share must be a number ≥ 0"))?;
+                .ok_or_else(|| {
+                    format!("client mix entry {part:?}: the share must be a number ≥ 0")
+                })?;
             match k.trim() {
                 "well_behaved" | "well" => m.well_behaved = v,
                 "naive" => m.naive = v,
@@ -423,8 +425,14 @@ mod tests {
     #[test]
     fn same_seed_same_plan_different_seed_different_plan() {
         let s = LoadShape::default();
-        assert_eq!(plan_arrivals(&s, &ClientMix::default(), 1), plan_arrivals(&s, &ClientMix::default(), 1));
-        assert_ne!(plan_arrivals(&s, &ClientMix::default(), 1), plan_arrivals(&s, &ClientMix::default(), 2));
+        assert_eq!(
+            plan_arrivals(&s, &ClientMix::default(), 1),
+            plan_arrivals(&s, &ClientMix::default(), 1)
+        );
+        assert_ne!(
+            plan_arrivals(&s, &ClientMix::default(), 1),
+            plan_arrivals(&s, &ClientMix::default(), 2)
+        );
     }
 
     #[test]
@@ -529,7 +537,10 @@ mod tests {
         assert!("naive=-1".parse::<ClientMix>().is_err());
         assert!("naive=0".parse::<ClientMix>().is_err());
         assert!("naive".parse::<ClientMix>().is_err());
-        assert_eq!(ClientMix::only(ClientKind::Naive).pick(0.99), ClientKind::Naive);
+        assert_eq!(
+            ClientMix::only(ClientKind::Naive).pick(0.99),
+            ClientKind::Naive
+        );
         assert_eq!(m.pick(0.49), ClientKind::WellBehaved);
         assert_eq!(m.pick(0.51), ClientKind::Naive);
     }

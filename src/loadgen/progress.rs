@@ -81,9 +81,15 @@ mod tests {
     fn the_bar_fills_with_time_and_clamps() {
         let t = Duration::from_secs(100);
         let half = render("x", Duration::from_secs(50), t, "s", false);
-        assert!(half.starts_with("[x ############------------  50%   50/100s] s"), "{half}");
+        assert!(
+            half.starts_with("[x ############------------  50%   50/100s] s"),
+            "{half}"
+        );
         let over = render("x", Duration::from_secs(130), t, "", false);
-        assert!(over.contains(&"#".repeat(24)) && over.contains("100%"), "{over}");
+        assert!(
+            over.contains(&"#".repeat(24)) && over.contains("100%"),
+            "{over}"
+        );
         let long = render("x", Duration::ZERO, t, &"y".repeat(500), true);
         assert_eq!(long.chars().count(), 160);
         assert!(!half.contains('\x1b'));

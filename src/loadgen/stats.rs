@@ -172,12 +172,7 @@ impl Timeline {
         self.ok
             .chunks(w)
             .enumerate()
-            .map(|(i, c)| {
-                (
-                    (i * w) as f64,
-                    f64::from(c.iter().sum::<u32>()) / w as f64,
-                )
-            })
+            .map(|(i, c)| ((i * w) as f64, f64::from(c.iter().sum::<u32>()) / w as f64))
             .collect()
     }
 
@@ -595,7 +590,10 @@ mod tests {
         r.client_dropped(Criticality::Sheddable, Duration::from_secs(2));
         let rep = r.report(Duration::from_secs(10));
         let d = &rep.class(Criticality::Default).unwrap().flows;
-        assert_eq!((d.users, d.users_ok, d.attempts, d.flow_retries), (2, 1, 3, 1));
+        assert_eq!(
+            (d.users, d.users_ok, d.attempts, d.flow_retries),
+            (2, 1, 3, 1)
+        );
         assert_eq!(d.success_rate, 0.5);
         assert_eq!((d.wasted_tokens, d.useful_tokens), (40, 30));
         assert_eq!(d.by_end["deadline"], 1);
@@ -612,11 +610,12 @@ mod tests {
         assert_eq!(rep.timeline.ok[1], 1);
         assert_eq!(rep.timeline.ok[9], 1);
         assert_eq!(rep.timeline.failed.iter().sum::<u32>(), 4);
-        assert_eq!(rep.timeline.goodput_between(Duration::ZERO, Duration::from_secs(2)), 0.5);
         assert_eq!(
-            rep.timeline.goodput_series(5),
-            vec![(0.0, 0.2), (5.0, 0.2)]
+            rep.timeline
+                .goodput_between(Duration::ZERO, Duration::from_secs(2)),
+            0.5
         );
+        assert_eq!(rep.timeline.goodput_series(5), vec![(0.0, 0.2), (5.0, 0.2)]);
     }
 
     #[test]

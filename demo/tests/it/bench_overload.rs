@@ -84,7 +84,10 @@ fn bench_overload_runs_three_configurations_and_prints_one_json_line() {
     assert_eq!(v["loop_off"]["tier_changes"], 0);
     // The files next to the results.
     let svg = std::fs::read_to_string(out_dir.path().join("goodput.svg")).unwrap();
-    assert!(svg.starts_with("<svg") && svg.matches("<path ").count() == 3, "{svg}");
+    assert!(
+        svg.starts_with("<svg") && svg.matches("<path ").count() == 3,
+        "{svg}"
+    );
     let all: Value = serde_json::from_str(
         &std::fs::read_to_string(out_dir.path().join("overload.json")).unwrap(),
     )
@@ -96,6 +99,9 @@ fn bench_overload_runs_three_configurations_and_prints_one_json_line() {
     let md = std::fs::read_to_string(out_dir.path().join("overload.md")).unwrap();
     assert!(md.contains("| | baseline | loop_off | loop_on |"), "{md}");
     // Progress went to stderr as plain lines (not a terminal): no control codes.
-    assert!(stderr.contains("bench overload: run 3/3: loop_on"), "{stderr}");
+    assert!(
+        stderr.contains("bench overload: run 3/3: loop_on"),
+        "{stderr}"
+    );
     assert!(!stderr.contains('\x1b'), "colour or cursor codes on a pipe");
 }
