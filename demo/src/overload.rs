@@ -572,6 +572,9 @@ fn opt_s(x: Option<f64>) -> String {
     x.map_or("—".into(), |s| format!("{s:.1} s"))
 }
 
+/// One row of the table: its cell for a configuration.
+type Row = Box<dyn Fn(&Figures) -> String>;
+
 /// The results as a Markdown table (configurations as columns).
 pub fn markdown_table(runs: &[(Setup, &Figures)]) -> String {
     let mut s = String::from("| |");
@@ -583,7 +586,7 @@ pub fn markdown_table(runs: &[(Setup, &Figures)]) -> String {
         s.push_str("---|");
     }
     s.push('\n');
-    let rows: Vec<(&str, Box<dyn Fn(&Figures) -> String>)> = vec![
+    let rows: Vec<(&str, Row)> = vec![
         (
             "flow goodput, whole run (flows/s)",
             Box::new(|f| format!("{:.2}", f.flow_goodput_per_s)),
