@@ -15,6 +15,7 @@
 //! Everything talks over real loopback HTTP/gRPC exactly as separate processes would; only the
 //! command bus is in-process unless `REDIS_URL` is set. The GPUs are simulated and say so.
 
+pub mod chart;
 pub mod faults;
 pub mod overload;
 pub mod world;
@@ -155,9 +156,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
 /// One simulated evening for the demo: quiet, a 3× peak in the middle, quiet again.
 pub fn demo_load(targets: Vec<String>, speed: f64, seed: u64) -> LoadConfig {
-    LoadConfig {
+    let mut c = LoadConfig::new(
         targets,
-        shape: LoadShape {
+        LoadShape {
             duration: Duration::from_secs_f64(600.0 / speed),
             base_rate: 1.0,
             peak_factor: 4.0,
@@ -165,17 +166,12 @@ pub fn demo_load(targets: Vec<String>, speed: f64, seed: u64) -> LoadConfig {
             peak_width_ratio: 0.12,
             ..LoadShape::default()
         },
-        speed: 4.0,
-        misbehaving_ratio: 0.1,
-        model: "default".into(),
-        max_tokens: 32,
-        seed,
-        ttft_slo: Duration::from_secs(2),
-        max_in_flight: 2048,
-        call_timeout: Duration::from_secs(30),
-        max_retries: 3,
-        progress: false,
-    }
+    );
+    c.max_tokens = 32;
+    c.seed = seed;
+    c.max_in_flight = 2048;
+    c.progress = false;
+    c
 }
 
 /// The agent application's failures for one simulated evening ([`faults`]): about one every two

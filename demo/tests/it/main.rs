@@ -4,6 +4,7 @@
 //! own: it sets process environment variables, which no other test may see.
 
 mod agents_guards;
+mod bench_overload;
 mod degrade_redis;
 mod degrade_ui;
 mod drills;
