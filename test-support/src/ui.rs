@@ -406,6 +406,7 @@ fn engine(
         tier: tier.as_u8(),
         ttft_p50_s: 0.28 + 0.05 * seed as f64,
         ttft_p99_s: 1.1 + 0.45 * seed as f64,
+        ..Default::default()
     }
 }
 
@@ -907,6 +908,19 @@ fn build_clusters(
                 window_start_ms: window_start,
                 window_end_ms: now,
                 acks,
+                instance_actions: if c == 0 {
+                    vec![brownout::web::model::InstanceActionRow {
+                        ts_ms: last.ts_ms,
+                        instance: "gpu-3/engine-0".into(),
+                        action: "halve".into(),
+                        detail: "kv_usage > 92% for 60s: max_num_seqs 256 -> 128".into(),
+                        entry: "max_num_seqs 128".into(),
+                        ack: "applied".into(),
+                    }]
+                } else {
+                    Vec::new()
+                },
+                action_log: Vec::new(),
             }
         })
         .collect()

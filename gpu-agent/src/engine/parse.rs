@@ -51,6 +51,14 @@ pub struct EngineMetrics {
     pub tier: Option<u8>,
     /// `vllm:time_to_first_token_seconds`, cumulative, label sets merged.
     pub ttft: Option<Histogram>,
+    /// `vllm:request_queue_time_seconds`, cumulative, label sets merged (vLLM exports it; the
+    /// bundled tier does not).
+    pub queue_time: Option<Histogram>,
+    /// Observations of `vllm:e2e_request_latency_seconds`: requests completed.
+    pub completed_total: Option<f64>,
+    /// `brownout_serving_requests_total` summed over label sets: requests answered, refusals
+    /// included (the bundled tier).
+    pub answered_total: Option<f64>,
     /// True when any `brownout_*` series was present: the bundled serving tier, which also
     /// serves `/debug/kv`.
     pub bundled: bool,
@@ -137,6 +145,9 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
     );
     let mut config_blocks = Acc::default();
     let mut ttft_pairs: Vec<(f64, f64)> = Vec::new();
+    let mut queue_pairs: Vec<(f64, f64)> = Vec::new();
+    let mut e2e_pairs: Vec<(f64, f64)> = Vec::new();
+    let mut answered = Acc::default();
     let mut seen_engine_series = false;
 
     for sample in &scrape.samples {
@@ -155,6 +166,24 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
         if name == "vllm:time_to_first_token_seconds" {
             if let Value::Histogram(buckets) = &sample.value {
                 ttft_pairs.extend(buckets.iter().map(|b| (b.less_than, b.count)));
+            }
+            continue;
+        }
+        if name == "vllm:request_queue_time_seconds" || name == "vllm:e2e_request_latency_seconds"
+        {
+            if let Value::Histogram(buckets) = &sample.value {
+                let dst = if name == "vllm:request_queue_time_seconds" {
+                    &mut queue_pairs
+                } else {
+                    &mut e2e_pairs
+                };
+                dst.extend(buckets.iter().map(|b| (b.less_than, b.count)));
+            }
+            continue;
+        }
+        if name == "brownout_serving_requests_total" {
+            if let Some(v) = value_of(&sample.value) {
+                answered.add(v);
             }
             continue;
         }
@@ -217,6 +246,13 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
     if !ttft_pairs.is_empty() {
         out.ttft = Some(Histogram::from_pairs(ttft_pairs));
     }
+    if !queue_pairs.is_empty() {
+        out.queue_time = Some(Histogram::from_pairs(queue_pairs));
+    }
+    if !e2e_pairs.is_empty() {
+        out.completed_total = Some(Histogram::from_pairs(e2e_pairs).total());
+    }
+    out.answered_total = answered.total();
     Ok(out)
 }
 
@@ -252,6 +288,12 @@ pub struct DebugKv {
     /// The scheduler's batch limit (the simulated probe's saturation point).
     #[serde(default)]
     pub max_num_seqs: Option<u32>,
+    /// The configured `--max-num-seqs` (before any command lowers it).
+    #[serde(default)]
+    pub configured_max_num_seqs: Option<u32>,
+    /// The serving tier's `--instance-id`.
+    #[serde(default)]
+    pub instance_id: Option<String>,
 }
 
 /// Parses `/debug/kv`.
@@ -286,6 +328,10 @@ pub fn parse_debug_kv(body: &[u8]) -> Result<DebugKv, serde_json::Error> {
             bytes_per_block: inner.bytes_per_block.or(top.bytes_per_block),
             model_weights_bytes: inner.model_weights_bytes.or(top.model_weights_bytes),
             max_num_seqs: inner.max_num_seqs.or(top.max_num_seqs),
+            configured_max_num_seqs: inner
+                .configured_max_num_seqs
+                .or(top.configured_max_num_seqs),
+            instance_id: top.instance_id.or(inner.instance_id),
         };
     }
     Ok(top)
