@@ -909,11 +909,14 @@ fn build_clusters(
                 window_end_ms: now,
                 acks,
                 instance_actions: if c == 0 {
-                    vec![brownout::web::model::InstanceActionRow {
+                    vec![InstanceActionRow {
                         ts_ms: last.ts_ms,
-                        instance: "gpu-3/engine-0".into(),
+                        instance: format!("{}/engine-0", pick(&v.hosts, 0)),
                         action: "halve".into(),
-                        detail: "kv_usage > 92% for 60s: max_num_seqs 256 -> 128".into(),
+                        detail: format!(
+                            "kv_usage > 92% for 60s: max_num_seqs 256 -> 128 ({})",
+                            pick(&v.details, 0)
+                        ),
                         entry: "max_num_seqs 128".into(),
                         ack: "applied".into(),
                     }]
