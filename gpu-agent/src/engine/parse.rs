@@ -388,6 +388,33 @@ mod tests {
     }
 
     #[test]
+    fn queue_time_completions_and_answered_requests_are_read() {
+        let body = "# TYPE vllm:request_queue_time_seconds histogram\n\
+            vllm:request_queue_time_seconds_bucket{model_name=\"m\",le=\"0.1\"} 8\n\
+            vllm:request_queue_time_seconds_bucket{model_name=\"m\",le=\"1\"} 9\n\
+            vllm:request_queue_time_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 10\n\
+            vllm:request_queue_time_seconds_sum{model_name=\"m\"} 3\n\
+            vllm:request_queue_time_seconds_count{model_name=\"m\"} 10\n\
+            # TYPE vllm:e2e_request_latency_seconds histogram\n\
+            vllm:e2e_request_latency_seconds_bucket{model_name=\"m\",le=\"1\"} 5\n\
+            vllm:e2e_request_latency_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 7\n\
+            vllm:e2e_request_latency_seconds_sum{model_name=\"m\"} 9\n\
+            vllm:e2e_request_latency_seconds_count{model_name=\"m\"} 7\n\
+            # TYPE brownout_serving_requests_total counter\n\
+            brownout_serving_requests_total{outcome=\"stop\"} 7\n\
+            brownout_serving_requests_total{outcome=\"shed\"} 30\n";
+        let m = parse_metrics(body).unwrap();
+        assert_eq!(m.completed_total, Some(7.0));
+        assert_eq!(m.answered_total, Some(37.0), "refusals count as answered");
+        let q = m.queue_time.unwrap();
+        assert_eq!(q.total(), 10.0);
+        assert!(q.quantile(0.99).unwrap() > 1.0, "the slowest tenth is above 1 s");
+        let none = parse_metrics("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n").unwrap();
+        assert_eq!((none.completed_total, none.answered_total), (None, None));
+        assert!(none.queue_time.is_none());
+    }
+
+    #[test]
     fn a_body_without_engine_metrics_is_an_error() {
         for body in ["", "# TYPE up gauge\nup 1\n", "not prometheus at all"] {
             assert_eq!(
@@ -396,6 +423,15 @@ mod tests {
                 "{body:?}"
             );
         }
+    }
+
+    #[test]
+    fn debug_kv_reads_the_instance_id_and_configured_limit() {
+        let body = br#"{"instance_id":"gpu-3/engine-0","configured_max_num_seqs":256,"max_num_seqs":128,"pool":{"block_size":16}}"#;
+        let d = parse_debug_kv(body).unwrap();
+        assert_eq!(d.instance_id.as_deref(), Some("gpu-3/engine-0"));
+        assert_eq!(d.configured_max_num_seqs, Some(256));
+        assert_eq!(d.max_num_seqs, Some(128));
     }
 
     #[test]
