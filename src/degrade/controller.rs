@@ -21,8 +21,8 @@ use brownout_protocol::{
 use serde::{Deserialize, Serialize};
 
 use super::policy::{Condition, Policy, Signal};
-pub use super::stopbleed::{InstanceAction, InstanceOverride};
 use super::stopbleed::StopBleedState;
+pub use super::stopbleed::{InstanceAction, InstanceOverride};
 
 /// One SLO alert's state, as the SLO engine reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -314,11 +314,7 @@ impl Controller {
     /// last `window_ms`, counting only engines at or above `min_value` now.
     fn jump_ratio(&self, signal: Signal, window_ms: u64, min_value: f64, now: u64) -> f64 {
         let pick = |t: &(u64, f64, f64)| {
-            if signal == Signal::TtftP99 {
-                t.1
-            } else {
-                t.2
-            }
+            if signal == Signal::TtftP99 { t.1 } else { t.2 }
         };
         let mut best: f64 = 0.0;
         for q in self.latency.values() {

@@ -11,7 +11,7 @@ use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Reg
 use serde::{Deserialize, Serialize};
 
 use super::controller::{
-    Crossing, Decision, InstanceAction, InstanceOverride, Inputs, Override, PatternRate, SloAlert,
+    Crossing, Decision, Inputs, InstanceAction, InstanceOverride, Override, PatternRate, SloAlert,
     Transition,
 };
 use super::http::AlertmanagerWebhook;
@@ -692,7 +692,14 @@ impl DegradeHandle {
     fn set_action_metrics(&self, d: &Decision) {
         let m = &self.inner.metrics;
         let cluster = self.inner.cfg.cluster.as_str();
-        for action in ["watch", "halve", "drain", "operator", "ramp", "recovery_storm"] {
+        for action in [
+            "watch",
+            "halve",
+            "drain",
+            "operator",
+            "ramp",
+            "recovery_storm",
+        ] {
             let n = d
                 .instance_actions
                 .iter()

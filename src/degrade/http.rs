@@ -147,9 +147,7 @@ async fn post_instance(
     };
     tracing::info!(instance = %instance, max_num_seqs = ?o.max_num_seqs, drain = ?o.drain, until_ms = o.until_ms, reason = %o.reason, "operator instance action set");
     h.set_instance_override(&instance, o.clone());
-    Ok(Json(
-        serde_json::json!({"instance": instance, "action": o}),
-    ))
+    Ok(Json(serde_json::json!({"instance": instance, "action": o})))
 }
 
 async fn delete_instance(

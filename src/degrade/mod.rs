@@ -35,7 +35,7 @@ pub mod stopbleed;
 
 pub use bus::InProcBus;
 pub use controller::{
-    Controller, Crossing, Decision, InstanceAction, InstanceOverride, Inputs, Override,
+    Controller, Crossing, Decision, Inputs, InstanceAction, InstanceOverride, Override,
     PatternRate, SloAlert, Transition,
 };
 pub use handle::{AckView, DecisionRecord, DegradeConfig, DegradeHandle, DegradeStatus};

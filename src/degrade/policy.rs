@@ -947,7 +947,10 @@ fn validate_ramp(r: RawRamp) -> Result<RampPolicy, PolicyError> {
 fn validate_storm(r: RawStorm) -> Result<StormPolicy, PolicyError> {
     let f = "recovery_storm";
     if r.periods_secs.is_empty() || r.periods_secs.len() > 8 {
-        return Err(invalid(format!("{f}.periods_secs"), "must list 1-8 periods"));
+        return Err(invalid(
+            format!("{f}.periods_secs"),
+            "must list 1-8 periods",
+        ));
     }
     if !(16..=600).contains(&r.window_secs) {
         return Err(invalid(

@@ -232,8 +232,7 @@ impl Publisher {
         // The operator's per-instance actions, shared the same way.
         let dirty = {
             let mut s = handle.lock();
-            std::mem::take(&mut s.instance_overrides_dirty)
-                .then(|| s.instance_overrides.clone())
+            std::mem::take(&mut s.instance_overrides_dirty).then(|| s.instance_overrides.clone())
         };
         if let Some(map) = dirty
             && let Err(e) = b.put_instance_overrides(&map, now).await

@@ -217,20 +217,17 @@ impl StopBleedState {
                 arrivals += c.answered_rps;
                 completions += c.completed_rps;
                 if policy.instances.is_some() {
-                    let st = self
-                        .instances
-                        .entry(key)
-                        .or_insert_with(|| InstanceState {
-                            last_fresh_ms: now,
-                            kv: None,
-                            configured_max_num_seqs: None,
-                            level: Level::Normal,
-                            level_since: now,
-                            watch_above_since: None,
-                            watch_since: None,
-                            halve_above_since: None,
-                            below_exit_since: None,
-                        });
+                    let st = self.instances.entry(key).or_insert_with(|| InstanceState {
+                        last_fresh_ms: now,
+                        kv: None,
+                        configured_max_num_seqs: None,
+                        level: Level::Normal,
+                        level_since: now,
+                        watch_above_since: None,
+                        watch_since: None,
+                        halve_above_since: None,
+                        below_exit_since: None,
+                    });
                     st.last_fresh_ms = now;
                     st.kv = e.up.then_some(e.kv.usage_ratio);
                     if e.configured_max_num_seqs.is_some() {
@@ -531,10 +528,7 @@ impl StopBleedState {
             && let Some((share, capacity, started)) =
                 self.step_ramp(rp, now, tier_t3, left_t3, storm.is_some())
         {
-            let n = self
-                .counters
-                .len()
-                .max(1);
+            let n = self.counters.len().max(1);
             let rps = (share * capacity / n as f64 * 100.0).round() / 100.0;
             let pct = fmt_ratio(share);
             let e = out.instances.entry(ALL_INSTANCES.to_string()).or_default();

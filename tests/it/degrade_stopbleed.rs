@@ -84,7 +84,10 @@ fn seed_figures_watch_then_halve_then_drain_one_instance_and_restore_it() {
     for _ in 0..120 {
         let d = at(&mut c, &mut t, 0.88, 0.5);
         assert!(d.instances.is_empty(), "no action below 92% at {t}");
-        assert!(d.instance_actions.is_empty(), "no watch before 120 s at {t}");
+        assert!(
+            d.instance_actions.is_empty(),
+            "no watch before 120 s at {t}"
+        );
     }
     let d = at(&mut c, &mut t, 0.88, 0.5);
     assert_eq!(
@@ -130,7 +133,10 @@ fn seed_figures_watch_then_halve_then_drain_one_instance_and_restore_it() {
     assert_eq!(d.tier, Tier::T1);
     let cmd = d.to_command("c", 1, 1, t, 30_000);
     assert!(cmd.instance_entry(A).unwrap().draining());
-    assert!(cmd.instance_entry(B).is_none(), "nothing addresses the peer");
+    assert!(
+        cmd.instance_entry(B).is_none(),
+        "nothing addresses the peer"
+    );
     // Between the exit level and 92 %: nothing restored.
     for _ in 0..300 {
         let d = at(&mut c, &mut t, 0.85, 0.5);
@@ -169,7 +175,10 @@ fn a_dip_resets_the_timers_and_a_missing_snapshot_neither_escalates_nor_restores
         t = i * 1000;
         let v = if i == 50 { 0.9 } else { 0.95 };
         let d = c.step(&two(t, kv(v), kv(0.2)));
-        assert!(d.instances.is_empty(), "halved at {t} without a continuous minute");
+        assert!(
+            d.instances.is_empty(),
+            "halved at {t} without a continuous minute"
+        );
     }
     // Now a full minute: halved.
     let mut halved = false;
@@ -227,7 +236,11 @@ fn operator_fields_win_over_the_automatic_ones_until_they_end() {
         },
     );
     let d = c.step(&i);
-    assert_eq!(d.instances[A].max_num_seqs, Some(32), "operator's value wins");
+    assert_eq!(
+        d.instances[A].max_num_seqs,
+        Some(32),
+        "operator's value wins"
+    );
     assert_eq!(d.instances[B].drain, Some(true));
     assert_eq!(d.instances[B].max_num_seqs, None);
     assert!(d.instances[B].reason.contains("maintenance"));
@@ -251,7 +264,10 @@ fn overload(onset: u64, t: u64) -> Eng {
         (0.3, 0.01)
     } else {
         let k = ((t - onset) / 1000) as i32;
-        ((0.3 * 2f64.powi(k + 1)).min(8.0), (0.05 * 2f64.powi(k + 1)).min(6.0))
+        (
+            (0.3 * 2f64.powi(k + 1)).min(8.0),
+            (0.05 * 2f64.powi(k + 1)).min(6.0),
+        )
     };
     Eng {
         kv: 0.5,
@@ -362,7 +378,11 @@ fn admission_ramp_holds_70_percent_of_measured_capacity_after_t3_and_opens_in_st
         assert!(!d.instances.contains_key("*"), "no ramp before T3 ends");
     }
     assert_eq!(c.tier(), Tier::T3);
-    assert!((c.capacity_rps() - 100.0).abs() < 1e-9, "{}", c.capacity_rps());
+    assert!(
+        (c.capacity_rps() - 100.0).abs() < 1e-9,
+        "{}",
+        c.capacity_rps()
+    );
     // The alert resolves; T3 is left after its 5 s hold-down.
     let mut shares = Vec::new();
     let mut left_at = None;
@@ -421,7 +441,10 @@ fn retry_waves_are_found_at_the_backoff_periods_and_nowhere_else() {
     // Steady load, a ramp, random noise, a 5 s period: none.
     assert!(detect_retry_waves(&[20.0; 64], &[8, 16], 0.5, 1.0).is_none());
     let ramp: Vec<f64> = (0..64).map(|i| 10.0 + f64::from(i)).collect();
-    assert!(detect_retry_waves(&ramp, &[8, 16], 0.5, 1.0).is_none(), "a trend is no wave");
+    assert!(
+        detect_retry_waves(&ramp, &[8, 16], 0.5, 1.0).is_none(),
+        "a trend is no wave"
+    );
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let noise: Vec<f64> = (0..64)
         .map(|_| {
@@ -505,11 +528,11 @@ tiers:
     params: { admit_min_criticality: critical, retry_after_base_secs: 8, jitter_ratio: 0.5, recovery_eta_max_secs: 60 }
 EXTRA
 "#;
-    let bad = |enter: &str, extra: &str| {
-        match Policy::from_yaml(&base.replace("ENTER", enter).replace("EXTRA", extra)) {
-            Err(PolicyError::Invalid { field, .. }) => field,
-            other => panic!("{enter} / {extra}: {other:?}"),
-        }
+    let bad = |enter: &str, extra: &str| match Policy::from_yaml(
+        &base.replace("ENTER", enter).replace("EXTRA", extra),
+    ) {
+        Err(PolicyError::Invalid { field, .. }) => field,
+        other => panic!("{enter} / {extra}: {other:?}"),
     };
     let ok_enter = "{ alertmanager: { alertname: X } }";
     assert_eq!(
@@ -517,11 +540,17 @@ EXTRA
         "tiers.t1.enter[0].ttft_p99"
     );
     assert_eq!(
-        bad("{ p99_jump: { signal: gpu_util, window_secs: 5, min_secs: 1 } }", ""),
+        bad(
+            "{ p99_jump: { signal: gpu_util, window_secs: 5, min_secs: 1 } }",
+            ""
+        ),
         "tiers.t1.enter[0].p99_jump.signal"
     );
     assert_eq!(
-        bad("{ p99_jump: { signal: ttft_p99, factor: 1.0, window_secs: 5, min_secs: 1 } }", ""),
+        bad(
+            "{ p99_jump: { signal: ttft_p99, factor: 1.0, window_secs: 5, min_secs: 1 } }",
+            ""
+        ),
         "tiers.t1.enter[0].p99_jump.factor"
     );
     assert_eq!(
@@ -529,7 +558,10 @@ EXTRA
         "admission_ramp.start_ratio"
     );
     assert_eq!(
-        bad(ok_enter, "recovery_storm: { periods_secs: [40], window_secs: 64 }"),
+        bad(
+            ok_enter,
+            "recovery_storm: { periods_secs: [40], window_secs: 64 }"
+        ),
         "recovery_storm.periods_secs"
     );
     assert_eq!(
@@ -552,7 +584,13 @@ EXTRA
     let seed = Policy::seed_default();
     let k = &seed.instances.as_ref().unwrap().kv;
     assert_eq!(
-        (k.watch_above, k.watch_for_ms, k.halve_above, k.halve_for_ms, k.drain_after_ms),
+        (
+            k.watch_above,
+            k.watch_for_ms,
+            k.halve_above,
+            k.halve_for_ms,
+            k.drain_after_ms
+        ),
         (0.85, 120_000, 0.92, 60_000, 60_000),
         "the seed figures"
     );

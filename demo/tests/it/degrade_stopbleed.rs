@@ -64,7 +64,12 @@ fn subscriber_cfg(url: &str, cluster: &str, inst: &str) -> SubscriberConfig {
     c
 }
 
-async fn call(app: &axum::Router, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+async fn call(
+    app: &axum::Router,
+    method: &str,
+    uri: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
     let req = Request::builder()
         .method(method)
         .uri(uri)
@@ -74,7 +79,10 @@ async fn call(app: &axum::Router, method: &str, uri: &str, body: Option<Value>) 
     let res = app.clone().oneshot(req).await.unwrap();
     let status = res.status();
     let bytes = res.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 /// One agent snapshot per host with one engine at `kv` KV usage.
@@ -144,10 +152,11 @@ async fn an_instance_held_above_92_percent_is_halved_then_drained_its_peer_not_a
     assert_eq!(entry(&b), (None, None), "the peer is unaffected");
     // The API shows the action with its ack; the decision log recorded both steps.
     wait_for("drain acked", LIMIT, || {
-        h.status()
-            .instances
-            .iter()
-            .any(|v| v.action.instance == "gpu-1/engine-0" && v.action.action == "drain" && v.ack == "applied")
+        h.status().instances.iter().any(|v| {
+            v.action.instance == "gpu-1/engine-0"
+                && v.action.action == "drain"
+                && v.ack == "applied"
+        })
     })
     .await;
     let app = router(h.clone());
@@ -165,12 +174,21 @@ async fn an_instance_held_above_92_percent_is_halved_then_drained_its_peer_not_a
         .flat_map(|d| d.instance_actions.iter().map(|a| a.action.clone()))
         .collect();
     for want in ["watch", "halve", "drain"] {
-        assert!(logged.iter().any(|a| a == want), "{want} not logged: {logged:?}");
+        assert!(
+            logged.iter().any(|a| a == want),
+            "{want} not logged: {logged:?}"
+        );
     }
     let acks = h.status().acks;
-    let ack_a = acks.iter().find(|x| x.instance == "gpu-1/engine-0").unwrap();
+    let ack_a = acks
+        .iter()
+        .find(|x| x.instance == "gpu-1/engine-0")
+        .unwrap();
     assert_eq!(ack_a.entry.as_deref(), Some("own"));
-    let ack_b = acks.iter().find(|x| x.instance == "gpu-2/engine-0").unwrap();
+    let ack_b = acks
+        .iter()
+        .find(|x| x.instance == "gpu-2/engine-0")
+        .unwrap();
     assert_eq!(ack_b.entry, None, "the peer was not addressed");
 
     // Recovery: below 0.80, the drain ends first, then the halving.
@@ -254,13 +272,35 @@ async fn a_hand_pinned_drain_refuses_default_traffic_on_that_instance_only() {
     // Bad requests first: clear codes, nothing pinned.
     for (body, code) in [
         (json!({"duration_secs": 60, "reason": "x"}), "empty_action"),
-        (json!({"drain": true, "duration_secs": 0, "reason": "x"}), "invalid_duration"),
-        (json!({"drain": true, "duration_secs": 60, "reason": " "}), "invalid_reason"),
-        (json!({"max_num_seqs": 0, "duration_secs": 60, "reason": "x"}), "invalid_max_num_seqs"),
-        (json!({"drain": true, "duration_secs": 60, "reason": "x", "extra": 1}), "invalid_json"),
+        (
+            json!({"drain": true, "duration_secs": 0, "reason": "x"}),
+            "invalid_duration",
+        ),
+        (
+            json!({"drain": true, "duration_secs": 60, "reason": " "}),
+            "invalid_reason",
+        ),
+        (
+            json!({"max_num_seqs": 0, "duration_secs": 60, "reason": "x"}),
+            "invalid_max_num_seqs",
+        ),
+        (
+            json!({"drain": true, "duration_secs": 60, "reason": "x", "extra": 1}),
+            "invalid_json",
+        ),
     ] {
-        let (s, v) = call(&app, "POST", "/api/v1/degrade/instances/gpu-7%2Fengine-0", Some(body)).await;
-        assert_eq!((s, v["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some(code)), "{v}");
+        let (s, v) = call(
+            &app,
+            "POST",
+            "/api/v1/degrade/instances/gpu-7%2Fengine-0",
+            Some(body),
+        )
+        .await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some(code)),
+            "{v}"
+        );
     }
     let (s, v) = call(
         &app,
@@ -282,12 +322,22 @@ async fn a_hand_pinned_drain_refuses_default_traffic_on_that_instance_only() {
     .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["instance"], "gpu-7/engine-0");
-    wait_for("A draining", LIMIT, || a.instance_entry().is_some_and(|r| r.draining())).await;
+    wait_for("A draining", LIMIT, || {
+        a.instance_entry().is_some_and(|r| r.draining())
+    })
+    .await;
     assert!(b.instance_entry().is_none(), "the peer has no entry");
 
     let (s, retry, v) = complete(&base_a, None).await;
-    assert_eq!((s, v["error"]["code"].as_str()), (503, Some("instance_draining")), "{v}");
-    assert!(retry.is_some(), "a Retry-After so the client goes elsewhere");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("instance_draining")),
+        "{v}"
+    );
+    assert!(
+        retry.is_some(),
+        "a Retry-After so the client goes elsewhere"
+    );
     let (s, _, v) = complete(&base_a, Some("critical")).await;
     assert_eq!(s, 200, "critical traffic is still served: {v}");
     let (s, _, v) = complete(&base_b, None).await;
@@ -308,12 +358,79 @@ async fn a_hand_pinned_drain_refuses_default_traffic_on_that_instance_only() {
     );
 
     // DELETE ends it.
-    let (s, v) = call(&app, "DELETE", "/api/v1/degrade/instances/gpu-7%2Fengine-0", None).await;
-    assert_eq!((s, v["removed"].as_bool()), (StatusCode::OK, Some(true)), "{v}");
+    let (s, v) = call(
+        &app,
+        "DELETE",
+        "/api/v1/degrade/instances/gpu-7%2Fengine-0",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, v["removed"].as_bool()),
+        (StatusCode::OK, Some(true)),
+        "{v}"
+    );
     wait_for("A undrained", LIMIT, || a.instance_entry().is_none()).await;
     let (s, _, v) = complete(&base_a, None).await;
     assert_eq!(s, 200, "{v}");
 
     let _ = stop_tx.send(());
     ctl.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_action_posted_to_a_follower_is_published_by_the_leader() {
+    let url = redis_url();
+    require_redis(&url);
+    let cl = unique("t-inst-follower-");
+    let a = handle(&cl);
+    let b = handle(&cl);
+    let ctl_a = tokio::spawn(run_controller(
+        a.clone(),
+        Transport::Redis { url: url.clone() },
+        std::future::pending(),
+    ));
+    wait_for("a leads", LIMIT, || a.leader_epoch().is_some()).await;
+    let ctl_b = tokio::spawn(run_controller(
+        b.clone(),
+        Transport::Redis { url: url.clone() },
+        std::future::pending(),
+    ));
+    let serving = ControlHandle::with_instance(&cl, "gpu-5/engine-1");
+    let sub = spawn_subscriber(serving.clone(), subscriber_cfg(&url, &cl, "gpu-5/engine-1")).await;
+    wait_for("T0 published", LIMIT, || {
+        serving.current().command.version > 0
+    })
+    .await;
+    assert!(b.leader_epoch().is_none());
+
+    let app_b = router(b.clone());
+    let (s, v) = call(
+        &app_b,
+        "POST",
+        "/api/v1/degrade/instances/gpu-5%2Fengine-1",
+        Some(json!({"max_num_seqs": 16, "duration_secs": 60, "reason": "via follower"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    wait_for("the leader publishes it", LIMIT, || {
+        serving.instance_entry().and_then(|r| r.entry.max_num_seqs) == Some(16)
+    })
+    .await;
+    assert!(a.instance_overrides().contains_key("gpu-5/engine-1"));
+    let (s, _) = call(
+        &app_b,
+        "DELETE",
+        "/api/v1/degrade/instances/gpu-5/engine-1",
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    wait_for("removed everywhere", LIMIT, || {
+        a.instance_overrides().is_empty() && serving.instance_entry().is_none()
+    })
+    .await;
+    ctl_a.abort();
+    ctl_b.abort();
+    sub.abort();
 }

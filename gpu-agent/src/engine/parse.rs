@@ -169,8 +169,7 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
             }
             continue;
         }
-        if name == "vllm:request_queue_time_seconds" || name == "vllm:e2e_request_latency_seconds"
-        {
+        if name == "vllm:request_queue_time_seconds" || name == "vllm:e2e_request_latency_seconds" {
             if let Value::Histogram(buckets) = &sample.value {
                 let dst = if name == "vllm:request_queue_time_seconds" {
                     &mut queue_pairs
@@ -408,8 +407,13 @@ mod tests {
         assert_eq!(m.answered_total, Some(37.0), "refusals count as answered");
         let q = m.queue_time.unwrap();
         assert_eq!(q.total(), 10.0);
-        assert!(q.quantile(0.99).unwrap() > 1.0, "the slowest tenth is above 1 s");
-        let none = parse_metrics("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n").unwrap();
+        assert!(
+            q.quantile(0.99).unwrap() > 1.0,
+            "the slowest tenth is above 1 s"
+        );
+        let none =
+            parse_metrics("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n")
+                .unwrap();
         assert_eq!((none.completed_total, none.answered_total), (None, None));
         assert!(none.queue_time.is_none());
     }

@@ -726,10 +726,7 @@ pub async fn debug_kv(State(st): State<AppState>) -> Response {
             // The instance id lets a gpu-agent report the id commands address this tier by.
             let mut v = serde_json::to_value(&d).unwrap_or_default();
             if let Some(o) = v.as_object_mut() {
-                o.insert(
-                    "instance_id".into(),
-                    st.inner.control.instance_id().into(),
-                );
+                o.insert("instance_id".into(), st.inner.control.instance_id().into());
             }
             Json(v).into_response()
         }
