@@ -21,8 +21,8 @@ use brownout_protocol::{
 use serde::{Deserialize, Serialize};
 
 use super::policy::{Condition, Policy, Signal};
-use super::stopbleed::StopBleedState;
 pub use super::stopbleed::{InstanceAction, InstanceOverride};
+use super::stopbleed::{StopBleedState, TierContext};
 
 /// One SLO alert's state, as the SLO engine reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -476,9 +476,11 @@ impl Controller {
             now,
             &inputs.snapshots,
             &inputs.instance_overrides,
-            self.tier == Tier::T3,
-            previous == Tier::T3 && self.tier < Tier::T3,
-            t2_max,
+            TierContext {
+                t3: self.tier == Tier::T3,
+                left_t3: previous == Tier::T3 && self.tier < Tier::T3,
+                t2_max_num_seqs: t2_max,
+            },
         );
         let reasons = self.crossings(inputs);
         let reason = match &operator_reason {

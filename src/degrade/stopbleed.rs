@@ -104,6 +104,17 @@ pub struct StopBleed {
     pub actions: Vec<InstanceAction>,
 }
 
+/// What the stop-bleed part needs of the tier decided in the same step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TierContext {
+    /// T3 is in force after this step.
+    pub t3: bool,
+    /// This step left T3.
+    pub left_t3: bool,
+    /// The cluster-wide T2 `max_num_seqs` in force, if any (a halved limit never exceeds it).
+    pub t2_max_num_seqs: Option<u32>,
+}
+
 /// The memory of the per-instance machine, the rate series, the ramp and the storm detector.
 #[derive(Debug, Clone, Default)]
 pub struct StopBleedState {
@@ -404,18 +415,20 @@ impl StopBleedState {
         Some((r.share, r.capacity_rps, r.started_ms))
     }
 
-    /// One evaluation of the stop-bleed part. `tier_t3`: T3 in force after this step;
-    /// `left_t3`: this step left T3; `t2_max_num_seqs`: the cluster-wide T2 limit in force.
+    /// One evaluation of the stop-bleed part, after the tier of this step was decided.
     pub fn step(
         &mut self,
         policy: &Policy,
         now: u64,
         snapshots: &[AgentSnapshot],
         overrides: &BTreeMap<String, InstanceOverride>,
-        tier_t3: bool,
-        left_t3: bool,
-        t2_max_num_seqs: Option<u32>,
+        tier: TierContext,
     ) -> StopBleed {
+        let TierContext {
+            t3: tier_t3,
+            left_t3,
+            t2_max_num_seqs,
+        } = tier;
         self.observe(policy, now, snapshots);
         let mut out = StopBleed::default();
         if tier_t3 {

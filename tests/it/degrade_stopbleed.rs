@@ -419,7 +419,13 @@ fn admission_ramp_holds_70_percent_of_measured_capacity_after_t3_and_opens_in_st
 /// Arrivals per second: `base` plus retry bursts every `period` seconds.
 fn waves(n: usize, period: usize, base: f64, burst: f64) -> Vec<f64> {
     (0..n)
-        .map(|i| if i % period == 0 { base + burst } else { base })
+        .map(|i| {
+            if i.is_multiple_of(period) {
+                base + burst
+            } else {
+                base
+            }
+        })
         .collect()
 }
 
@@ -470,7 +476,7 @@ fn a_retry_wave_after_t3_is_a_recovery_storm_and_holds_the_ramp() {
     };
     let mut t = 0;
     // Clients retry every 8 s once they are shed: bursts of 200 arrivals/s on each instance.
-    let wave = |i: u64| if i % 8 == 0 { 200 } else { 10 };
+    let wave = |i: u64| if i.is_multiple_of(8) { 200 } else { 10 };
     for _ in 0..30u64 {
         t += 1000;
         let d = c.step(&load.inputs(t, 50, 50, false));
