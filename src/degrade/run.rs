@@ -91,6 +91,8 @@ pub async fn run_controller(
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tick.tick() => {}
+            // An operator instance action: decide and publish now, not at the next interval.
+            () = handle.woken() => {}
         }
         let now = now_ms();
         let mut decision = controller.step(&handle.inputs(now));
@@ -271,6 +273,36 @@ impl Publisher {
                 let mut s = handle.lock();
                 if s.override_to_share.is_none() && s.operator_override != shared {
                     s.operator_override = shared;
+                    drop(s);
+                    *decision = controller.step(&handle.inputs(now));
+                    handle.record(decision);
+                }
+            }
+        }
+        // The operator's per-instance actions, shared the same way.
+        let dirty = {
+            let mut s = handle.lock();
+            std::mem::take(&mut s.instance_overrides_dirty).then(|| s.instance_overrides.clone())
+        };
+        if let Some(map) = dirty
+            && let Err(e) = b.put_instance_overrides(&map, now).await
+        {
+            handle.lock().instance_overrides_dirty = true;
+            return Err(e);
+        }
+        match b.get_instance_overrides().await? {
+            None => {
+                let mut s = handle.lock();
+                if s.instance_overrides.values().any(|o| o.until_ms > now) {
+                    s.instance_overrides_dirty = true;
+                }
+            }
+            Some(mut shared) => {
+                shared.retain(|_, o| o.until_ms > now);
+                let mut s = handle.lock();
+                s.instance_overrides.retain(|_, o| o.until_ms > now);
+                if !s.instance_overrides_dirty && s.instance_overrides != shared {
+                    s.instance_overrides = shared;
                     drop(s);
                     *decision = controller.step(&handle.inputs(now));
                     handle.record(decision);

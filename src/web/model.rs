@@ -411,6 +411,27 @@ pub struct ClusterDegradation {
     pub window_start_ms: u64,
     pub window_end_ms: u64,
     pub acks: Vec<InstanceAck>,
+    /// Per-instance actions in force (stop-bleed, operator, ramp, retry waves) with their acks.
+    #[serde(default)]
+    pub instance_actions: Vec<InstanceActionRow>,
+    /// Per-instance actions as the decision log recorded them, newest first (bounded).
+    #[serde(default)]
+    pub action_log: Vec<InstanceActionRow>,
+}
+
+/// One per-instance action (docs/DEGRADATION.md "Per-instance actions").
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceActionRow {
+    /// When it started (in force) or when the decision was recorded (log).
+    pub ts_ms: u64,
+    pub instance: String,
+    /// `watch`, `halve`, `drain`, `operator`, `ramp`, `recovery_storm`.
+    pub action: String,
+    pub detail: String,
+    /// The entry's fields in force, e.g. `max_num_seqs 128, drain` (empty for watches).
+    pub entry: String,
+    /// `applied`, `pending`, `unknown_instance` or `-`.
+    pub ack: String,
 }
 
 /// A tier change with its reason.
