@@ -65,7 +65,6 @@ fn client() -> reqwest::Client {
 struct Server {
     child: Child,
     url: String,
-    port: u16,
     instance: String,
     log: std::path::PathBuf,
 }
@@ -111,7 +110,6 @@ impl Server {
         let s = Server {
             child,
             url: format!("http://127.0.0.1:{port}"),
-            port,
             instance,
             log,
         };
@@ -745,6 +743,9 @@ async fn llama_cpp_server_behind_the_proxy() {
         .args(["-m", "llama_cpp.server", "--model"])
         .arg(&gguf)
         .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--n_ctx", "2048", "--model_alias", "smollm2"])
+        // Its default interrupts a running stream whenever another request (a health probe)
+        // arrives; docs/UPSTREAM.md.
+        .args(["--interrupt_requests", "False"])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()

@@ -181,6 +181,9 @@ pub struct Upstream {
     max_model_len: AtomicUsize,
     /// Unix ms of the last change of `up`.
     since_ms: AtomicU64,
+    /// Unix ms of the last sign of life from a request (an answer, a stream chunk): the prober
+    /// leaves an upstream alone while requests show it is up.
+    alive_ms: AtomicU64,
 }
 
 impl Upstream {
@@ -193,6 +196,7 @@ impl Upstream {
             discovered_model: RwLock::new(None),
             max_model_len: AtomicUsize::new(0),
             since_ms: AtomicU64::new(brownout_protocol::now_ms()),
+            alive_ms: AtomicU64::new(0),
         }
     }
 
@@ -200,7 +204,20 @@ impl Upstream {
         self.up.load(Ordering::Relaxed)
     }
 
+    /// A request saw the upstream answer.
+    pub(crate) fn touch(&self) {
+        self.alive_ms
+            .store(brownout_protocol::now_ms(), Ordering::Relaxed);
+    }
+
+    /// Whether a request saw it answer within `within`.
+    fn recently_alive(&self, within: Duration) -> bool {
+        let t = self.alive_ms.load(Ordering::Relaxed);
+        self.is_up() && brownout_protocol::now_ms().saturating_sub(t) < within.as_millis() as u64
+    }
+
     pub(crate) fn mark_up(&self) {
+        self.touch();
         self.probed.store(true, Ordering::Relaxed);
         if !self.up.swap(true, Ordering::Relaxed) {
             self.since_ms
@@ -402,6 +419,13 @@ impl ProxyState {
             RouteChoice::Fallback => &self.inner.fallback,
         }
     }
+    pub(crate) fn route_by_name(&self, name: &str) -> &Route {
+        if name == "fallback" {
+            &self.inner.fallback
+        } else {
+            &self.inner.primary
+        }
+    }
     /// Each route with its upstream's state.
     pub fn routes_view(&self) -> Value {
         let mut m = serde_json::Map::new();
@@ -532,7 +556,10 @@ pub async fn build_proxy(
     Ok(state)
 }
 
-/// Probes every upstream each `health_interval` while the proxy exists.
+/// Probes every upstream each `health_interval` while the proxy exists, except one that a
+/// request saw answering within the interval (probes are not free for every server: llama.cpp's
+/// Python server, for one, interrupts a running stream when another request arrives, unless it
+/// runs with `--interrupt_requests False`).
 fn spawn_prober(weak: Weak<Inner>, timeout: Duration) {
     tokio::spawn(async move {
         loop {
@@ -542,7 +569,12 @@ fn spawn_prober(weak: Weak<Inner>, timeout: Duration) {
             let ups = inner.upstreams.clone();
             drop(inner);
             tokio::time::sleep(every).await;
-            futures::future::join_all(ups.iter().map(|u| u.probe(&client, timeout))).await;
+            futures::future::join_all(
+                ups.iter()
+                    .filter(|u| !u.recently_alive(every))
+                    .map(|u| u.probe(&client, timeout)),
+            )
+            .await;
         }
     });
 }

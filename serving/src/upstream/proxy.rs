@@ -474,6 +474,7 @@ fn stream(p: ProxyState, ctx: Ctx, slot: Slot, resp: reqwest::Response) -> Respo
     route_headers(&mut r, &ctx);
     tokio::spawn(async move {
         let _slot = slot;
+        let upstream_of = p.route_by_name(ctx.route).upstream.clone();
         let m = p.inner.metrics.clone();
         let mut upstream = resp.bytes_stream();
         let mut split = Splitter::new(MAX_EVENT_BYTES);
@@ -490,9 +491,12 @@ fn stream(p: ProxyState, ctx: Ctx, slot: Slot, resp: reqwest::Response) -> Respo
             };
             let chunk = match next {
                 None => break Ok(()),
+                // A connection cut after `[DONE]` loses nothing (some servers close abruptly).
+                Some(Err(_)) if done => break Ok(()),
                 Some(Err(e)) => break Err(describe(&e)),
                 Some(Ok(c)) => c,
             };
+            upstream_of.touch();
             if inspecting {
                 split.push(&chunk);
                 loop {
