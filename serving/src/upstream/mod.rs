@@ -616,6 +616,13 @@ where
         app = app.merge(extra);
     }
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
+    // Stream chunks are small writes one after another: without TCP_NODELAY, Nagle's algorithm
+    // holds each behind the client's delayed ACK (about 40 ms a token on Linux).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY on an accepted connection");
+        }
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
         let _ = drain_tx.send(());
