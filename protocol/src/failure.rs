@@ -259,7 +259,22 @@ fn de_ts<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     }
 }
 
+/// The attribute that marks a failure event as a deliberate refusal (docs/PROTOCOL.md
+/// "Deliberate outcomes"): `"true"` on every event the serving tier sends for a request it refused
+/// on purpose.
+pub const DELIBERATE_ATTR: &str = "deliberate";
+
 impl FailureEvent {
+    /// True when the event records a request refused on purpose (shed, feature disabled,
+    /// drained, per-user cap, loop kill, tool breaker, throttled): attribute `deliberate` (or
+    /// `brownout.deliberate`) is `"true"`. Such an event is a degradation outcome, not a failure:
+    /// control planes count it neither as an SLO error nor as a failure pattern.
+    pub fn is_deliberate(&self) -> bool {
+        [DELIBERATE_ATTR, "brownout.deliberate"]
+            .iter()
+            .any(|k| self.attributes.get(*k).is_some_and(|v| v == "true"))
+    }
+
     /// Parses one NDJSON line.
     ///
     /// # Errors

@@ -118,17 +118,32 @@ impl PlaneOptions {
     }
 }
 
-/// Tags failures with their pattern id at ingest, observing them into the engine.
+/// Tags failures with their pattern id at ingest, observing them into the engine. A deliberate
+/// refusal (docs/SLO.md "Deliberate refusals") is not a failure pattern: it is stored untagged
+/// and never reaches the miner, so the feed, the UI and the controller's new-pattern trigger
+/// rank only real failures.
 struct PatternTagger(SharedEngine);
 
 impl FailureTagger for PatternTagger {
     fn tag(&self, event: &FailureEvent) -> String {
+        if event.is_deliberate() {
+            return String::new();
+        }
         let mut e = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        PatternId::from_template(e.observe(event)).0
+        tag_failure(&mut e, event)
     }
+}
+
+/// What the ingest tagger does with one failure: a real failure is observed into the pattern
+/// engine and tagged with its pattern id; a deliberate refusal is neither (empty tag).
+pub fn tag_failure(engine: &mut crate::patterns::PatternEngine, event: &FailureEvent) -> String {
+    if event.is_deliberate() {
+        return String::new();
+    }
+    PatternId::from_template(engine.observe(event)).0
 }
 
 /// The composed plane, serving in the background.

@@ -147,10 +147,16 @@ pub struct SloSummary {
     pub name: String,
     /// E.g. 0.995.
     pub objective_ratio: f64,
-    /// 1 = untouched, 0 = spent, negative = overspent.
+    /// 1 = untouched, 0 = spent, negative = overspent (of the whole period's budget; while the
+    /// history is shorter than the period, projected from it: see `budget_note`).
     pub budget_remaining_ratio: f64,
     pub burn_rates: Vec<BurnRate>,
     pub alert_state: AlertState,
+    /// `from 5m of data in a 28d period`, when the history is shorter than the period; else
+    /// empty.
+    pub budget_note: String,
+    /// Requests refused on purpose in the last hour (not in the SLI).
+    pub refused_1h: u64,
 }
 
 /// Heartbeat state of a host.

@@ -754,6 +754,8 @@ fn build_slos(now: u64, v: &Vocabulary) -> Vec<SloDetail> {
                     name: pick(&v.slos, i),
                     objective_ratio: *obj,
                     budget_remaining_ratio: *left,
+                    budget_note: String::new(),
+                    refused_1h: 0,
                     burn_rates: burns(*fast, *slow),
                     alert_state: *state,
                 },

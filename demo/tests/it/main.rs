@@ -10,3 +10,4 @@ mod e2e_world;
 mod fuzz_corpus;
 mod metrics_promtool;
 mod prometheus_scrape;
+mod report_refusals;
