@@ -433,7 +433,9 @@ fn bench_upstream(a: &BenchUpstreamArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("tokio runtime")?;
-    let report = rt.block_on(bench_upstream(&spec, &mut |l| eprintln!("[bench upstream] {l}")))?;
+    let report = rt.block_on(bench_upstream(&spec, &mut |l| {
+        eprintln!("[bench upstream] {l}")
+    }))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -366,7 +366,12 @@ impl Metrics {
         ] {
             c.with_label_values(&n);
         }
-        for h in [&metrics.ttft, &metrics.itl, &metrics.e2e, &metrics.queue_time] {
+        for h in [
+            &metrics.ttft,
+            &metrics.itl,
+            &metrics.e2e,
+            &metrics.queue_time,
+        ] {
             h.with_label_values(&n);
         }
         for c in ["critical", "default", "sheddable"] {

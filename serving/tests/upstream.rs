@@ -84,7 +84,13 @@ struct Sub<'a> {
 
 impl Server {
     /// `brownout-serve ARGS` on `port`; waits for `/health` to answer 200 when `healthy`.
-    async fn start(name: &str, port: u16, args: &[&str], sub: Option<Sub<'_>>, healthy: bool) -> Server {
+    async fn start(
+        name: &str,
+        port: u16,
+        args: &[&str],
+        sub: Option<Sub<'_>>,
+        healthy: bool,
+    ) -> Server {
         let log = std::env::temp_dir().join(format!("upstream-test-{name}-{port}.log"));
         let out = std::fs::File::create(&log).unwrap();
         let mut cmd = Proc::new(env!("CARGO_BIN_EXE_brownout-serve"));
@@ -118,8 +124,17 @@ impl Server {
         } else {
             // Up (answering), whatever its health.
             let start = Instant::now();
-            while client().get(format!("{}/v1/models", s.url)).send().await.is_err() {
-                assert!(start.elapsed() < Duration::from_secs(120), "{name} never answered:\n{}", s.log());
+            while client()
+                .get(format!("{}/v1/models", s.url))
+                .send()
+                .await
+                .is_err()
+            {
+                assert!(
+                    start.elapsed() < Duration::from_secs(120),
+                    "{name} never answered:\n{}",
+                    s.log()
+                );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
@@ -152,7 +167,10 @@ impl Server {
             Ok(r) => {
                 let s = r.status().as_u16();
                 let text = r.text().await.unwrap_or_default();
-                (s, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+                (
+                    s,
+                    serde_json::from_str(&text).unwrap_or(Value::String(text)),
+                )
             }
             Err(e) => (0, Value::String(e.to_string())),
         }
@@ -182,10 +200,18 @@ impl Server {
         let r = b.send().await.unwrap();
         let (s, h) = (r.status().as_u16(), r.headers().clone());
         let text = r.text().await.unwrap();
-        (s, h, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            s,
+            h,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
-    async fn chat(&self, headers: &[(&str, &str)], max_tokens: u32) -> (u16, reqwest::header::HeaderMap, Value) {
+    async fn chat(
+        &self,
+        headers: &[(&str, &str)],
+        max_tokens: u32,
+    ) -> (u16, reqwest::header::HeaderMap, Value) {
         self.call(
             "/v1/chat/completions",
             headers,
@@ -254,7 +280,10 @@ fn stream_text(evs: &[String]) -> String {
         .filter_map(|e| serde_json::from_str::<Value>(e).ok())
         .filter_map(|v| {
             let c = &v["choices"][0];
-            c["delta"]["content"].as_str().or(c["text"].as_str()).map(str::to_string)
+            c["delta"]["content"]
+                .as_str()
+                .or(c["text"].as_str())
+                .map(str::to_string)
         })
         .collect()
 }
@@ -345,22 +374,49 @@ async fn chat_completions_and_streams_pass_through_with_the_proxys_metrics() {
         "the same text as calling the upstream directly"
     );
     let (s, _, v) = px
-        .call("/v1/completions", &[], json!({"prompt": "hi", "max_tokens": 3, "ignore_eos": true}))
+        .call(
+            "/v1/completions",
+            &[],
+            json!({"prompt": "hi", "max_tokens": 3, "ignore_eos": true}),
+        )
         .await;
-    assert_eq!((s, v["object"].as_str()), (200, Some("text_completion")), "{v}");
+    assert_eq!(
+        (s, v["object"].as_str()),
+        (200, Some("text_completion")),
+        "{v}"
+    );
     assert_eq!(v["usage"]["completion_tokens"], 3);
 
     // Streaming: the upstream's events passed through one by one, ending with [DONE].
     let body = json!({"messages": [{"role": "user", "content": "stream"}], "max_tokens": 6,
                       "ignore_eos": true, "temperature": 0, "stream": true,
                       "stream_options": {"include_usage": true}});
-    let r = client().post(format!("{}/v1/chat/completions", px.url)).json(&body).send().await.unwrap();
+    let r = client()
+        .post(format!("{}/v1/chat/completions", px.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
     let via = sse_events(r, None).await;
-    let r = client().post(format!("{}/v1/chat/completions", up.url)).json(&body).send().await.unwrap();
+    let r = client()
+        .post(format!("{}/v1/chat/completions", up.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     let direct = sse_events(r, None).await;
-    assert_eq!(via.len(), direct.len(), "the same events: {via:?} vs {direct:?}");
+    assert_eq!(
+        via.len(),
+        direct.len(),
+        "the same events: {via:?} vs {direct:?}"
+    );
     assert_eq!(via.last().map(String::as_str), Some("[DONE]"));
     assert_eq!(stream_text(&via), stream_text(&direct));
     assert!(!stream_text(&via).is_empty());
@@ -369,11 +425,23 @@ async fn chat_completions_and_streams_pass_through_with_the_proxys_metrics() {
 
     // Bad requests are answered by the proxy, as the bundled engine answers them.
     let (s, _, v) = px
-        .call("/v1/chat/completions", &[], json!({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}))
+        .call(
+            "/v1/chat/completions",
+            &[],
+            json!({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}),
+        )
         .await;
-    assert_eq!((s, v["error"]["code"].as_str()), (404, Some("model_not_found")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (404, Some("model_not_found")),
+        "{v}"
+    );
     let (s, _, v) = px
-        .call("/v1/chat/completions", &[], json!({"n": 2, "messages": [{"role": "user", "content": "x"}]}))
+        .call(
+            "/v1/chat/completions",
+            &[],
+            json!({"n": 2, "messages": [{"role": "user", "content": "x"}]}),
+        )
         .await;
     assert_eq!((s, v["error"]["param"].as_str()), (400, Some("n")), "{v}");
     let r = client()
@@ -385,9 +453,17 @@ async fn chat_completions_and_streams_pass_through_with_the_proxys_metrics() {
         .unwrap();
     assert_eq!(r.status(), 400);
     let (s, _, v) = px
-        .call("/v1/chat/completions", &[("x-brownout-criticality", "urgent")], json!({"messages": [{"role": "user", "content": "x"}]}))
+        .call(
+            "/v1/chat/completions",
+            &[("x-brownout-criticality", "urgent")],
+            json!({"messages": [{"role": "user", "content": "x"}]}),
+        )
         .await;
-    assert_eq!((s, v["error"]["code"].as_str()), (400, Some("invalid_header")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (400, Some("invalid_header")),
+        "{v}"
+    );
 
     // /v1/features as the engine serves it.
     let (s, f) = px.get("/v1/features").await;
@@ -398,20 +474,45 @@ async fn chat_completions_and_streams_pass_through_with_the_proxys_metrics() {
     let count = |n: &str| metric(&m, n, &[("model_name", "toy")]);
     assert_eq!(count("vllm:e2e_request_latency_seconds_count"), 3.0, "{m}");
     assert_eq!(count("vllm:request_queue_time_seconds_count"), 3.0);
-    assert_eq!(count("vllm:time_to_first_token_seconds_count"), 1.0, "the stream's TTFT");
+    assert_eq!(
+        count("vllm:time_to_first_token_seconds_count"),
+        1.0,
+        "the stream's TTFT"
+    );
     assert!(count("vllm:inter_token_latency_seconds_count") >= 1.0);
     assert_eq!(count("vllm:generation_tokens_total"), 14.0, "5 + 3 + 6");
-    assert_eq!(metric(&m, "brownout_upstream_up", &[("route", "primary")]), 1.0);
-    assert_eq!(metric(&m, "brownout_upstream_requests_total", &[("result", "2xx")]), 3.0);
-    assert_eq!(metric(&m, "brownout_serving_requests_total", &[("outcome", "length")]), 3.0);
+    assert_eq!(
+        metric(&m, "brownout_upstream_up", &[("route", "primary")]),
+        1.0
+    );
+    assert_eq!(
+        metric(&m, "brownout_upstream_requests_total", &[("result", "2xx")]),
+        3.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "brownout_serving_requests_total",
+            &[("outcome", "length")]
+        ),
+        3.0
+    );
     assert_eq!(metric(&m, "vllm:num_requests_running", &[]), 0.0);
 
     // The upstream's own metrics, passed through; it saw only the valid requests (+ direct).
-    let r = client().get(format!("{}/metrics/upstream/primary", px.url)).send().await.unwrap();
+    let r = client()
+        .get(format!("{}/metrics/upstream/primary", px.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let um = r.text().await.unwrap();
     assert_eq!(
-        metric(&um, "brownout_serving_requests_total", &[("outcome", "length")]),
+        metric(
+            &um,
+            "brownout_serving_requests_total",
+            &[("outcome", "length")]
+        ),
         5.0,
         "3 proxied + 2 direct: {um}"
     );
@@ -422,27 +523,43 @@ async fn the_proxy_obeys_t1_t2_t3_and_drain_commands() {
     let cl = cluster("cmds");
     let big = upstream("cmd-big", "toy", &["--served-model-name", "big"]).await;
     let small = upstream("cmd-small", "toy", &["--served-model-name", "small"]).await;
-    let (pu, fu) = (format!("primary={}", big.url), format!("fallback={}", small.url));
+    let (pu, fu) = (
+        format!("primary={}", big.url),
+        format!("fallback={}", small.url),
+    );
     let px = Server::start(
         "cmd-px",
         free_port(),
         &["--upstream", &pu, "--upstream", &fu],
-        Some(Sub { cluster: &cl, instance: "proxy-a" }),
+        Some(Sub {
+            cluster: &cl,
+            instance: "proxy-a",
+        }),
         true,
     )
     .await;
     let (_, h) = px.get("/health").await;
     assert_eq!(h["upstreams"]["fallback"]["model"], "small", "{h}");
     let (s, _, v) = px.chat(&[], 4).await;
-    assert_eq!((s, v["model"].as_str()), (200, Some("big")), "T0: the primary");
+    assert_eq!(
+        (s, v["model"].as_str()),
+        (200, Some("big")),
+        "T0: the primary"
+    );
 
     // T1: a disabled feature and an open tool breaker.
     let mut c = cmd(&cl, 1, Tier::T1);
-    c.features.insert("summarize".into(), FeatureState::Disabled);
-    c.features.insert("tool:web_search".into(), FeatureState::Disabled);
+    c.features
+        .insert("summarize".into(), FeatureState::Disabled);
+    c.features
+        .insert("tool:web_search".into(), FeatureState::Disabled);
     publish(&cl, &c, &[&px]).await;
     let (s, _, v) = px.chat(&[("x-brownout-feature", "summarize")], 4).await;
-    assert_eq!((s, v["error"]["code"].as_str()), (503, Some("feature_disabled")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("feature_disabled")),
+        "{v}"
+    );
     assert_eq!(v["error"]["feature"], "summarize");
     assert_eq!(px.chat(&[("x-brownout-feature", "chat")], 4).await.0, 200);
     let (s, _, v) = px
@@ -453,7 +570,11 @@ async fn the_proxy_obeys_t1_t2_t3_and_drain_commands() {
                    "tools": [{"type": "function", "function": {"name": "web_search"}}]}),
         )
         .await;
-    assert_eq!((s, v["error"]["code"].as_str()), (503, Some("tool_disabled")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("tool_disabled")),
+        "{v}"
+    );
     let (_, f) = px.get("/v1/features").await;
     assert!(f.to_string().contains("summarize"), "{f}");
 
@@ -470,15 +591,31 @@ async fn the_proxy_obeys_t1_t2_t3_and_drain_commands() {
     assert_eq!(hd["x-brownout-route"], "fallback");
     assert_eq!(hd["x-brownout-upstream-model"], "small");
     let (s, _, v) = px
-        .call("/v1/completions", &[], json!({"prompt": "p", "ignore_eos": true}))
+        .call(
+            "/v1/completions",
+            &[],
+            json!({"prompt": "p", "ignore_eos": true}),
+        )
         .await;
-    assert_eq!((s, v["usage"]["completion_tokens"].as_u64()), (200, Some(3)), "a cap where none was asked: {v}");
+    assert_eq!(
+        (s, v["usage"]["completion_tokens"].as_u64()),
+        (200, Some(3)),
+        "a cap where none was asked: {v}"
+    );
     let (s, hd, v) = px.chat(&[("x-brownout-criticality", "critical")], 8).await;
     assert_eq!((s, v["model"].as_str()), (200, Some("big")), "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 8, "critical is not capped");
     assert_eq!(hd["x-brownout-route"], "primary");
     let sm = small.metrics().await;
-    assert_eq!(metric(&sm, "brownout_serving_requests_total", &[("outcome", "length")]), 2.0, "the fallback upstream served the two");
+    assert_eq!(
+        metric(
+            &sm,
+            "brownout_serving_requests_total",
+            &[("outcome", "length")]
+        ),
+        2.0,
+        "the fallback upstream served the two"
+    );
 
     // T3: below critical is shed with Retry-After and the recovery ETA.
     let mut c = cmd(&cl, 3, Tier::T3);
@@ -493,27 +630,59 @@ async fn the_proxy_obeys_t1_t2_t3_and_drain_commands() {
     assert_eq!((s, v["error"]["code"].as_str()), (429, Some("shed")), "{v}");
     assert_eq!(hd["retry-after"], "7");
     assert_eq!(hd["x-brownout-outcome"], "shed");
-    assert!(v["error"]["estimated_recovery_at"].as_str().is_some_and(|t| t.ends_with('Z')), "{v}");
+    assert!(
+        v["error"]["estimated_recovery_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{v}"
+    );
     assert_eq!(px.chat(&[], 2).await.0, 429);
-    assert_eq!(px.chat(&[("x-brownout-criticality", "critical")], 2).await.0, 200);
+    assert_eq!(
+        px.chat(&[("x-brownout-criticality", "critical")], 2)
+            .await
+            .0,
+        200
+    );
 
     // Drain of this instance: non-critical 503, /health says draining; critical passes.
     let mut c = cmd(&cl, 4, Tier::T0);
     c.instances.insert(
         "proxy-a".into(),
-        InstanceEntry { drain: Some(true), reason: "upstream maintenance".into(), ..InstanceEntry::default() },
+        InstanceEntry {
+            drain: Some(true),
+            reason: "upstream maintenance".into(),
+            ..InstanceEntry::default()
+        },
     );
     publish(&cl, &c, &[&px]).await;
     let (s, hd, v) = px.chat(&[], 2).await;
-    assert_eq!((s, v["error"]["code"].as_str()), (503, Some("instance_draining")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("instance_draining")),
+        "{v}"
+    );
     assert_eq!(hd["retry-after"], "2");
     let (s, h) = px.get("/health").await;
     assert_eq!((s, h["status"].as_str()), (503, Some("draining")), "{h}");
-    assert_eq!(px.chat(&[("x-brownout-criticality", "critical")], 2).await.0, 200);
+    assert_eq!(
+        px.chat(&[("x-brownout-criticality", "critical")], 2)
+            .await
+            .0,
+        200
+    );
 
     let m = px.metrics().await;
-    for (o, n) in [("feature_disabled", 1.0), ("tool_disabled", 1.0), ("shed", 2.0), ("drained", 1.0)] {
-        assert_eq!(metric(&m, "brownout_serving_refusals_total", &[("outcome", o)]), n, "{o}: {m}");
+    for (o, n) in [
+        ("feature_disabled", 1.0),
+        ("tool_disabled", 1.0),
+        ("shed", 2.0),
+        ("drained", 1.0),
+    ] {
+        assert_eq!(
+            metric(&m, "brownout_serving_refusals_total", &[("outcome", o)]),
+            n,
+            "{o}: {m}"
+        );
     }
     assert_eq!(metric(&m, "brownout_serving_draining", &[]), 1.0);
     assert_eq!(metric(&m, "brownout_serving_command_version", &[]), 4.0);
@@ -536,7 +705,12 @@ async fn a_client_that_goes_away_cancels_the_upstream_request() {
         json!({"prompt": "hello", "max_tokens": 1000, "ignore_eos": true, "stream": stream,
                "temperature": 0})
     };
-    let r = client().post(format!("{}/v1/completions", px.url)).json(&long(true)).send().await.unwrap();
+    let r = client()
+        .post(format!("{}/v1/completions", px.url))
+        .json(&long(true))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let evs = sse_events(r, Some(2)).await; // `r` is dropped here: the client is gone
     assert!(evs[0].contains("text_completion"), "{evs:?}");
@@ -545,21 +719,45 @@ async fn a_client_that_goes_away_cancels_the_upstream_request() {
     })
     .await;
     let wasted = metric(&m, "brownout_serving_abandoned_tokens_total", &[]);
-    assert!((1.0..1000.0).contains(&wasted), "the upstream stopped decoding ({wasted} of 1000)");
+    assert!(
+        (1.0..1000.0).contains(&wasted),
+        "the upstream stopped decoding ({wasted} of 1000)"
+    );
     let pm = wait_metric(&px, "the proxy's abort", |m| {
-        metric(m, "brownout_serving_requests_total", &[("outcome", "abort")]) >= 1.0
+        metric(
+            m,
+            "brownout_serving_requests_total",
+            &[("outcome", "abort")],
+        ) >= 1.0
     })
     .await;
-    assert_eq!(metric(&pm, "vllm:num_requests_running", &[]), 0.0, "its slot is free");
+    assert_eq!(
+        metric(&pm, "vllm:num_requests_running", &[]),
+        0.0,
+        "its slot is free"
+    );
 
     // Non-streaming: the client gives up while the upstream decodes.
     let quitter = tokio::spawn({
         let url = px.url.clone();
-        async move { client().post(format!("{url}/v1/completions")).json(&long(false)).send().await }
+        async move {
+            client()
+                .post(format!("{url}/v1/completions"))
+                .json(&long(false))
+                .send()
+                .await
+        }
     });
     let start = Instant::now();
-    while up.get("/debug/kv").await.1["running"].as_array().map_or(0, Vec::len) == 0 {
-        assert!(start.elapsed() < Duration::from_secs(30), "never reached the upstream");
+    while up.get("/debug/kv").await.1["running"]
+        .as_array()
+        .map_or(0, Vec::len)
+        == 0
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never reached the upstream"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     quitter.abort();
@@ -568,12 +766,19 @@ async fn a_client_that_goes_away_cancels_the_upstream_request() {
     })
     .await;
     let pm = wait_metric(&px, "the proxy's second abort", |m| {
-        metric(m, "brownout_serving_requests_total", &[("outcome", "abort")]) >= 2.0
+        metric(
+            m,
+            "brownout_serving_requests_total",
+            &[("outcome", "abort")],
+        ) >= 2.0
     })
     .await;
     assert_eq!(metric(&pm, "vllm:num_requests_running", &[]), 0.0);
     let (_, kv) = up.get("/debug/kv").await;
-    assert_eq!(kv["pool"]["num_blocks_used"], 0, "the upstream freed its blocks");
+    assert_eq!(
+        kv["pool"]["num_blocks_used"], 0,
+        "the upstream freed its blocks"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -583,7 +788,14 @@ async fn an_upstream_that_is_down_gives_503_and_health_says_so() {
     let px = Server::start(
         "down-px",
         free_port(),
-        &["--upstream", &dead, "--served-model-name", "toy", "--upstream-health-interval-ms", "100"],
+        &[
+            "--upstream",
+            &dead,
+            "--served-model-name",
+            "toy",
+            "--upstream-health-interval-ms",
+            "100",
+        ],
         None,
         false,
     )
@@ -592,9 +804,16 @@ async fn an_upstream_that_is_down_gives_503_and_health_says_so() {
     assert_eq!(h["error"]["code"], "upstream_unavailable", "{h}");
     assert_eq!(h["error"]["upstreams"]["primary"]["up"], false);
     let (s, hd, v) = px.chat(&[], 2).await;
-    assert_eq!((s, v["error"]["code"].as_str()), (503, Some("upstream_unavailable")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("upstream_unavailable")),
+        "{v}"
+    );
     assert_eq!(v["error"]["type"], "service_unavailable_error");
-    assert!(v["error"]["message"].as_str().unwrap().contains(&dead), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains(&dead),
+        "{v}"
+    );
     assert_eq!(hd["retry-after"], "5");
 
     // The upstream comes up: the probe notices, requests pass.
@@ -607,7 +826,14 @@ async fn an_upstream_that_is_down_gives_503_and_health_says_so() {
     assert_eq!(px.chat(&[], 2).await.0, 503);
     let m = px.metrics().await;
     assert_eq!(metric(&m, "brownout_upstream_up", &[]), 0.0);
-    assert!(metric(&m, "brownout_upstream_requests_total", &[("result", "connect_error")]) >= 2.0, "{m}");
+    assert!(
+        metric(
+            &m,
+            "brownout_upstream_requests_total",
+            &[("result", "connect_error")]
+        ) >= 2.0,
+        "{m}"
+    );
 }
 
 /// A minimal OpenAI-compatible server in the test: `/v1/models` lists `fake`; a chat whose
@@ -647,7 +873,10 @@ async fn wait_limiter(px: &Server, what: &str, f: impl Fn(&Value) -> bool) {
         if f(&l) {
             return;
         }
-        assert!(start.elapsed() < Duration::from_secs(30), "never {what}: {l}");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never {what}: {l}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -664,14 +893,29 @@ async fn the_critical_reserve_keeps_upstream_slots_for_critical_requests() {
     let px = Server::start(
         "res-px",
         free_port(),
-        &["--upstream", &url, "--upstream-max-concurrency", "2", "--critical-reserve-ratio", "0.5",
-          "--max-queue-wait-secs", "2"],
-        Some(Sub { cluster: &cl, instance: "proxy-r" }),
+        &[
+            "--upstream",
+            &url,
+            "--upstream-max-concurrency",
+            "2",
+            "--critical-reserve-ratio",
+            "0.5",
+            "--max-queue-wait-secs",
+            "2",
+        ],
+        Some(Sub {
+            cluster: &cl,
+            instance: "proxy-r",
+        }),
         true,
     )
     .await;
     let l = limiter(&px).await;
-    assert_eq!((l["in_force"].as_u64(), l["reserve"].as_u64()), (Some(2), Some(1)), "{l}");
+    assert_eq!(
+        (l["in_force"].as_u64(), l["reserve"].as_u64()),
+        (Some(2), Some(1)),
+        "{l}"
+    );
     let chat = |content: &'static str, crit: &'static str| {
         let url = px.url.clone();
         async move {
@@ -683,32 +927,64 @@ async fn the_critical_reserve_keeps_upstream_slots_for_critical_requests() {
                 .await
                 .unwrap();
             let s = r.status().as_u16();
-            let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string());
+            let retry = r
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_string());
             (s, retry, r.json::<Value>().await.unwrap())
         }
     };
     let holder = tokio::spawn(chat("hold", "default"));
-    wait_limiter(&px, "held the non-critical slot", |l| l["non_critical_in_flight"] == 1).await;
+    wait_limiter(&px, "held the non-critical slot", |l| {
+        l["non_critical_in_flight"] == 1
+    })
+    .await;
     let waiter = tokio::spawn(chat("next", "sheddable"));
-    wait_limiter(&px, "queued the second default request", |l| l["waiting"] == 1).await;
+    wait_limiter(&px, "queued the second default request", |l| {
+        l["waiting"] == 1
+    })
+    .await;
     let (s, _, v) = chat("urgent", "critical").await;
     assert_eq!(s, 200, "critical takes the reserved slot at once: {v}");
-    assert_eq!(limiter(&px).await["waiting"], 1, "the default one still waits");
+    assert_eq!(
+        limiter(&px).await["waiting"],
+        1,
+        "the default one still waits"
+    );
     let (s, retry, v) = waiter.await.unwrap();
-    assert_eq!((s, v["error"]["code"].as_str()), (503, Some("upstream_overloaded")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("upstream_overloaded")),
+        "{v}"
+    );
     assert_eq!(retry.as_deref(), Some("1"));
     let m = px.metrics().await;
-    assert_eq!(metric(&m, "brownout_serving_critical_reserve_seqs", &[]), 1.0);
-    assert_eq!(metric(&m, "vllm:num_requests_running", &[]), 1.0, "the held one");
+    assert_eq!(
+        metric(&m, "brownout_serving_critical_reserve_seqs", &[]),
+        1.0
+    );
+    assert_eq!(
+        metric(&m, "vllm:num_requests_running", &[]),
+        1.0,
+        "the held one"
+    );
 
     // limits.max_num_seqs = 1: the one slot is taken, so even critical waits now.
     let mut c = cmd(&cl, 1, Tier::T2);
     c.limits.max_num_seqs = Some(1);
     publish(&cl, &c, &[&px]).await;
     let l = limiter(&px).await;
-    assert_eq!((l["in_force"].as_u64(), l["reserve"].as_u64()), (Some(1), Some(0)), "{l}");
+    assert_eq!(
+        (l["in_force"].as_u64(), l["reserve"].as_u64()),
+        (Some(1), Some(0)),
+        "{l}"
+    );
     let (s, _, v) = chat("urgent", "critical").await;
-    assert_eq!((s, v["error"]["code"].as_str()), (503, Some("upstream_overloaded")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("upstream_overloaded")),
+        "{v}"
+    );
     holder.abort();
     wait_limiter(&px, "freed the held slot", |l| l["in_flight"] == 0).await;
     assert_eq!(chat("after", "default").await.0, 200);
@@ -726,15 +1002,22 @@ async fn llama_cpp_server_behind_the_proxy() {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("SKIPPED llama_cpp_server_behind_the_proxy: llama-cpp-python[server] is not installed (pip install 'llama-cpp-python[server]')");
+        eprintln!(
+            "SKIPPED llama_cpp_server_behind_the_proxy: llama-cpp-python[server] is not installed (pip install 'llama-cpp-python[server]')"
+        );
         return;
     }
     let gguf = std::env::var("HOME")
-        .map(|h| std::path::PathBuf::from(h).join(".cache/brownout/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .map(|h| {
+            std::path::PathBuf::from(h)
+                .join(".cache/brownout/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        })
         .ok()
         .filter(|p| p.exists());
     let Some(gguf) = gguf else {
-        eprintln!("SKIPPED llama_cpp_server_behind_the_proxy: the SmolLM2 GGUF is not in ~/.cache/brownout/models (scripts/fetch-model.sh)");
+        eprintln!(
+            "SKIPPED llama_cpp_server_behind_the_proxy: the SmolLM2 GGUF is not in ~/.cache/brownout/models (scripts/fetch-model.sh)"
+        );
         return;
     };
     let port = free_port();
@@ -742,7 +1025,16 @@ async fn llama_cpp_server_behind_the_proxy() {
     let child = Proc::new("python3")
         .args(["-m", "llama_cpp.server", "--model"])
         .arg(&gguf)
-        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--n_ctx", "2048", "--model_alias", "smollm2"])
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--n_ctx",
+            "2048",
+            "--model_alias",
+            "smollm2",
+        ])
         // Its default interrupts a running stream whenever another request (a health probe)
         // arrives; docs/UPSTREAM.md.
         .args(["--interrupt_requests", "False"])
@@ -760,7 +1052,12 @@ async fn llama_cpp_server_behind_the_proxy() {
     let _llama = Kill(child);
     let url = format!("http://127.0.0.1:{port}");
     let start = Instant::now();
-    while !client().get(format!("{url}/v1/models")).send().await.is_ok_and(|r| r.status().is_success()) {
+    while !client()
+        .get(format!("{url}/v1/models"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
         assert!(
             start.elapsed() < Duration::from_secs(180),
             "llama.cpp server never answered:\n{}",
@@ -773,7 +1070,12 @@ async fn llama_cpp_server_behind_the_proxy() {
     assert_eq!(m["data"][0]["id"], "smollm2", "{m}");
     let (s, _, v) = px.chat(&[], 8).await;
     assert_eq!(s, 200, "{v}");
-    assert!(v["choices"][0]["message"]["content"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
+    assert!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty()),
+        "{v}"
+    );
     let r = client()
         .post(format!("{}/v1/chat/completions", px.url))
         .json(&json!({"messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 12, "stream": true}))
@@ -785,6 +1087,13 @@ async fn llama_cpp_server_behind_the_proxy() {
     assert_eq!(evs.last().map(String::as_str), Some("[DONE]"), "{evs:?}");
     assert!(!stream_text(&evs).is_empty(), "{evs:?}");
     let pm = px.metrics().await;
-    assert_eq!(metric(&pm, "vllm:time_to_first_token_seconds_count", &[]), 1.0, "{pm}");
-    assert_eq!(metric(&pm, "vllm:e2e_request_latency_seconds_count", &[]), 2.0);
+    assert_eq!(
+        metric(&pm, "vllm:time_to_first_token_seconds_count", &[]),
+        1.0,
+        "{pm}"
+    );
+    assert_eq!(
+        metric(&pm, "vllm:e2e_request_latency_seconds_count", &[]),
+        2.0
+    );
 }

@@ -39,7 +39,9 @@ impl Drop for Proc {
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn spawn(args: &[String]) -> anyhow::Result<Proc> {
@@ -128,7 +130,10 @@ pub async fn bench_upstream(
         .build()?;
     let mut procs = Vec::new();
     let (upstream_url, upstream_pid) = match &spec.upstream_url {
-        Some(u) => (super::normalize_url(u).map_err(anyhow::Error::msg)?, spec.upstream_pid),
+        Some(u) => (
+            super::normalize_url(u).map_err(anyhow::Error::msg)?,
+            spec.upstream_pid,
+        ),
         None => {
             let port = free_port()?;
             let p = spawn(&[

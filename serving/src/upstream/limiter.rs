@@ -130,7 +130,9 @@ impl Limiter {
             .inner
             .control
             .as_ref()
-            .map_or(self.inner.configured, |c| c.max_num_seqs(self.inner.configured));
+            .map_or(self.inner.configured, |c| {
+                c.max_num_seqs(self.inner.configured)
+            });
         (n, reserve_of(n, self.inner.reserve_ratio))
     }
 
@@ -155,7 +157,11 @@ impl Limiter {
     ///
     /// # Errors
     /// [`Wait`] when the queue is full or the wait ran out.
-    pub async fn acquire(&self, criticality: Criticality, max_wait: Duration) -> Result<Slot, Wait> {
+    pub async fn acquire(
+        &self,
+        criticality: Criticality,
+        max_wait: Duration,
+    ) -> Result<Slot, Wait> {
         let critical = criticality == Criticality::Critical;
         let start = Instant::now();
         let slot = |queued| Slot {
@@ -241,26 +247,44 @@ mod tests {
         let _b = l.acquire(Criticality::Sheddable, LONG).await.unwrap();
         // The non-critical share (2) is full: a third default waits and times out.
         assert_eq!(
-            l.acquire(Criticality::Default, Duration::from_secs(5)).await.unwrap_err(),
+            l.acquire(Criticality::Default, Duration::from_secs(5))
+                .await
+                .unwrap_err(),
             Wait::TimedOut
         );
         // Critical takes the reserve at once, both slots of it.
-        let c1 = l.acquire(Criticality::Critical, Duration::ZERO).await.unwrap();
-        let _c2 = l.acquire(Criticality::Critical, Duration::ZERO).await.unwrap();
+        let c1 = l
+            .acquire(Criticality::Critical, Duration::ZERO)
+            .await
+            .unwrap();
+        let _c2 = l
+            .acquire(Criticality::Critical, Duration::ZERO)
+            .await
+            .unwrap();
         let f = l.figures();
         assert_eq!((f.in_flight, f.reserve, f.reserve_used), (4, 2, 2));
         assert_eq!(
-            l.acquire(Criticality::Critical, Duration::from_secs(1)).await.unwrap_err(),
+            l.acquire(Criticality::Critical, Duration::from_secs(1))
+                .await
+                .unwrap_err(),
             Wait::TimedOut,
             "no slot at all is left"
         );
         // A critical request leaving frees a slot, but not for non-critical traffic (its share
         // is still full); a non-critical one leaving does.
         drop(c1);
-        assert!(l.acquire(Criticality::Default, Duration::from_secs(1)).await.is_err());
+        assert!(
+            l.acquire(Criticality::Default, Duration::from_secs(1))
+                .await
+                .is_err()
+        );
         let waiter = tokio::spawn({
             let l = l.clone();
-            async move { l.acquire(Criticality::Default, LONG).await.map(|s| s.queued) }
+            async move {
+                l.acquire(Criticality::Default, LONG)
+                    .await
+                    .map(|s| s.queued)
+            }
         });
         tokio::time::sleep(Duration::from_secs(7)).await;
         assert_eq!(l.figures().waiting, 1);
@@ -290,14 +314,17 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_command_lowers_the_limit() {
         let control = ControlHandle::with_instance("c", "i");
-        let mut cmd = brownout_protocol::Command::normal("c", 1, 1, brownout_protocol::now_ms(), 600_000);
+        let mut cmd =
+            brownout_protocol::Command::normal("c", 1, 1, brownout_protocol::now_ms(), 600_000);
         cmd.limits.max_num_seqs = Some(1);
         control.apply(cmd, brownout_protocol::now_ms()).unwrap();
         let l = Limiter::new(8, 0.0, 16, Some(control));
         let _a = l.acquire(Criticality::Critical, LONG).await.unwrap();
         assert_eq!(l.figures().in_force, 1);
         assert_eq!(
-            l.acquire(Criticality::Critical, Duration::from_secs(1)).await.unwrap_err(),
+            l.acquire(Criticality::Critical, Duration::from_secs(1))
+                .await
+                .unwrap_err(),
             Wait::TimedOut
         );
     }

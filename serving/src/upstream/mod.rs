@@ -72,7 +72,9 @@ pub fn normalize_url(url: &str) -> Result<String, String> {
     let rest = u
         .strip_prefix("http://")
         .or_else(|| u.strip_prefix("https://"))
-        .ok_or_else(|| format!("the upstream URL must start with http:// or https:// (got {u:?})"))?;
+        .ok_or_else(|| {
+            format!("the upstream URL must start with http:// or https:// (got {u:?})")
+        })?;
     if rest.is_empty() || rest.starts_with('/') {
         return Err(format!("the upstream URL has no host (got {u:?})"));
     }
@@ -475,7 +477,10 @@ pub async fn build_proxy(
         opts.max_concurrency > 0,
         "--upstream-max-concurrency must be positive"
     );
-    fn one_per_route(v: &[(RouteChoice, String)], flag: &str) -> anyhow::Result<[Option<String>; 2]> {
+    fn one_per_route(
+        v: &[(RouteChoice, String)],
+        flag: &str,
+    ) -> anyhow::Result<[Option<String>; 2]> {
         let mut out: [Option<String>; 2] = [None, None];
         for (r, x) in v {
             let slot = &mut out[usize::from(*r == RouteChoice::Fallback)];
@@ -651,9 +656,21 @@ mod tests {
             parse_upstream_arg("fallback=https://small:8001").unwrap(),
             (RouteChoice::Fallback, "https://small:8001".to_string())
         );
-        assert!(parse_upstream_arg("tertiary=http://x").unwrap_err().contains("primary or fallback"));
-        assert!(parse_upstream_arg("vllm:8000").unwrap_err().contains("http://"));
-        assert!(parse_upstream_arg("http://").unwrap_err().contains("no host"));
+        assert!(
+            parse_upstream_arg("tertiary=http://x")
+                .unwrap_err()
+                .contains("primary or fallback")
+        );
+        assert!(
+            parse_upstream_arg("vllm:8000")
+                .unwrap_err()
+                .contains("http://")
+        );
+        assert!(
+            parse_upstream_arg("http://")
+                .unwrap_err()
+                .contains("no host")
+        );
         assert!(parse_upstream_arg("http://a b").is_err());
         assert!(parse_upstream_arg("http://a/?x=1").is_err());
         assert_eq!(

@@ -34,7 +34,12 @@ const MAX_EVENT_BYTES: usize = 1 << 20;
 /// Most bytes of a non-streaming answer or an upstream error body.
 const MAX_ANSWER_BYTES: usize = 64 << 20;
 /// Request headers passed upstream as they are.
-const PASSED_HEADERS: [&str; 4] = [TRACEPARENT_HEADER, "tracestate", "x-request-id", CRITICALITY_HEADER];
+const PASSED_HEADERS: [&str; 4] = [
+    TRACEPARENT_HEADER,
+    "tracestate",
+    "x-request-id",
+    CRITICALITY_HEADER,
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -127,11 +132,10 @@ async fn handle(
         Kind::Chat => {
             let r = ChatRequest::deserialize(&v).map_err(|e| invalid(&e))?;
             if r.messages.is_empty() {
-                return Err(ApiError::bad_request(
-                    "invalid_value",
-                    "messages must not be empty",
-                )
-                .param("messages"));
+                return Err(
+                    ApiError::bad_request("invalid_value", "messages must not be empty")
+                        .param("messages"),
+                );
             }
             let tools: Vec<String> = r.tool_names().into_iter().map(str::to_string).collect();
             (r.common, tools)
@@ -204,14 +208,21 @@ async fn handle(
                 Wait::QueueFull => "the proxy's queue for the upstream is full; retry shortly",
                 Wait::TimedOut => "no upstream slot became free in time; retry shortly",
             };
-            record(p, &ctx, &Seen::default(), Err((Category::TimeoutResource, msg)));
+            record(
+                p,
+                &ctx,
+                &Seen::default(),
+                Err((Category::TimeoutResource, msg)),
+            );
             let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "upstream_overloaded", msg);
             e.retry_after_s = Some(1);
             return Err(e);
         }
     };
     ctx.queue_s = slot.queued.as_secs_f64();
-    inner.metrics.observe(&inner.metrics.queue_time, ctx.queue_s);
+    inner
+        .metrics
+        .observe(&inner.metrics.queue_time, ctx.queue_s);
 
     // Forward.
     let mut rb = inner
@@ -266,11 +277,24 @@ async fn handle(
         Ok(b) => b,
         Err(e) => {
             let msg = format!("reading the upstream's answer failed: {e}");
-            record(p, &ctx, &Seen::default(), Err((Category::TimeoutNetwork, &msg)));
+            record(
+                p,
+                &ctx,
+                &Seen::default(),
+                Err((Category::TimeoutNetwork, &msg)),
+            );
             let timeout = e.contains("timed out");
             return Err(ApiError::new(
-                if timeout { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY },
-                if timeout { "upstream_timeout" } else { "upstream_error" },
+                if timeout {
+                    StatusCode::GATEWAY_TIMEOUT
+                } else {
+                    StatusCode::BAD_GATEWAY
+                },
+                if timeout {
+                    "upstream_timeout"
+                } else {
+                    "upstream_error"
+                },
                 msg,
             ));
         }
@@ -289,10 +313,7 @@ async fn handle(
     }
     let a: Answer = serde_json::from_slice(&bytes).unwrap_or_default();
     let seen = Seen {
-        completion_tokens: a
-            .usage
-            .and_then(|u| u.completion_tokens)
-            .unwrap_or(0) as usize,
+        completion_tokens: a.usage.and_then(|u| u.completion_tokens).unwrap_or(0) as usize,
         prompt_tokens: a.usage.and_then(|u| u.prompt_tokens).map(|n| n as usize),
         ttft_s: 0.0,
     };
@@ -361,7 +382,12 @@ fn send_error(p: &ProxyState, route: &Route, ctx: &Ctx, e: &reqwest::Error) -> A
             route.name(),
             up.base
         );
-        record(p, ctx, &Seen::default(), Err((Category::TimeoutNetwork, &msg)));
+        record(
+            p,
+            ctx,
+            &Seen::default(),
+            Err((Category::TimeoutNetwork, &msg)),
+        );
         let mut err = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "upstream_unavailable", msg)
             .with("route", json!(route.name()));
         err.retry_after_s = Some(p.inner.opts.unavailable_retry_after_s);
@@ -379,14 +405,23 @@ fn send_error(p: &ProxyState, route: &Route, ctx: &Ctx, e: &reqwest::Error) -> A
             format!("failed: {why}.")
         }
     );
-    record(p, ctx, &Seen::default(), Err((Category::TimeoutNetwork, &msg)));
+    record(
+        p,
+        ctx,
+        &Seen::default(),
+        Err((Category::TimeoutNetwork, &msg)),
+    );
     ApiError::new(
         if timeout {
             StatusCode::GATEWAY_TIMEOUT
         } else {
             StatusCode::BAD_GATEWAY
         },
-        if timeout { "upstream_timeout" } else { "upstream_error" },
+        if timeout {
+            "upstream_timeout"
+        } else {
+            "upstream_error"
+        },
         msg,
     )
     .with("route", json!(route.name()))
@@ -450,7 +485,9 @@ async fn read_bounded(resp: reqwest::Response) -> Result<(Option<HeaderValue>, B
     while let Some(c) = s.next().await {
         let c = c.map_err(|e| describe(&e))?;
         if buf.len() + c.len() > MAX_ANSWER_BYTES {
-            return Err(format!("the answer is larger than {MAX_ANSWER_BYTES} bytes"));
+            return Err(format!(
+                "the answer is larger than {MAX_ANSWER_BYTES} bytes"
+            ));
         }
         buf.extend_from_slice(&c);
     }
@@ -502,7 +539,9 @@ fn stream(p: ProxyState, ctx: Ctx, slot: Slot, resp: reqwest::Response) -> Respo
                 loop {
                     match split.next_event() {
                         Ok(Some(ev)) => {
-                            let Some(data) = sse::data_of(&ev) else { continue };
+                            let Some(data) = sse::data_of(&ev) else {
+                                continue;
+                            };
                             let info = sse::inspect(&data);
                             done |= info.done;
                             if info.token {
@@ -550,7 +589,12 @@ fn stream(p: ProxyState, ctx: Ctx, slot: Slot, resp: reqwest::Response) -> Respo
             Ok(()) if done || finish.is_some() => {
                 let reason = finish.unwrap_or_else(|| "stop".into());
                 if reason == "error" {
-                    record(&p, &ctx, &seen, Err((Category::ModelError, "the upstream sent an error event")));
+                    record(
+                        &p,
+                        &ctx,
+                        &seen,
+                        Err((Category::ModelError, "the upstream sent an error event")),
+                    );
                 } else {
                     finished(&p, &ctx, &seen, &reason);
                 }
@@ -569,7 +613,11 @@ fn stream(p: ProxyState, ctx: Ctx, slot: Slot, resp: reqwest::Response) -> Respo
                     } else {
                         StatusCode::BAD_GATEWAY
                     },
-                    if timeout { "upstream_timeout" } else { "upstream_error" },
+                    if timeout {
+                        "upstream_timeout"
+                    } else {
+                        "upstream_error"
+                    },
                     msg,
                 );
                 // A blank line first ends any event the upstream left half-sent.
@@ -707,8 +755,10 @@ pub async fn health(State(p): State<ProxyState>) -> Response {
     } else {
         "degraded"
     };
-    Json(json!({"status": status, "model": i.served_model, "tier": tier, "instance": instance,
-                "upstreams": routes}))
+    Json(
+        json!({"status": status, "model": i.served_model, "tier": tier, "instance": instance,
+                "upstreams": routes}),
+    )
     .into_response()
 }
 
@@ -773,13 +823,17 @@ pub async fn upstream_metrics(State(p): State<ProxyState>, Path(route): Path<Str
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "upstream_unavailable",
-            format!("the upstream's /metrics ({}) failed: {why}", r.upstream.base),
+            format!(
+                "the upstream's /metrics ({}) failed: {why}",
+                r.upstream.base
+            ),
         )
         .into_response()
     };
     match sent {
         Ok(resp) => {
-            let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+            let status =
+                StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
             match read_bounded(resp).await {
                 Ok((ct, b)) => {
                     let mut out = Response::new(Body::from(b));

@@ -47,8 +47,7 @@ impl Splitter {
                     Some(i + 2)
                 } else if b.get(i + 1) == Some(&b'\r') && b.get(i + 2) == Some(&b'\n') {
                     Some(i + 3)
-                } else if i + 1 >= b.len() || (b.get(i + 1) == Some(&b'\r') && i + 2 >= b.len())
-                {
+                } else if i + 1 >= b.len() || (b.get(i + 1) == Some(&b'\r') && i + 2 >= b.len()) {
                     // Not decidable yet: wait for more bytes.
                     self.scanned = i;
                     return self.check();
@@ -201,7 +200,10 @@ mod tests {
     fn events_split_across_chunks_and_line_endings() {
         let mut s = Splitter::new(1024);
         s.push(b"data: {\"a\":1}\n");
-        assert!(all(&mut s).is_empty(), "one newline is not the end of an event");
+        assert!(
+            all(&mut s).is_empty(),
+            "one newline is not the end of an event"
+        );
         s.push(b"\ndata: x\r\n");
         assert_eq!(all(&mut s), vec!["data: {\"a\":1}"]);
         s.push(b"\r");
@@ -217,7 +219,10 @@ mod tests {
             s.push(&[*b]);
             got.extend(all(&mut s));
         }
-        assert_eq!(got, vec!["data: a", "data: b", "event: e\ndata: c\ndata: d"]);
+        assert_eq!(
+            got,
+            vec!["data: a", "data: b", "event: e\ndata: c\ndata: d"]
+        );
         assert_eq!(data_of(got[2].as_bytes()).unwrap(), b"c\nd");
         assert_eq!(data_of(b": comment"), None);
         assert_eq!(data_of(b"data:x").unwrap(), b"x");
@@ -244,7 +249,10 @@ mod tests {
         assert!(inspect(tool).token);
         let fin = br#"{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}"#;
         let i = inspect(fin);
-        assert_eq!((i.token, i.finish_reason.as_deref()), (false, Some("length")));
+        assert_eq!(
+            (i.token, i.finish_reason.as_deref()),
+            (false, Some("length"))
+        );
         let usage = br#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
         assert_eq!(
             inspect(usage).usage,
