@@ -136,13 +136,13 @@ fn refused(st: &Inner, meta: &RequestMeta, r: &Refusal) {
     });
 }
 
-fn meta_error(e: MetaError) -> ApiError {
+pub(crate) fn meta_error(e: MetaError) -> ApiError {
     let mut a = ApiError::bad_request(e.code, e.message);
     a.param = e.param;
     a
 }
 
-fn body_error(e: BytesRejection) -> ApiError {
+pub(crate) fn body_error(e: BytesRejection) -> ApiError {
     let status = e.status();
     if status == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(
@@ -155,7 +155,7 @@ fn body_error(e: BytesRejection) -> ApiError {
     }
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<T, ApiError> {
