@@ -8,9 +8,19 @@
 //!                                       spool not empty and store up ──────> replay oldest record (Replay mode), commit
 //! ```
 //!
-//! - A request is *accepted* once its rows hold memory permits and are queued; a handler that
-//!   cannot get permits within `backpressure_wait` answers 503 with `Retry-After`, and so does
-//!   one that finds the spool full. Memory is therefore bounded by `max_inflight_bytes`.
+//! - A request is *acknowledged* only once its rows are durable: committed to the store
+//!   (SQLite with `synchronous=FULL`, or an insert ClickHouse answered), or appended to the
+//!   fsync'ed spool. [`Pipeline::submit_reserved`] waits for that. The writer commits in
+//!   groups: it takes everything queued (≤ `batch_max_rows`, waiting at most
+//!   `batch_max_delay` for more) and writes it as one batch, so concurrent requests share one
+//!   commit (one fsync) and batches grow with the load.
+//! - A handler that cannot get memory permits within `backpressure_wait` answers 503 with
+//!   `Retry-After`, and so does one that finds the spool full. Memory is therefore bounded by
+//!   `max_inflight_bytes`.
+//! - Exactly once: a batch carries an id; the store records it in the same write as its rows
+//!   (SQLite: the `batches` table in the same transaction; ClickHouse: `batch_id` + `seq` per
+//!   row, checked before a replay), so a spool record replayed after a crash between the store
+//!   write and the spool commit is stored once.
 //! - While the spool holds anything, new batches go behind it, so the store sees batches in
 //!   acceptance order.
 //! - When the spool is full and the store is down, the writer keeps its batch in memory and
@@ -20,7 +30,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use super::spool::{Spool, SpoolError};
 use crate::config::{IngestConfig, SpoolConfig};
@@ -38,6 +48,8 @@ pub enum SubmitError {
     SpoolFull { retry_after_secs: u32 },
     #[error("ingest is shutting down")]
     Closed,
+    #[error("the rows could not be made durable (store and spool both failed); retry in 5 s")]
+    NotStored,
     #[error(transparent)]
     Tenant(#[from] super::limits::TenantLimitError),
 }
@@ -46,6 +58,20 @@ struct Item {
     batch: Batch,
     /// Memory budget held until the batch is written or spooled.
     permit: OwnedSemaphorePermit,
+    /// Told `true` once the rows are durable (store or spool), `false` if they could not be.
+    done: oneshot::Sender<bool>,
+}
+
+/// What the writer holds for each queued request until its group is durable.
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    done: oneshot::Sender<bool>,
+}
+
+fn settle(held: &mut Vec<Held>, durable: bool) {
+    for h in held.drain(..) {
+        let _ = h.done.send(durable);
+    }
 }
 
 /// Cloneable handle handlers use to submit rows.
@@ -149,7 +175,7 @@ impl Pipeline {
     }
 
     /// Accepts a batch (its id is replaced by the writer's), holding `approx_bytes` of the
-    /// memory budget until it is written or spooled.
+    /// memory budget until it is written or spooled; returns once it is durable.
     ///
     /// # Errors
     /// [`SubmitError`] when it cannot be accepted now; nothing of it is kept.
@@ -158,7 +184,7 @@ impl Pipeline {
             return Ok(());
         }
         let r = self.reserve(approx_bytes).await?;
-        self.submit_reserved(batch, r)
+        self.submit_reserved(batch, r).await
     }
 
     /// Takes `approx_bytes` of the memory budget *before* a request is decoded, so requests
@@ -194,22 +220,46 @@ impl Pipeline {
         Ok(Reservation(permit))
     }
 
-    /// Queues a batch under a reservation (released when it is written or spooled).
+    /// Queues a batch under a reservation (released when it is written or spooled) and waits
+    /// until it is durable: committed to the store or appended to the fsync'ed spool. Only then
+    /// may a receiver acknowledge it.
     ///
     /// # Errors
-    /// [`SubmitError::Closed`] after shutdown.
-    pub fn submit_reserved(&self, batch: Batch, r: Reservation) -> Result<(), SubmitError> {
+    /// [`SubmitError::Closed`] after shutdown, [`SubmitError::NotStored`] when neither the
+    /// store nor the spool took it (the caller answers 503; the rows may or may not be stored).
+    pub async fn submit_reserved(&self, batch: Batch, r: Reservation) -> Result<(), SubmitError> {
         if batch.is_empty() {
             return Ok(());
         }
+        let (done, durable) = oneshot::channel();
         self.tx
-            .send(Item { batch, permit: r.0 })
-            .map_err(|_| SubmitError::Closed)
+            .send(Item {
+                batch,
+                permit: r.0,
+                done,
+            })
+            .map_err(|_| SubmitError::Closed)?;
+        match durable.await {
+            Ok(true) => Ok(()),
+            Ok(false) | Err(_) => Err(SubmitError::NotStored),
+        }
     }
 }
 
 /// Memory taken from the ingest budget; given back when dropped or when its batch is written.
 pub struct Reservation(OwnedSemaphorePermit);
+
+impl Reservation {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.0.num_permits()
+    }
+
+    /// Adds `other`'s memory to this reservation.
+    pub fn merge(&mut self, other: Reservation) {
+        self.0.merge(other.0);
+    }
+}
 
 struct Writer {
     store: Arc<dyn Store>,
@@ -232,7 +282,7 @@ struct Writer {
 impl Writer {
     async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut pending = Batch::default();
-        let mut held: Vec<OwnedSemaphorePermit> = Vec::new();
+        let mut held: Vec<Held> = Vec::new();
         let mut deadline: Option<tokio::time::Instant> = None;
         let mut retry_at = tokio::time::Instant::now();
         let mut backoff = Duration::from_millis(200);
@@ -248,13 +298,19 @@ impl Writer {
                     }
                 }
                 msg = self.rx.recv() => {
-                    let Some(mut item) = msg else { break };
-                    pending.append(&mut item.batch);
-                    held.push(item.permit);
+                    let Some(item) = msg else { break };
+                    take(&mut pending, &mut held, item);
+                    // Group commit: everything already queued joins this batch.
+                    while pending.num_rows() < self.max_rows {
+                        match self.rx.try_recv() {
+                            Ok(item) => take(&mut pending, &mut held, item),
+                            Err(_) => break,
+                        }
+                    }
                     if deadline.is_none() {
                         deadline = Some(tokio::time::Instant::now() + self.max_delay);
                     }
-                    if pending.num_rows() >= self.max_rows {
+                    if pending.num_rows() >= self.max_rows || self.max_delay.is_zero() {
                         self.flush(&mut pending, &mut held).await;
                         deadline = None;
                     }
@@ -276,9 +332,8 @@ impl Writer {
         }
         // Shutdown: take what is queued, then write it once to the store or the spool.
         self.rx.close();
-        while let Ok(mut item) = self.rx.try_recv() {
-            pending.append(&mut item.batch);
-            held.push(item.permit);
+        while let Ok(item) = self.rx.try_recv() {
+            take(&mut pending, &mut held, item);
         }
         self.flush(&mut pending, &mut held).await;
         tracing::info!(spool_bytes = self.spool_bytes(), "ingest writer stopped");
@@ -342,11 +397,12 @@ impl Writer {
 
     /// Writes `pending` to the store or the spool; keeps retrying (holding its memory) while
     /// neither can take it, except at shutdown where a last spool failure is logged loudly.
-    async fn flush(&mut self, pending: &mut Batch, held: &mut Vec<OwnedSemaphorePermit>) {
+    async fn flush(&mut self, pending: &mut Batch, held: &mut Vec<Held>) {
         if pending.is_empty() {
-            held.clear();
+            settle(held, true);
             return;
         }
+        let mut durable = true;
         let mut batch = std::mem::take(pending);
         batch.id = crate::store::new_batch_id();
         let mut delay = Duration::from_millis(100);
@@ -375,23 +431,30 @@ impl Writer {
                                 rows = batch.num_rows(),
                                 "shutdown with the store down and the spool full: spooled past spool.max_bytes"
                             ),
-                            Err(e) => tracing::error!(
-                                error = %e,
-                                rows = batch.num_rows(),
-                                "shutdown: cannot spool; these accepted rows are lost"
-                            ),
+                            Err(e) => {
+                                durable = false;
+                                tracing::error!(
+                                    error = %e,
+                                    rows = batch.num_rows(),
+                                    "shutdown: cannot spool; these rows are refused (503)"
+                                );
+                            }
                         }
                         break;
                     }
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "spool append failed; retrying");
+                    if self.shutting_down() {
+                        durable = false;
+                        break;
+                    }
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
         }
-        held.clear();
+        settle(held, durable);
         self.publish();
     }
 
@@ -505,6 +568,14 @@ fn poisoned() -> SpoolError {
         path: "<spool>".into(),
         source: std::io::Error::other("spool mutex poisoned"),
     }
+}
+
+fn take(pending: &mut Batch, held: &mut Vec<Held>, mut item: Item) {
+    pending.append(&mut item.batch);
+    held.push(Held {
+        _permit: item.permit,
+        done: item.done,
+    });
 }
 
 async fn sleep_until_opt(d: Option<tokio::time::Instant>) {
