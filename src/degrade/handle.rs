@@ -223,12 +223,15 @@ impl DegradeHandle {
             .tier
             .with_label_values(&[cfg.cluster.as_str()])
             .set(0);
+        let dry_run = cfg.policy.dry_run;
         Ok(DegradeHandle {
             inner: Arc::new(Inner {
                 cfg,
                 shared: Mutex::new(Shared::default()),
                 override_shared: tokio::sync::watch::channel(0).0,
-                override_sharing: std::sync::atomic::AtomicBool::new(false),
+                // Until the controller loop says which transport it has: a change waits for it
+                // unless in dry run (where nothing is shared).
+                override_sharing: std::sync::atomic::AtomicBool::new(!dry_run),
                 override_wake: Arc::new(tokio::sync::Notify::new()),
                 metrics,
                 hook: Mutex::new(None),

@@ -102,17 +102,18 @@ async fn post_override(
         reason: reason.to_string(),
     };
     tracing::info!(tier = %o.tier, until_ms = o.until_ms, reason = %o.reason, "operator override set");
-    let seq = h.set_override(o.clone());
-    override_shared(&h, seq).await?;
+    // Shared at once (the controller loop is woken), but not waited for: a pin set while Redis
+    // is down is kept here and shared when it is back (the redis-restart drill relies on it).
+    h.set_override(o.clone());
     Ok(Json(o))
 }
 
 /// How long an override change may take to reach Redis before the API says it did not.
 const SHARE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Answers only once the change is in Redis (a crash right after the answer cannot lose it);
-/// 503 when Redis did not take it in time (the change stays pending and is retried every
-/// interval).
+/// Answers only once the change is in Redis (a crash right after the answer cannot lose it,
+/// and no fresh replica can miss it); 503 when Redis did not take it in time (the change stays
+/// pending here and is retried every interval).
 async fn override_shared(h: &DegradeHandle, seq: u64) -> Result<(), ApiError> {
     if h.override_shared_within(seq, SHARE_WAIT).await {
         Ok(())

@@ -129,11 +129,21 @@ pub fn cut(s: &mut String, max: usize) -> bool {
     if s.len() <= max + MARKER_SLACK {
         return false;
     }
-    let mut end = max;
+    // A string cut before (a longer limit) keeps counting the bytes it lost then.
+    let mut earlier = 0usize;
+    if let Some(pos) = s.rfind("…[+")
+        && let Some(n) = s[pos + "…[+".len()..]
+            .strip_suffix(" bytes]")
+            .and_then(|n| n.parse::<usize>().ok())
+    {
+        earlier = n;
+        s.truncate(pos);
+    }
+    let mut end = max.min(s.len());
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    let dropped = s.len() - end;
+    let dropped = s.len() - end + earlier;
     s.truncate(end);
     s.push_str(&format!("…[+{dropped} bytes]"));
     true
@@ -478,6 +488,7 @@ mod tests {
             value: Some(AnyValue {
                 value: Some(Value::StringValue(v.into())),
             }),
+            ..KeyValue::default()
         }
     }
 

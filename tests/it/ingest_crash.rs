@@ -113,6 +113,16 @@ impl Drop for Serve {
 }
 
 async fn kill_mid_ingest(clickhouse: Option<(&str, &str)>, events: usize) {
+    kill_mid_ingest_then(clickhouse, events, None).await;
+}
+
+/// The drill with the kill done by the test; `also_recover` runs after the restart (e.g. the
+/// store comes back).
+async fn kill_mid_ingest_then(
+    clickhouse: Option<(&str, &str)>,
+    events: usize,
+    also_recover: Option<Box<dyn FnOnce() -> futures::future::BoxFuture<'static, ()> + Send>>,
+) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
     let mut s = Serve::new(dir.path(), clickhouse);
@@ -126,9 +136,18 @@ async fn kill_mid_ingest(clickhouse: Option<(&str, &str)>, events: usize) {
         Ok(())
     }));
     let s2 = Arc::clone(&s);
+    let also = Arc::new(Mutex::new(also_recover));
     let mut restart = Fault::Async(Box::new(move || {
         s2.lock().unwrap().spawn();
-        Box::pin(Serve::wait_ready(url.clone(), log.clone()))
+        let ready = Serve::wait_ready(url.clone(), log.clone());
+        let also = also.lock().unwrap().take();
+        Box::pin(async move {
+            ready.await?;
+            if let Some(f) = also {
+                f().await;
+            }
+            Ok(())
+        })
     }));
     let t = Target {
         plane: s.lock().unwrap().url(),
@@ -181,4 +200,27 @@ async fn sigkill_of_serve_on_clickhouse_loses_no_acknowledged_event() {
     let prefix = unique("crash_") + "_";
     kill_mid_ingest(Some((&url, &prefix)), 20_000).await;
     drop(own);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_while_spooling_for_a_dead_clickhouse_loses_nothing_acknowledged() {
+    // ClickHouse is down for the whole run: every acknowledged batch is in the spool when
+    // `brownout serve` is killed; it is restarted (ClickHouse still down), then ClickHouse
+    // comes back and the spool is replayed exactly once.
+    let dir = tempfile::tempdir().unwrap();
+    let mut ch = OwnClickHouse::new(dir.path());
+    ch.start().await;
+    let url = ch.url();
+    ch.kill();
+    let ch = Arc::new(tokio::sync::Mutex::new(ch));
+    let ch2 = Arc::clone(&ch);
+    let back: Box<dyn FnOnce() -> futures::future::BoxFuture<'static, ()> + Send> =
+        Box::new(move || {
+            Box::pin(async move {
+                ch2.lock().await.start().await;
+            })
+        });
+    let prefix = unique("spoolcrash_") + "_";
+    kill_mid_ingest_then(Some((&url, &prefix)), 5_000, Some(back)).await;
+    drop(ch);
 }

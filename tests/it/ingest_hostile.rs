@@ -70,6 +70,7 @@ fn kv(k: impl Into<String>, v: impl Into<String>) -> KeyValue {
         value: Some(AnyValue {
             value: Some(Value::StringValue(v.into())),
         }),
+        ..KeyValue::default()
     }
 }
 

@@ -99,7 +99,7 @@ impl OwnClickHouse {
     }
 
     /// SIGKILL: a hard stop, mid-insert if one is running.
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
