@@ -23,9 +23,11 @@
 //!   write and the spool commit is stored once.
 //! - While the spool holds anything, new batches go behind it, so the store sees batches in
 //!   acceptance order.
-//! - When the spool is full and the store is down, the writer keeps its batch in memory and
-//!   retries; its permits stay taken, so new requests get 503 rather than being dropped.
-//! - Shutdown writes what is in memory to the store or, failing that, to the spool.
+//! - When the spool is full and the store is down, the group in hand is refused (503
+//!   `spool_full` + `Retry-After` to each of its requests: none of them was acknowledged, so
+//!   dropping it loses nothing acknowledged), and so are new requests until the spool has room.
+//! - Shutdown writes what is queued to the store or, failing that, to the spool, and answers
+//!   its requests; what neither takes is refused, not acknowledged.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -58,19 +60,19 @@ struct Item {
     batch: Batch,
     /// Memory budget held until the batch is written or spooled.
     permit: OwnedSemaphorePermit,
-    /// Told `true` once the rows are durable (store or spool), `false` if they could not be.
-    done: oneshot::Sender<bool>,
+    /// Told `Ok` once the rows are durable (store or spool), else why they were not kept.
+    done: oneshot::Sender<Result<(), SubmitError>>,
 }
 
 /// What the writer holds for each queued request until its group is durable.
 struct Held {
     _permit: OwnedSemaphorePermit,
-    done: oneshot::Sender<bool>,
+    done: oneshot::Sender<Result<(), SubmitError>>,
 }
 
-fn settle(held: &mut Vec<Held>, durable: bool) {
+fn settle(held: &mut Vec<Held>, r: Result<(), SubmitError>) {
     for h in held.drain(..) {
-        let _ = h.done.send(durable);
+        let _ = h.done.send(r.clone());
     }
 }
 
@@ -151,6 +153,7 @@ impl Pipeline {
             write_timeout,
             metrics: metrics.clone(),
             spool_full: Arc::clone(&spool_full),
+            retry_after_secs: spool.retry_after_secs,
             permits: Arc::clone(&permits),
             max_permits,
             status: status_tx,
@@ -239,10 +242,7 @@ impl Pipeline {
                 done,
             })
             .map_err(|_| SubmitError::Closed)?;
-        match durable.await {
-            Ok(true) => Ok(()),
-            Ok(false) | Err(_) => Err(SubmitError::NotStored),
-        }
+        durable.await.unwrap_or(Err(SubmitError::NotStored))
     }
 }
 
@@ -263,6 +263,8 @@ impl Reservation {
 
 struct Writer {
     store: Arc<dyn Store>,
+    /// `Retry-After` of a refusal for a full spool.
+    retry_after_secs: u32,
     spool: Arc<Mutex<Spool>>,
     rx: mpsc::UnboundedReceiver<Item>,
     max_rows: usize,
@@ -399,83 +401,66 @@ impl Writer {
     /// neither can take it, except at shutdown where a last spool failure is logged loudly.
     async fn flush(&mut self, pending: &mut Batch, held: &mut Vec<Held>) {
         if pending.is_empty() {
-            settle(held, true);
+            settle(held, Ok(()));
             return;
         }
-        let mut durable = true;
         let mut batch = std::mem::take(pending);
         batch.id = crate::store::new_batch_id();
         let mut delay = Duration::from_millis(100);
-        loop {
+        let mut tries = 0;
+        let result = loop {
             if self.spool_is_empty() && self.store_up {
                 if self.timed_write(&batch, WriteMode::Fresh).await {
-                    break;
+                    break Ok(());
                 }
                 self.store_up = false;
             }
             match self.spool_append(&batch).await {
-                Ok(()) => break,
+                Ok(()) => break Ok(()),
                 Err(SpoolError::Full { .. }) => {
                     self.spool_full
                         .store(true, std::sync::atomic::Ordering::Relaxed);
                     self.publish();
-                    // Make room by replaying, or wait for the store to come back.
-                    if !self.replay_one().await {
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
-                    }
-                    if self.shutting_down() {
-                        // Past the bound rather than lose accepted rows at exit.
-                        match self.spool_append_mode(&batch, false).await {
-                            Ok(()) => tracing::warn!(
-                                rows = batch.num_rows(),
-                                "shutdown with the store down and the spool full: spooled past spool.max_bytes"
-                            ),
-                            Err(e) => {
-                                durable = false;
-                                tracing::error!(
-                                    error = %e,
-                                    rows = batch.num_rows(),
-                                    "shutdown: cannot spool; these rows are refused (503)"
-                                );
-                            }
-                        }
-                        break;
+                    // Make room by replaying once; if the store cannot take it either, these
+                    // rows are refused (nothing of them was acknowledged): 503 + Retry-After.
+                    tries += 1;
+                    if tries > 1 || !self.replay_one().await {
+                        tracing::warn!(
+                            rows = batch.num_rows(),
+                            "store down and spool full: refusing these rows (503 spool_full)"
+                        );
+                        self.metrics.reject_n("spool_full", held.len() as u64);
+                        break Err(SubmitError::SpoolFull {
+                            retry_after_secs: self.retry_after_secs,
+                        });
                     }
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "spool append failed; retrying");
-                    if self.shutting_down() {
-                        durable = false;
-                        break;
+                    tries += 1;
+                    tracing::error!(error = %e, "spool append failed");
+                    if tries >= 3 || self.shutting_down() {
+                        break Err(SubmitError::NotStored);
                     }
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
-        }
-        settle(held, durable);
+        };
+        settle(held, result);
         self.publish();
     }
 
     async fn spool_append(&self, batch: &Batch) -> Result<(), SpoolError> {
-        self.spool_append_mode(batch, true).await
-    }
-
-    async fn spool_append_mode(&self, batch: &Batch, bounded: bool) -> Result<(), SpoolError> {
         let payload = serde_json::to_vec(batch).map_err(|e| SpoolError::Io {
             path: "<encode>".into(),
             source: std::io::Error::other(e),
         })?;
         let spool = Arc::clone(&self.spool);
         let r = tokio::task::spawn_blocking(move || {
-            spool.lock().map_err(|_| poisoned()).and_then(|mut s| {
-                if bounded {
-                    s.append(&payload)
-                } else {
-                    s.append_over_limit(&payload)
-                }
-            })
+            spool
+                .lock()
+                .map_err(|_| poisoned())
+                .and_then(|mut s| s.append(&payload))
         })
         .await
         .map_err(|e| SpoolError::Io {
