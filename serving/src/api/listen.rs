@@ -439,3 +439,67 @@ mod tests {
         assert!(map.lock().unwrap().is_empty(), "no entry left behind");
     }
 }
+
+#[cfg(test)]
+mod serve_tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(from: [u8; 4], addr: SocketAddr) -> String {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(SocketAddr::from((from, 0))).unwrap();
+        let mut c = sock.connect(addr).await.unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tricklers_are_capped_per_address_and_timed_out_while_others_are_served() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = ConnLimits {
+            max: 16,
+            per_ip: 2,
+            header_read_timeout: Duration::from_millis(500),
+            idle_timeout: Duration::from_secs(5),
+        };
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_http(
+            CappedListener::new(l, limits, OverCap::Http503),
+            app,
+            async move {
+                let _ = stop_rx.await;
+            },
+        ));
+        // Two connections from 127.0.0.1 trickle a head; a third from there is refused.
+        let mut slow = Vec::new();
+        for _ in 0..2 {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            c.write_all(b"GET / HT").await.unwrap();
+            slow.push(c);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let third = get([127, 0, 0, 1], addr).await;
+        assert!(third.starts_with("HTTP/1.1 503"), "{third}");
+        assert!(third.contains("too_many_connections"), "{third}");
+        // Another address is served meanwhile.
+        let other = get([127, 0, 0, 2], addr).await;
+        assert!(other.starts_with("HTTP/1.1 200"), "{other}");
+        // The header-read timeout closes the tricklers.
+        for mut c in slow {
+            let mut buf = [0u8; 256];
+            let r = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf)).await;
+            assert!(r.is_ok(), "a trickling connection was kept past the header timeout");
+        }
+        // Their slots are back.
+        let again = get([127, 0, 0, 1], addr).await;
+        assert!(again.starts_with("HTTP/1.1 200"), "{again}");
+        let _ = stop_tx.send(());
+        server.await.unwrap().unwrap();
+    }
+}
