@@ -85,6 +85,11 @@ impl RedisKeys {
     pub fn override_version(&self) -> String {
         self.key("override_version")
     }
+
+    /// The operator's per-instance actions (sealed JSON map: instance id → action).
+    pub fn instance_overrides(&self) -> String {
+        self.key("instance_overrides")
+    }
 }
 
 /// The `notify` payload: `"<epoch>:<version>"`.

@@ -33,6 +33,9 @@ pub struct Metrics {
     pub ttft: HistogramVec,
     pub itl: HistogramVec,
     pub e2e: HistogramVec,
+    /// `vllm:request_queue_time_seconds`: arrival to first scheduled (the upstream proxy: time
+    /// in its own concurrency queue).
+    pub queue_time: HistogramVec,
     pub prompt_tokens: CounterVec,
     pub generation_tokens: CounterVec,
     pub prefix_cache_queries: CounterVec,
@@ -149,6 +152,11 @@ impl Metrics {
             e2e: hist(
                 "vllm:e2e_request_latency_seconds",
                 "Histogram of e2e request latency in seconds.",
+                E2E_BUCKETS,
+            ),
+            queue_time: hist(
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
                 E2E_BUCKETS,
             ),
             prompt_tokens: counter(
@@ -358,7 +366,12 @@ impl Metrics {
         ] {
             c.with_label_values(&n);
         }
-        for h in [&metrics.ttft, &metrics.itl, &metrics.e2e] {
+        for h in [
+            &metrics.ttft,
+            &metrics.itl,
+            &metrics.e2e,
+            &metrics.queue_time,
+        ] {
             h.with_label_values(&n);
         }
         for c in ["critical", "default", "sheddable"] {

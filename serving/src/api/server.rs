@@ -295,6 +295,8 @@ where
         app = app.merge(extra);
     }
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
+    // TCP_NODELAY is set on every accepted connection (super::listen): each SSE token is a
+    // small write that must not wait for the peer's delayed ACK.
     let server = super::listen::serve_http(
         CappedListener::new(listener, limits, OverCap::Http503),
         app,
