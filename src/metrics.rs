@@ -137,7 +137,14 @@ impl Metrics {
         registry
             .register(Box::new(truncated_total.clone()))
             .expect("unique metric");
-        for w in ["attributes", "keys", "values", "names", "messages", "events"] {
+        for w in [
+            "attributes",
+            "keys",
+            "values",
+            "names",
+            "messages",
+            "events",
+        ] {
             truncated_total.with_label_values(&[w]);
         }
         let ingest = IngestMetrics {

@@ -405,7 +405,8 @@ impl RedisBus {
             _ => (None, 7 * 24 * 3600 * 1000),
         };
         let mut inv = self.override_version.prepare_invoke();
-        inv.key(self.keys.override_version()).arg(self.override_seen);
+        inv.key(self.keys.override_version())
+            .arg(self.override_seen);
         let version: u64 = timed(self.op_timeout, inv.invoke_async(&mut self.conn)).await?;
         let json = serde_json::to_string(&SealedOverride {
             version,
@@ -446,8 +447,7 @@ impl RedisBus {
             return Ok(SharedOverride::Absent);
         };
         let key = self.keys.operator_override();
-        let sealed = match brownout_protocol::unseal(&self.hmac_key, &self.override_domain(), &v)
-        {
+        let sealed = match brownout_protocol::unseal(&self.hmac_key, &self.override_domain(), &v) {
             Ok(json) => match serde_json::from_str::<SealedOverride>(json) {
                 Ok(s) => s,
                 Err(e) => {

@@ -111,7 +111,9 @@ pub async fn plane_kill(
         format!(
             "{} of {events} acknowledged ({at_kill} when the fault ran); senders stopped on: {}",
             acked.len(),
-            first_error.as_deref().unwrap_or("nothing (all sent before the kill)")
+            first_error
+                .as_deref()
+                .unwrap_or("nothing (all sent before the kill)")
         ),
     );
     if let Some(r) = recover
@@ -124,7 +126,10 @@ pub async fn plane_kill(
     // Every stored event of the service, paged; `None` while the plane is not answering.
     let stored = poll(timeout, || async {
         let counts = stored_events(&c, t, &service, read.as_deref()).await?;
-        acked.iter().all(|i| counts.contains_key(i)).then_some(counts)
+        acked
+            .iter()
+            .all(|i| counts.contains_key(i))
+            .then_some(counts)
     })
     .await;
     let Some(counts) = stored else {

@@ -394,18 +394,17 @@ async fn traces(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (enc, req, reservation) =
-        match otlp_request::<ExportTraceServiceRequest>(
-            &state,
-            &headers,
-            body,
-            super::limits::Signal::Traces,
-        )
-        .await
-        {
-            Ok(x) => x,
-            Err(r) => return r,
-        };
+    let (enc, req, reservation) = match otlp_request::<ExportTraceServiceRequest>(
+        &state,
+        &headers,
+        body,
+        super::limits::Signal::Traces,
+    )
+    .await
+    {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
     let c = otlp::convert_traces(&req);
     drop(req);
     let (rejected, first_error) = (c.rejected, c.first_error.clone());
@@ -435,18 +434,17 @@ async fn logs(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (enc, req, reservation) =
-        match otlp_request::<ExportLogsServiceRequest>(
-            &state,
-            &headers,
-            body,
-            super::limits::Signal::Logs,
-        )
-        .await
-        {
-            Ok(x) => x,
-            Err(r) => return r,
-        };
+    let (enc, req, reservation) = match otlp_request::<ExportLogsServiceRequest>(
+        &state,
+        &headers,
+        body,
+        super::limits::Signal::Logs,
+    )
+    .await
+    {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
     let c = otlp::convert_logs(&req, brownout_protocol::now_ms());
     drop(req);
     let (rejected, first_error) = (c.rejected, c.first_error.clone());

@@ -185,7 +185,12 @@ pub fn limit_event(e: &mut brownout_protocol::FailureEvent, t: &mut Truncated) {
     for s in [&mut e.service, &mut e.host, &mut e.feature] {
         t.names += u64::from(cut(s, MAX_NAME_BYTES));
     }
-    for s in [&mut e.request_id, &mut e.trace_id, &mut e.user_id, &mut e.error_type] {
+    for s in [
+        &mut e.request_id,
+        &mut e.trace_id,
+        &mut e.user_id,
+        &mut e.error_type,
+    ] {
         t.values += u64::from(cut(s, MAX_NAME_BYTES));
     }
     t.messages += u64::from(cut(&mut e.message, MAX_MESSAGE_BYTES));
@@ -293,7 +298,8 @@ fn varint(b: &[u8], i: &mut usize) -> Option<u64> {
 /// the per-item limits.
 fn copy_cost(len: u64, kvs: u64) -> u64 {
     let kvs = kvs.min(MAX_ATTRIBUTES as u64 + 1);
-    let bytes = len.min(kvs * (MAX_KEY_BYTES + MAX_VALUE_BYTES) as u64 + 2 * MAX_MESSAGE_BYTES as u64);
+    let bytes =
+        len.min(kvs * (MAX_KEY_BYTES + MAX_VALUE_BYTES) as u64 + 2 * MAX_MESSAGE_BYTES as u64);
     COPIES * (bytes + kvs * NODE_BYTES)
 }
 
@@ -537,7 +543,10 @@ mod tests {
         assert!(e_copies > 1000 * e_once / 2, "{e_copies} vs {e_once}");
         assert!(e_copies > 400_000 * 2000, "{e_copies}");
         // Not protobuf of this shape: no estimate (decoding refuses it).
-        assert_eq!(protobuf_decoded_estimate(&[0x0a, 0xff], Signal::Traces), None);
+        assert_eq!(
+            protobuf_decoded_estimate(&[0x0a, 0xff], Signal::Traces),
+            None
+        );
     }
 
     #[test]

@@ -411,13 +411,9 @@ pub async fn serve_http(
             c = listener.accept_capped() => c,
             () = &mut shutdown => break,
         };
-        let svc = TowerToHyperService::new(
-            router
-                .clone()
-                .map_request(|r: axum::http::Request<hyper::body::Incoming>| {
-                    r.map(axum::body::Body::new)
-                }),
-        );
+        let svc = TowerToHyperService::new(router.clone().map_request(
+            |r: axum::http::Request<hyper::body::Incoming>| r.map(axum::body::Body::new),
+        ));
         let mut stop = stop_rx.clone();
         let open = open_rx.clone();
         tokio::spawn(async move {

@@ -16,8 +16,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
 
 use super::limits::{
-    DROPPED_ATTRIBUTES, MAX_ATTRIBUTE_BYTES, MAX_ATTRIBUTES, MAX_EVENTS, MAX_KEY_BYTES, MAX_MESSAGE_BYTES,
-    MAX_NAME_BYTES, MAX_VALUE_BYTES, Truncated, cut, limit_event,
+    DROPPED_ATTRIBUTES, MAX_ATTRIBUTE_BYTES, MAX_ATTRIBUTES, MAX_EVENTS, MAX_KEY_BYTES,
+    MAX_MESSAGE_BYTES, MAX_NAME_BYTES, MAX_VALUE_BYTES, Truncated, cut, limit_event,
 };
 use crate::store::{FailureRow, LogRow, STATUS_ERROR, SpanRow};
 
@@ -158,12 +158,12 @@ fn value_text(v: Option<&AnyValue>, n: &mut u64) -> String {
 /// The first string value of the first of `names` among the raw attributes.
 fn raw_find<'a>(kvs: &'a [KeyValue], names: &[&str]) -> Option<&'a str> {
     names.iter().find_map(|n| {
-        kvs.iter()
-            .find(|kv| kv.key == *n)
-            .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+        kvs.iter().find(|kv| kv.key == *n).and_then(|kv| {
+            match kv.value.as_ref()?.value.as_ref()? {
                 Value::StringValue(s) => Some(s.as_str()),
                 _ => None,
-            })
+            }
+        })
     })
 }
 
@@ -274,7 +274,12 @@ pub fn convert_traces(req: &ExportTraceServiceRequest) -> Converted {
                 let (status, status_message) = s
                     .status
                     .as_ref()
-                    .map(|st| (st.code.clamp(0, 2) as u8, clip(&st.message, MAX_MESSAGE_BYTES, &mut t.messages)))
+                    .map(|st| {
+                        (
+                            st.code.clamp(0, 2) as u8,
+                            clip(&st.message, MAX_MESSAGE_BYTES, &mut t.messages),
+                        )
+                    })
                     .unwrap_or_default();
                 let kind = s.kind.clamp(0, 5) as u8;
                 if status == STATUS_ERROR {

@@ -42,12 +42,7 @@ fn start(url: &str, cluster: &str, replica: &str) -> (DegradeHandle, tokio::task
     let h2 = h.clone();
     let url = url.to_string();
     let task = tokio::spawn(async move {
-        let _ = run_controller(
-            h2,
-            Transport::Redis { url },
-            std::future::pending::<()>(),
-        )
-        .await;
+        let _ = run_controller(h2, Transport::Redis { url }, std::future::pending::<()>()).await;
     });
     (h, task)
 }
@@ -139,7 +134,10 @@ async fn a_replayed_sealed_override_after_delete_does_not_pin_again() {
     }
     // The replayed value was not refreshed or rewritten by a replica either.
     let still: String = r.get(keys.operator_override()).await.unwrap();
-    assert_eq!(still, captured, "nobody wrote over the replay with it as theirs");
+    assert_eq!(
+        still, captured,
+        "nobody wrote over the replay with it as theirs"
+    );
 
     // A new, real pin still works (versions move on).
     let (st, body) = call(

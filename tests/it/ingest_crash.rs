@@ -170,7 +170,10 @@ async fn kill_mid_ingest_then(
     let acked = rep.figures["acked"].as_u64().unwrap();
     let at_kill = rep.figures["acked_at_kill"].as_u64().unwrap();
     assert!(at_kill > 0, "{}", rep.render());
-    assert!(acked < events as u64, "the kill came after everything was sent");
+    assert!(
+        acked < events as u64,
+        "the kill came after everything was sent"
+    );
     assert!(
         rep.figures["stored_rows"].as_u64().unwrap() >= acked,
         "{}",

@@ -108,7 +108,11 @@ fn rand_id(n: usize) -> Vec<u8> {
     (0..n).map(|_| rand::random::<u8>() | 1).collect()
 }
 
-async fn post_traces(c: &reqwest::Client, cp: &Cp, req: &ExportTraceServiceRequest) -> (u16, Vec<u8>) {
+async fn post_traces(
+    c: &reqwest::Client,
+    cp: &Cp,
+    req: &ExportTraceServiceRequest,
+) -> (u16, Vec<u8>) {
     let r = c
         .post(format!("{}/v1/traces", cp.otlp))
         .bearer_auth(INGEST)
@@ -179,13 +183,18 @@ async fn long_names_and_many_attributes_are_cut_with_a_marker_and_counted() {
     let cp = start().await;
     let c = reqwest::Client::new();
     let long_service = "s".repeat(8 << 20);
-    let attrs: Vec<KeyValue> = (0..5000).map(|i| kv(format!("k{i:05}"), "v".repeat(100))).collect();
+    let attrs: Vec<KeyValue> = (0..5000)
+        .map(|i| kv(format!("k{i:05}"), "v".repeat(100)))
+        .collect();
     let (st, body) = post_traces(&c, &cp, &export(&long_service, attrs)).await;
     assert_eq!(st, 200);
     let resp = ExportTraceServiceResponse::decode(&body[..]).unwrap();
     let ps = resp.partial_success.expect("a warning in partial_success");
     assert_eq!(ps.rejected_spans, 0);
-    assert!(ps.error_message.contains("cut to the per-item limits"), "{ps:?}");
+    assert!(
+        ps.error_message.contains("cut to the per-item limits"),
+        "{ps:?}"
+    );
     // The failure is stored under the cut name, with at most 128 attributes and the marker.
     let cut_name = format!("{}…[+{} bytes]", "s".repeat(256), (8 << 20) - 256);
     let url = format!("{}/api/v1/failures?limit=10", cp.http);
@@ -321,7 +330,10 @@ async fn malformed_grpc_is_invalid_argument_and_bad_times_say_why() {
         assert!(msg.contains(want), "{line}: {j}");
     }
     let r = c
-        .get(format!("{}/api/v1/failures?since=0001-01-01T00:00:00Z", cp.http))
+        .get(format!(
+            "{}/api/v1/failures?since=0001-01-01T00:00:00Z",
+            cp.http
+        ))
         .bearer_auth(READ)
         .send()
         .await

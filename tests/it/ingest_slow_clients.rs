@@ -116,8 +116,18 @@ async fn trickling_connections_do_not_starve_a_legitimate_client() {
     let (run, _dir) = start().await;
     let closed = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = trickle(run.otlp_http_addr, TRICKLERS, Arc::clone(&closed), Arc::clone(&stop));
-    tasks.extend(trickle(run.http_addr, TRICKLERS, Arc::clone(&closed), Arc::clone(&stop)));
+    let mut tasks = trickle(
+        run.otlp_http_addr,
+        TRICKLERS,
+        Arc::clone(&closed),
+        Arc::clone(&stop),
+    );
+    tasks.extend(trickle(
+        run.http_addr,
+        TRICKLERS,
+        Arc::clone(&closed),
+        Arc::clone(&stop),
+    ));
     // Let them connect and start trickling.
     tokio::time::sleep(Duration::from_millis(500)).await;
 

@@ -382,13 +382,9 @@ pub async fn serve_http(
             c = listener.accept_capped() => c,
             () = &mut shutdown => break,
         };
-        let svc = TowerToHyperService::new(
-            router
-                .clone()
-                .map_request(|r: axum::http::Request<hyper::body::Incoming>| {
-                    r.map(axum::body::Body::new)
-                }),
-        );
+        let svc = TowerToHyperService::new(router.clone().map_request(
+            |r: axum::http::Request<hyper::body::Incoming>| r.map(axum::body::Body::new),
+        ));
         let mut stop = stop_rx.clone();
         let open = open_rx.clone();
         tokio::spawn(async move {
@@ -494,7 +490,10 @@ mod serve_tests {
         for mut c in slow {
             let mut buf = [0u8; 256];
             let r = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf)).await;
-            assert!(r.is_ok(), "a trickling connection was kept past the header timeout");
+            assert!(
+                r.is_ok(),
+                "a trickling connection was kept past the header timeout"
+            );
         }
         // Their slots are back.
         let again = get([127, 0, 0, 1], addr).await;
