@@ -87,11 +87,11 @@ fn trickle(
                             break;
                         }
                         // Anything read (a 503) or EOF means the server is done with us.
-                        match tokio::time::timeout(Duration::from_millis(200), c.read(&mut buf))
-                            .await
+                        if let Ok(Ok(_) | Err(_)) =
+                            tokio::time::timeout(Duration::from_millis(200), c.read(&mut buf))
+                                .await
                         {
-                            Ok(Ok(_) | Err(_)) => break,
-                            Err(_) => {}
+                            break;
                         }
                     }
                     closed.fetch_add(1, Ordering::Relaxed);
