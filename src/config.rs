@@ -67,6 +67,9 @@ pub struct RawServer {
     pub otlp_grpc_addr: Option<String>,
     pub shutdown_grace_ms: Option<u64>,
     pub max_connections: Option<usize>,
+    pub max_connections_per_ip: Option<usize>,
+    pub header_read_timeout_ms: Option<u64>,
+    pub idle_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -158,6 +161,14 @@ pub struct Config {
     /// Open client connections each listener holds at most; past it a new connection gets
     /// `503` (HTTP) or is closed (gRPC) at once.
     pub max_connections: usize,
+    /// Open connections one client address holds at most on each listener (same answer past
+    /// it), so one source cannot take every slot.
+    pub max_connections_per_ip: usize,
+    /// An HTTP/1 request head (request line and headers) must arrive within this long after
+    /// the connection waits for it — also an idle keep-alive connection; closed after it.
+    pub header_read_timeout: Duration,
+    /// A connection that moves no byte either way for this long is closed (HTTP/2, gRPC).
+    pub idle_timeout: Duration,
     pub data_dir: PathBuf,
     pub clickhouse: Option<ClickHouseConfig>,
     pub retention_days: u32,
@@ -193,7 +204,8 @@ pub struct IngestConfig {
     pub max_ndjson_line_bytes: usize,
     /// A store write holds at most this many rows…
     pub batch_max_rows: NonZeroUsize,
-    /// …and waits at most this long for more.
+    /// …and waits at most this long for more (0: commits as soon as nothing more is queued).
+    /// Requests are acknowledged after their group's commit, so this adds to ingest latency.
     pub batch_max_delay: Duration,
     /// Accepted but not yet written bytes held in memory; past it, requests wait, then get 503.
     pub max_inflight_bytes: usize,
@@ -228,7 +240,7 @@ impl Default for IngestConfig {
             max_body_bytes: 16 << 20,
             max_ndjson_line_bytes: 64 << 10,
             batch_max_rows: NonZeroUsize::new(20_000).expect("non-zero"),
-            batch_max_delay: Duration::from_millis(500),
+            batch_max_delay: Duration::ZERO,
             max_inflight_bytes: 128 << 20,
             backpressure_wait: Duration::from_secs(2),
             request_timeout: Duration::from_secs(30),
@@ -433,6 +445,27 @@ impl RawConfig {
                 "must be at least 1".into(),
             ));
         }
+        let max_connections_per_ip = self
+            .server
+            .max_connections_per_ip
+            .unwrap_or(256)
+            .min(max_connections);
+        if max_connections_per_ip == 0 {
+            return Err(field_err(
+                "server.max_connections_per_ip",
+                "must be at least 1".into(),
+            ));
+        }
+        let header_read_timeout = Duration::from_millis(positive(
+            "server.header_read_timeout_ms",
+            self.server.header_read_timeout_ms,
+            10_000,
+        )?);
+        let idle_timeout = Duration::from_millis(positive(
+            "server.idle_timeout_ms",
+            self.server.idle_timeout_ms,
+            60_000,
+        )?);
 
         let data_dir = env
             .var("BROWNOUT_DATA_DIR")
@@ -529,11 +562,13 @@ impl RawConfig {
                 .ok_or_else(|| {
                     field_err("ingest.batch_max_rows", "must be greater than 0".into())
                 })?;
-        let batch_max_delay = Duration::from_millis(positive(
-            "ingest.batch_max_delay_ms",
-            self.ingest.batch_max_delay_ms,
-            d.batch_max_delay.as_millis() as u64,
-        )?);
+        // 0 is allowed (the default): commit a group as soon as the queue is empty.
+        let batch_max_delay = Duration::from_millis(
+            self.ingest
+                .batch_max_delay_ms
+                .unwrap_or(d.batch_max_delay.as_millis() as u64)
+                .min(10_000),
+        );
         let max_inflight_bytes = self
             .ingest
             .max_inflight_bytes
@@ -666,6 +701,9 @@ impl RawConfig {
             otlp_grpc_addr,
             shutdown_grace,
             max_connections,
+            max_connections_per_ip,
+            header_read_timeout,
+            idle_timeout,
             data_dir,
             clickhouse,
             retention_days,

@@ -211,10 +211,10 @@ pub fn parse_time(field: &str, s: &str) -> Result<u64, String> {
     if let Ok(ms) = s.parse::<u64>() {
         return Ok(ms);
     }
-    chrono::DateTime::parse_from_rfc3339(s)
-        .ok()
-        .and_then(|t| u64::try_from(t.timestamp_millis()).ok())
-        .ok_or_else(|| format!("{field}={s:?} is neither unix milliseconds nor RFC 3339"))
+    let t = chrono::DateTime::parse_from_rfc3339(s)
+        .map_err(|_| format!("{field}={s:?} is neither unix milliseconds nor RFC 3339"))?;
+    u64::try_from(t.timestamp_millis())
+        .map_err(|_| format!("{field}={s:?} is before 1970-01-01T00:00:00Z (unix ms 0)"))
 }
 
 #[cfg(test)]
@@ -230,6 +230,8 @@ mod tests {
         );
         let e = parse_time("until", "-5").unwrap_err();
         assert!(e.contains("until") && e.contains("\"-5\""), "{e}");
+        let e = parse_time("since", "0001-01-01T00:00:00Z").unwrap_err();
+        assert!(e.contains("before 1970"), "{e}");
     }
 
     #[tokio::test]

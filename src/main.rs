@@ -30,7 +30,7 @@ enum Cmd {
     #[command(hide = true)]
     Bench(Moved),
     /// Fault drills against a running deployment (engine-kill, redis-restart, clickhouse-kill,
-    /// leader-kill).
+    /// leader-kill, plane-kill).
     Drill(brownout::drill::DrillArgs),
 }
 

@@ -11,7 +11,7 @@ use prometheus::{
 };
 
 /// Reasons a request or row was refused; the `reason` label's whole value set.
-pub const REJECT_REASONS: [&str; 13] = [
+pub const REJECT_REASONS: [&str; 14] = [
     "unauthorized",
     "bad_tenant",
     "tenant_rate_limited",
@@ -25,6 +25,7 @@ pub const REJECT_REASONS: [&str; 13] = [
     "overloaded",
     "spool_full",
     "unsupported_media_type",
+    "decoded_too_large",
 ];
 
 /// Ingest's counters and gauges.
@@ -43,6 +44,8 @@ pub struct IngestMetrics {
     pub inflight_bytes: IntGauge,
     /// Connections turned away at a listener's cap, by listener.
     pub connections_refused_total: IntCounterVec,
+    /// Items cut to the per-item limits (src/ingest/limits.rs), by what was cut.
+    pub truncated_total: IntCounterVec,
 }
 
 /// The registry plus ingest's metrics.
@@ -112,7 +115,7 @@ impl Metrics {
         let connections_refused_total = IntCounterVec::new(
             Opts::new(
                 "brownout_connections_refused_total",
-                "Connections turned away because the listener was at server.max_connections.",
+                "Connections turned away because the listener was at server.max_connections or the client address at server.max_connections_per_ip.",
             ),
             &["listener"],
         )
@@ -122,6 +125,27 @@ impl Metrics {
             .expect("unique metric");
         for l in ["http", "otlp_http", "otlp_grpc"] {
             connections_refused_total.with_label_values(&[l]);
+        }
+        let truncated_total = IntCounterVec::new(
+            Opts::new(
+                "brownout_ingest_truncated_total",
+                "Attributes dropped, strings shortened or events skipped by the per-item ingest limits, by what.",
+            ),
+            &["what"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(truncated_total.clone()))
+            .expect("unique metric");
+        for w in [
+            "attributes",
+            "keys",
+            "values",
+            "names",
+            "messages",
+            "events",
+        ] {
+            truncated_total.with_label_values(&[w]);
         }
         let ingest = IngestMetrics {
             spans_total: counter("brownout_ingest_spans_total", "Spans accepted by ingest."),
@@ -160,6 +184,7 @@ impl Metrics {
                 "Accepted bytes held in memory, not yet written or spooled.",
             ),
             connections_refused_total,
+            truncated_total,
         };
         let host_up = IntGaugeVec::new(
             Opts::new(

@@ -245,22 +245,46 @@ pub enum FailureParseError {
     Field { field: &'static str, reason: String },
 }
 
-/// Accepts RFC 3339 text or a non-negative integer of unix milliseconds.
+/// The latest accepted `ts`: 2106-02-07T06:28:15.999Z, the end of the unsigned 32-bit
+/// seconds that ClickHouse's `DateTime` holds. Later values are refused, not saturated.
+pub const MAX_TS_MS: u64 = u32::MAX as u64 * 1000 + 999;
+
+/// Accepts RFC 3339 text or a non-negative integer of unix milliseconds, from 1970 to
+/// [`MAX_TS_MS`]; says which bound a time outside them crosses.
 fn de_ts<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Ts {
         Ms(u64),
+        Negative(i64),
         Text(String),
     }
-    match Ts::deserialize(d)
-        .map_err(|_| serde::de::Error::custom("ts must be RFC 3339 text or unix milliseconds"))?
-    {
+    let after = |what: String| {
+        serde::de::Error::custom(format!(
+            "ts {what} is after 2106-02-07T06:28:15Z (unix ms {MAX_TS_MS}), the latest time stored"
+        ))
+    };
+    let before = |what: String| {
+        serde::de::Error::custom(format!(
+            "ts {what} is before 1970-01-01T00:00:00Z (unix ms 0), the earliest time stored"
+        ))
+    };
+    match Ts::deserialize(d).map_err(|_| {
+        serde::de::Error::custom("ts must be RFC 3339 text or unix milliseconds (an integer)")
+    })? {
+        Ts::Ms(ms) if ms > MAX_TS_MS => Err(after(ms.to_string())),
         Ts::Ms(ms) => Ok(ms),
-        Ts::Text(s) => chrono::DateTime::parse_from_rfc3339(&s)
-            .ok()
-            .and_then(|t| u64::try_from(t.timestamp_millis()).ok())
-            .ok_or_else(|| serde::de::Error::custom(format!("ts {s:?} is not RFC 3339"))),
+        Ts::Negative(ms) => Err(before(ms.to_string())),
+        Ts::Text(s) => {
+            let t = chrono::DateTime::parse_from_rfc3339(&s)
+                .map_err(|_| serde::de::Error::custom(format!("ts {s:?} is not RFC 3339")))?;
+            let ms = t.timestamp_millis();
+            match u64::try_from(ms) {
+                Err(_) => Err(before(format!("{s:?}"))),
+                Ok(ms) if ms > MAX_TS_MS => Err(after(format!("{s:?}"))),
+                Ok(ms) => Ok(ms),
+            }
+        }
     }
 }
 
@@ -444,6 +468,22 @@ mod tests {
                 "latency_ms",
             ),
             (b"{\"ts\":1,", "EOF"),
+            (
+                b"{\"ts\":18446744073709551615,\"service\":\"a\",\"message\":\"x\"}",
+                "is after 2106-02-07",
+            ),
+            (
+                b"{\"ts\":\"0001-01-01T00:00:00Z\",\"service\":\"a\",\"message\":\"x\"}",
+                "before 1970",
+            ),
+            (
+                b"{\"ts\":-5,\"service\":\"a\",\"message\":\"x\"}",
+                "before 1970",
+            ),
+            (
+                b"{\"ts\":\"2200-01-01T00:00:00Z\",\"service\":\"a\",\"message\":\"x\"}",
+                "is after 2106",
+            ),
             (b"\xff\xfe", "UTF-8"),
         ];
         for (input, want) in cases {

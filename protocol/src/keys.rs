@@ -79,6 +79,12 @@ impl RedisKeys {
     pub fn operator_override(&self) -> String {
         self.key("override")
     }
+    /// The counter that versions the operator override (only grows): a sealed override is in
+    /// force only while its version is this counter's value, so an older one written back is
+    /// refused.
+    pub fn override_version(&self) -> String {
+        self.key("override_version")
+    }
 
     /// The operator's per-instance actions (sealed JSON map: instance id → action).
     pub fn instance_overrides(&self) -> String {

@@ -186,6 +186,18 @@ struct ServeArgs {
     served_model_name: Option<String>,
     #[arg(long, default_value_t = 1 << 20)]
     max_body_bytes: usize,
+    /// Open connections held at most; one more gets 503 + Retry-After: 1.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Open connections one client address holds at most (behind a proxy: raise it).
+    #[arg(long, default_value_t = 256)]
+    max_connections_per_ip: usize,
+    /// An HTTP/1 request head (and an idle keep-alive connection) gets this long.
+    #[arg(long, default_value_t = 10_000)]
+    header_read_timeout_ms: u64,
+    /// An HTTP/2 connection that moves no byte for this long is closed.
+    #[arg(long, default_value_t = 60_000)]
+    idle_timeout_ms: u64,
     #[arg(long, default_value_t = 60)]
     max_queue_wait_secs: u64,
     /// Redis for degradation commands (else REDIS_URL; none: runs at T0 unless commanded in-process).
@@ -356,7 +368,13 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         "serving"
     );
     let features = control::http::router(handle, FeatureCatalog::seed_default());
-    api::run_server(state, Some(features), listener, async {
+    let limits = api::ConnLimits {
+        max: a.max_connections.max(1),
+        per_ip: a.max_connections_per_ip.clamp(1, a.max_connections.max(1)),
+        header_read_timeout: Duration::from_millis(a.header_read_timeout_ms.max(1)),
+        idle_timeout: Duration::from_millis(a.idle_timeout_ms.max(1)),
+    };
+    api::run_server_with(state, Some(features), listener, limits, async {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await

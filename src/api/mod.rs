@@ -184,12 +184,43 @@ async fn failures(
     Query(p): Query<FailureParams>,
 ) -> Result<Response, ApiError> {
     let q = failure_query(p, brownout_protocol::now_ms())?;
-    let page = state
+    let mut page = state
         .store
         .failures(&q)
         .await
         .map_err(|e| ApiError::store(&e))?;
+    bound_page(&mut page, MAX_PAGE_BYTES);
     Ok(Json(page).into_response())
+}
+
+/// A failures page holds at most about this many bytes of JSON; past it the page ends early
+/// and `next_cursor` continues after its last row (rows are bounded at ingest, so this takes
+/// many rows: docs/SECURITY.md).
+pub const MAX_PAGE_BYTES: usize = 4 << 20;
+
+/// Ends `page` early once its rows pass `max` bytes of JSON (always keeping one row).
+fn bound_page(page: &mut crate::store::FailurePage, max: usize) {
+    let mut total = 0usize;
+    let mut keep = page.items.len();
+    for (i, row) in page.items.iter().enumerate() {
+        total += serde_json::to_vec(row).map_or(0, |v| v.len() + 1);
+        if total > max && i > 0 {
+            keep = i;
+            break;
+        }
+    }
+    if keep < page.items.len() {
+        page.items.truncate(keep);
+        if let Some(last) = page.items.last() {
+            page.next_cursor = Some(
+                crate::store::FailureCursor {
+                    ts_ms: last.event.ts_ms,
+                    id: last.id.clone(),
+                }
+                .encode(),
+            );
+        }
+    }
 }
 
 async fn hosts(State(state): State<ApiDeps>) -> Response {

@@ -223,6 +223,8 @@ pub(super) struct Shared {
     pub(super) operator_override: Option<Override>,
     /// An override change not yet written to Redis (`Some(None)`: a removal).
     pub(super) override_to_share: Option<Option<Override>>,
+    /// Counts operator override changes made here (set or removed).
+    pub(super) override_seq: u64,
     last: Option<Decision>,
     history: VecDeque<DecisionRecord>,
     pub(super) command: Option<Command>,
@@ -239,6 +241,12 @@ pub(super) struct Shared {
 struct Inner {
     cfg: DegradeConfig,
     shared: Mutex<Shared>,
+    /// The latest `override_seq` written to Redis (or every one, without Redis sharing).
+    override_shared: tokio::sync::watch::Sender<u64>,
+    /// Whether changes are shared through Redis (set by the controller loop).
+    override_sharing: std::sync::atomic::AtomicBool,
+    /// Wakes the controller loop to share an override change at once.
+    override_wake: Arc<tokio::sync::Notify>,
     metrics: DegradeMetrics,
     hook: Mutex<Option<PersistHook>>,
     /// Loop kills and tool breakers merged into every command (`crate::agents`).
@@ -278,10 +286,16 @@ impl DegradeHandle {
             .tier
             .with_label_values(&[cfg.cluster.as_str()])
             .set(0);
+        let dry_run = cfg.policy.dry_run;
         Ok(DegradeHandle {
             inner: Arc::new(Inner {
                 cfg,
                 shared: Mutex::new(Shared::default()),
+                override_shared: tokio::sync::watch::channel(0).0,
+                // Until the controller loop says which transport it has: a change waits for it
+                // unless in dry run (where nothing is shared).
+                override_sharing: std::sync::atomic::AtomicBool::new(!dry_run),
+                override_wake: Arc::new(tokio::sync::Notify::new()),
                 metrics,
                 hook: Mutex::new(None),
                 agents: std::sync::OnceLock::new(),
@@ -340,18 +354,77 @@ impl DegradeHandle {
         self.lock().patterns = patterns;
     }
 
-    /// Pins a tier until `until_ms` (shared with the other replicas through Redis).
-    pub fn set_override(&self, o: Override) {
-        let mut s = self.lock();
-        s.operator_override = Some(o.clone());
-        s.override_to_share = Some(Some(o));
+    /// Pins a tier until `until_ms` (shared with the other replicas through Redis); returns
+    /// the change's number for [`DegradeHandle::override_shared_within`].
+    pub fn set_override(&self, o: Override) -> u64 {
+        let seq = {
+            let mut s = self.lock();
+            s.operator_override = Some(o.clone());
+            s.override_to_share = Some(Some(o));
+            s.override_seq += 1;
+            s.override_seq
+        };
+        self.changed_override(seq);
+        seq
     }
 
-    /// Removes the pin; returns whether there was one.
-    pub fn clear_override(&self) -> bool {
-        let mut s = self.lock();
-        s.override_to_share = Some(None);
-        s.operator_override.take().is_some()
+    /// Removes the pin; returns whether there was one, and the change's number.
+    pub fn clear_override(&self) -> (bool, u64) {
+        let (had, seq) = {
+            let mut s = self.lock();
+            s.override_to_share = Some(None);
+            s.override_seq += 1;
+            (s.operator_override.take().is_some(), s.override_seq)
+        };
+        self.changed_override(seq);
+        (had, seq)
+    }
+
+    fn changed_override(&self, seq: u64) {
+        if self
+            .inner
+            .override_sharing
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.inner.override_wake.notify_one();
+        } else {
+            self.override_shared(seq);
+        }
+    }
+
+    /// Whether override changes go through Redis (the controller loop says so at start).
+    pub(super) fn set_override_sharing(&self, on: bool) {
+        self.inner
+            .override_sharing
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        if !on {
+            let seq = self.lock().override_seq;
+            self.override_shared(seq);
+        }
+    }
+
+    pub(super) fn override_wake(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.inner.override_wake)
+    }
+
+    /// Change `seq` (and every one before it) is now written where the replicas read it.
+    pub(super) fn override_shared(&self, seq: u64) {
+        self.inner.override_shared.send_if_modified(|v| {
+            let newer = seq > *v;
+            if newer {
+                *v = seq;
+            }
+            newer
+        });
+    }
+
+    /// Waits until override change `seq` is written to Redis (at once without Redis sharing);
+    /// false when that did not happen within `limit`.
+    pub async fn override_shared_within(&self, seq: u64, limit: std::time::Duration) -> bool {
+        let mut rx = self.inner.override_shared.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|v| *v >= seq))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// Everything the controller looks at, now.

@@ -199,14 +199,37 @@ async fn post_override(
         reason: reason.to_string(),
     };
     tracing::info!(tier = %o.tier, until_ms = o.until_ms, reason = %o.reason, "operator override set");
+    // Shared at once (the controller loop is woken), but not waited for: a pin set while Redis
+    // is down is kept here and shared when it is back (the redis-restart drill relies on it).
     h.set_override(o.clone());
     Ok(Json(o))
 }
 
-async fn delete_override(State(h): State<DegradeHandle>) -> Json<serde_json::Value> {
-    let removed = h.clear_override();
+/// How long an override change may take to reach Redis before the API says it did not.
+const SHARE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Answers only once the change is in Redis (a crash right after the answer cannot lose it,
+/// and no fresh replica can miss it); 503 when Redis did not take it in time (the change stays
+/// pending here and is retried every interval).
+async fn override_shared(h: &DegradeHandle, seq: u64) -> Result<(), ApiError> {
+    if h.override_shared_within(seq, SHARE_WAIT).await {
+        Ok(())
+    } else {
+        Err(ApiError::unavailable(
+            "override_not_shared",
+            "the change is made on this replica but Redis did not take it within 5 s; it is retried every interval — check GET /api/v1/degrade, or repeat the request",
+            5,
+        ))
+    }
+}
+
+async fn delete_override(
+    State(h): State<DegradeHandle>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let (removed, seq) = h.clear_override();
     tracing::info!(removed, "operator override cleared");
-    Json(serde_json::json!({"removed": removed}))
+    override_shared(&h, seq).await?;
+    Ok(Json(serde_json::json!({"removed": removed})))
 }
 
 async fn get_status(State(h): State<DegradeHandle>) -> Json<DegradeStatus> {

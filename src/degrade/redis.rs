@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use brownout_protocol::{Ack, AckVerifyError, Command, RedisKeys, SignedCommand};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
+use serde::{Deserialize, Serialize};
 
 use super::controller::{InstanceOverride, Override};
 
@@ -60,6 +61,28 @@ return 0
 /// KEYS: state, log, leader, version counter. ARGV: epoch, version, json, sig, leader value,
 /// notify channel. Returns `{code, n}`: `{1, version}` published; `{-1, 0}` not the leader;
 /// `{-2, stored_epoch}` fenced by a higher epoch; `{-3, floor}` version must exceed `floor`.
+/// Hands out the next override version: `INCR`, but never at or below the floor (the highest
+/// this replica has seen, should Redis have lost the counter).
+const OVERRIDE_VERSION: &str = r"
+local v = redis.call('INCR', KEYS[1])
+local floor = tonumber(ARGV[1])
+if v <= floor then
+  v = floor + 1
+  redis.call('SET', KEYS[1], v)
+end
+return v
+";
+
+/// Writes the sealed override only while its version is still the counter's (a slower writer
+/// with an older version does not overwrite a newer one). 1 when written.
+const OVERRIDE_PUT: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+return 1
+";
+
 const PUBLISH: &str = r"
 if redis.call('GET', KEYS[3]) ~= ARGV[5] then return {-1, 0} end
 local se = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0') or 0
@@ -104,6 +127,28 @@ pub enum AckEntry {
     },
 }
 
+/// The operator override as sealed in Redis: its version (from the override version counter),
+/// the epoch of the leader lease the writer knew, and the override (`None`: removed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct SealedOverride {
+    version: u64,
+    epoch: u64,
+    #[serde(rename = "override")]
+    r#override: Option<Override>,
+}
+
+/// What `brownout:{C}:override` holds, as read by [`RedisBus::get_override`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum SharedOverride {
+    /// Nothing valid (expired, never set, lost with Redis's data, or not sealed by us).
+    Absent,
+    /// Sealed by us but older than the override version: refused (a replay, or a write
+    /// overtaken by a newer one).
+    Stale { version: u64, current: u64 },
+    /// The override in force (`None`: removed).
+    Current(Option<Override>),
+}
+
 /// The control plane's connection to one cluster's keys.
 #[derive(Clone)]
 pub struct RedisBus {
@@ -117,6 +162,11 @@ pub struct RedisBus {
     refresh: Script,
     release: Script,
     publish: Script,
+    override_version: Script,
+    override_put: Script,
+    /// The highest override version this replica has written or read: anything older is
+    /// refused, even if the counter in Redis were reset.
+    override_seen: u64,
 }
 
 impl std::fmt::Debug for RedisBus {
@@ -174,6 +224,9 @@ impl RedisBus {
             refresh: Script::new(REFRESH),
             release: Script::new(RELEASE),
             publish: Script::new(PUBLISH),
+            override_version: Script::new(OVERRIDE_VERSION),
+            override_put: Script::new(OVERRIDE_PUT),
+            override_seen: 0,
         })
     }
 
@@ -332,8 +385,12 @@ impl RedisBus {
     }
 
     /// Stores the operator override for every replica, sealed with the command key (so that
-    /// write access to Redis alone cannot pin a tier). `None` writes a tombstone (`null`, kept a
-    /// week) so that "removed" and "lost with Redis's data" can be told apart.
+    /// write access to Redis alone cannot pin a tier) together with a fresh version from
+    /// `brownout:{C}:override_version` and the writer's leader epoch. `None` writes a tombstone
+    /// (`null`, kept a week) so that "removed" and "lost with Redis's data" can be told apart;
+    /// it takes a version too, so a sealed override captured before it and written back later is
+    /// older than the counter and refused. Returns the version written, or `None` when a newer
+    /// version was written meanwhile by another replica (which then wins).
     ///
     /// # Errors
     /// Redis errors and timeouts.
@@ -341,38 +398,83 @@ impl RedisBus {
         &mut self,
         o: Option<&Override>,
         now_ms: u64,
-    ) -> Result<(), RedisBusError> {
-        let k = self.keys.operator_override();
-        let (json, px) = match o {
-            Some(o) if o.until_ms > now_ms => (
-                serde_json::to_string(o).expect("an Override always serialises"),
-                o.until_ms - now_ms,
-            ),
-            _ => ("null".to_string(), 7 * 24 * 3600 * 1000),
+        epoch: u64,
+    ) -> Result<Option<u64>, RedisBusError> {
+        let (o, px) = match o {
+            Some(o) if o.until_ms > now_ms => (Some(o), o.until_ms - now_ms),
+            _ => (None, 7 * 24 * 3600 * 1000),
         };
+        let mut inv = self.override_version.prepare_invoke();
+        inv.key(self.keys.override_version())
+            .arg(self.override_seen);
+        let version: u64 = timed(self.op_timeout, inv.invoke_async(&mut self.conn)).await?;
+        let json = serde_json::to_string(&SealedOverride {
+            version,
+            epoch,
+            r#override: o.cloned(),
+        })
+        .expect("an Override always serialises");
         let sealed = brownout_protocol::seal(&self.hmac_key, &self.override_domain(), &json);
-        let _: () = timed(self.op_timeout, self.conn.pset_ex(k, sealed, px)).await?;
-        Ok(())
+        let mut inv = self.override_put.prepare_invoke();
+        inv.key(self.keys.override_version())
+            .key(self.keys.operator_override())
+            .arg(version)
+            .arg(sealed)
+            .arg(px);
+        let written: i64 = timed(self.op_timeout, inv.invoke_async(&mut self.conn)).await?;
+        self.override_seen = self.override_seen.max(version);
+        Ok((written == 1).then_some(version))
     }
 
-    /// The shared operator override: `None` when the key is absent (unknown: e.g. Redis lost its
-    /// data), `Some(None)` when removed, `Some(Some(o))` when pinned. Values that are malformed,
-    /// unsigned or not sealed with the command key read as absent (and are logged), so a replica
-    /// with an active override of its own writes it back over them.
+    /// The shared operator override. Values that are malformed, unsigned or not sealed with the
+    /// command key read as [`SharedOverride::Absent`] (and are logged), so a replica with an
+    /// active override of its own writes it back over them; values older than the version
+    /// counter (or than a version this replica has seen) are [`SharedOverride::Stale`] and
+    /// change nothing: a replayed sealed value never takes effect.
     ///
     /// # Errors
     /// Redis errors and timeouts.
-    pub async fn get_override(&mut self) -> Result<Option<Option<Override>>, RedisBusError> {
-        let k = self.keys.operator_override();
-        let v: Option<String> = timed(self.op_timeout, self.conn.get(k)).await?;
-        let Some(v) = v else { return Ok(None) };
-        match brownout_protocol::unseal(&self.hmac_key, &self.override_domain(), &v) {
-            Ok(json) => Ok(serde_json::from_str::<Option<Override>>(json).ok()),
+    pub async fn get_override(&mut self) -> Result<SharedOverride, RedisBusError> {
+        let (v, counter): (Option<String>, Option<u64>) = timed(
+            self.op_timeout,
+            redis::cmd("MGET")
+                .arg(self.keys.operator_override())
+                .arg(self.keys.override_version())
+                .query_async(&mut self.conn),
+        )
+        .await?;
+        let Some(v) = v else {
+            return Ok(SharedOverride::Absent);
+        };
+        let key = self.keys.operator_override();
+        let sealed = match brownout_protocol::unseal(&self.hmac_key, &self.override_domain(), &v) {
+            Ok(json) => match serde_json::from_str::<SealedOverride>(json) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, %key, "degrade: ignoring an operator override without a version");
+                    return Ok(SharedOverride::Absent);
+                }
+            },
             Err(e) => {
-                tracing::warn!(error = %e, key = %self.keys.operator_override(), "degrade: ignoring an operator override that is not sealed with the command key");
-                Ok(None)
+                tracing::warn!(error = %e, %key, "degrade: ignoring an operator override that is not sealed with the command key");
+                return Ok(SharedOverride::Absent);
             }
+        };
+        let current = counter.unwrap_or(0).max(self.override_seen);
+        if sealed.version < current {
+            tracing::warn!(
+                version = sealed.version,
+                current,
+                %key,
+                "degrade: refusing an operator override older than the override version (replayed?)"
+            );
+            return Ok(SharedOverride::Stale {
+                version: sealed.version,
+                current,
+            });
         }
+        self.override_seen = sealed.version;
+        Ok(SharedOverride::Current(sealed.r#override))
     }
 
     fn instance_overrides_domain(&self) -> String {

@@ -8,7 +8,14 @@ use brownout_protocol::{SignedCommand, now_ms};
 use super::bus::InProcBus;
 use super::controller::{Controller, Decision};
 use super::handle::{DegradeConfig, DegradeHandle};
-use super::redis::{AckEntry, PublishOutcome, RedisBus, RedisBusError};
+use super::redis::{AckEntry, PublishOutcome, RedisBus, RedisBusError, SharedOverride};
+
+async fn b_override(p: &mut Publisher) -> Result<SharedOverride, RedisBusError> {
+    match p.bus.as_mut() {
+        Some(b) => b.get_override().await,
+        None => Ok(SharedOverride::Absent),
+    }
+}
 use crate::agents::CommandPart;
 
 /// How commands leave the controller.
@@ -87,10 +94,26 @@ pub async fn run_controller(
 
     let mut inproc = InProcPublisher::default();
     let mut redis = Publisher::default();
+    // Only a Redis transport outside dry run shares the override: elsewhere a change is
+    // "shared" as soon as it is made.
+    let sharing = matches!(transport, Transport::Redis { .. }) && !cfg.policy.dry_run;
+    handle.set_override_sharing(sharing);
+    let wake = handle.override_wake();
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tick.tick() => {}
+            () = wake.notified(), if sharing => {
+                // An operator changed the override: write it now, not at the next tick, so
+                // that the API answers only once it is in Redis.
+                if let Transport::Redis { url } = &transport
+                    && redis.connect(url, &cfg).await
+                    && let Err(e) = redis.share_override(&handle, now_ms()).await
+                {
+                    tracing::warn!(error = %e, "degrade: sharing the operator override failed; retrying next interval");
+                }
+                continue;
+            }
             // An operator instance action: decide and publish now, not at the next interval.
             () = handle.woken() => {}
         }
@@ -119,6 +142,10 @@ pub async fn run_controller(
                 handle.set_leader(redis.epoch);
             }
         }
+    }
+    // A change made during shutdown is written before the lease goes.
+    if sharing && let Err(e) = redis.share_override(&handle, now_ms()).await {
+        tracing::warn!(error = %e, "degrade: the last operator override change was not shared");
     }
     redis.release().await;
     handle.set_leader(None);
@@ -232,6 +259,36 @@ impl Publisher {
         }
     }
 
+    /// Writes a pending override change (a pin or a tombstone) to Redis and tells the handle
+    /// which change is now shared (what `DELETE /api/v1/degrade/override` waits for).
+    async fn share_override(
+        &mut self,
+        handle: &DegradeHandle,
+        now: u64,
+    ) -> Result<(), RedisBusError> {
+        let Some(b) = self.bus.as_mut() else {
+            return Ok(());
+        };
+        let (pending, seq) = {
+            let mut s = handle.lock();
+            (s.override_to_share.take(), s.override_seq)
+        };
+        let Some(o) = pending else {
+            return Ok(());
+        };
+        let epoch = self.epoch.unwrap_or(self.max_epoch_seen);
+        match b.put_override(o.as_ref(), now, epoch).await {
+            Ok(_) => {
+                handle.override_shared(seq);
+                Ok(())
+            }
+            Err(e) => {
+                handle.lock().override_to_share.get_or_insert(o);
+                Err(e)
+            }
+        }
+    }
+
     /// One interval against Redis: share the operator override, keep or take the lease,
     /// publish when due (as leader) or show the leader's command (as follower), read the acks.
     /// May re-step the controller (`decision`) when the shared override or the stored command
@@ -244,22 +301,16 @@ impl Publisher {
         agents: &CommandPart,
         now: u64,
     ) -> Result<(), RedisBusError> {
-        let Some(b) = self.bus.as_mut() else {
+        if self.bus.is_none() {
             return Ok(());
-        };
+        }
         let cfg = handle.config();
         let lease_ms = cfg.policy.command_lease_ms;
         // The operator override is shared through Redis: write a local change, then read the truth.
-        let pending = handle.lock().override_to_share.take();
-        if let Some(o) = pending
-            && let Err(e) = b.put_override(o.as_ref(), now).await
-        {
-            handle.lock().override_to_share.get_or_insert(o);
-            return Err(e);
-        }
-        match b.get_override().await? {
+        self.share_override(handle, now).await?;
+        match b_override(self).await? {
             // Absent (expired, never set, or lost with Redis's data): share ours again if active.
-            None => {
+            SharedOverride::Absent => {
                 let mut s = handle.lock();
                 if s.override_to_share.is_none()
                     && s.operator_override
@@ -269,7 +320,9 @@ impl Publisher {
                     s.override_to_share = Some(s.operator_override.clone());
                 }
             }
-            Some(shared) => {
+            // An older sealed value (a replay): nothing changes here.
+            SharedOverride::Stale { .. } => {}
+            SharedOverride::Current(shared) => {
                 let mut s = handle.lock();
                 if s.override_to_share.is_none() && s.operator_override != shared {
                     s.operator_override = shared;
@@ -279,6 +332,9 @@ impl Publisher {
                 }
             }
         }
+        let Some(b) = self.bus.as_mut() else {
+            return Ok(());
+        };
         // The operator's per-instance actions, shared the same way.
         let dirty = {
             let mut s = handle.lock();

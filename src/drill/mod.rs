@@ -9,21 +9,25 @@
 //! | `redis-restart` | restarts Redis | a tier pinned during the outage is applied and acked by every instance within `--timeout-secs` after recovery; the pin is then removed |
 //! | `clickhouse-kill` | stops ClickHouse | `--events` failure events sent during the outage are all stored, each exactly once, within `--timeout-secs` after recovery |
 //! | `leader-kill` | kills the leading control plane (`--target`) | a `--peer` replica takes the lease within `--timeout-secs` |
+//! | `plane-kill` | kills the control plane (`kill -9`) while 4 clients send `--events` failure events; `--recover` restarts it | every acknowledged event is stored exactly once after the restart, and no event is stored twice |
 //!
 //! The integration tests run the same functions with an in-process fault (`Fault::Call`) against
 //! real processes on loopback.
 //!
-//! One file per drill ([`engine_kill`], [`redis_restart`], [`clickhouse_kill`], [`leader_kill`]);
+//! One file per drill ([`engine_kill`], [`redis_restart`], [`clickhouse_kill`], [`leader_kill`],
+//! [`plane_kill`]);
 //! this file holds the arguments, the fault, the report and the HTTP helpers they share.
 
 mod clickhouse_kill;
 mod engine_kill;
 mod leader_kill;
+mod plane_kill;
 mod redis_restart;
 
 pub use clickhouse_kill::clickhouse_kill;
 pub use engine_kill::engine_kill;
 pub use leader_kill::leader_kill;
+pub use plane_kill::plane_kill;
 pub use redis_restart::redis_restart;
 
 use std::time::{Duration, Instant};
@@ -40,6 +44,7 @@ pub enum DrillName {
     RedisRestart,
     ClickhouseKill,
     LeaderKill,
+    PlaneKill,
 }
 
 impl DrillName {
@@ -49,6 +54,7 @@ impl DrillName {
             DrillName::RedisRestart => "redis-restart",
             DrillName::ClickhouseKill => "clickhouse-kill",
             DrillName::LeaderKill => "leader-kill",
+            DrillName::PlaneKill => "plane-kill",
         }
     }
 }
@@ -75,7 +81,8 @@ pub struct DrillArgs {
     /// leader-kill: other control-plane replicas (repeatable).
     #[arg(long = "peer")]
     pub peers: Vec<String>,
-    /// clickhouse-kill: failure events to send during the outage.
+    /// clickhouse-kill: failure events to send during the outage; plane-kill: events to send
+    /// around the kill.
     #[arg(long, default_value_t = 200)]
     pub events: usize,
     /// How long the deployment gets to show the expected state after the fault.
@@ -345,6 +352,9 @@ pub async fn run(a: DrillArgs) -> anyhow::Result<()> {
             clickhouse_kill(&t, &mut inject, recover.as_mut(), a.events, timeout).await?
         }
         DrillName::LeaderKill => leader_kill(&t, &a.peers, &mut inject, timeout).await?,
+        DrillName::PlaneKill => {
+            plane_kill(&t, &mut inject, recover.as_mut(), a.events, timeout).await?
+        }
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rep)?);

@@ -271,6 +271,7 @@ fn submit_error(e: SubmitError) -> ApiError {
             ApiError::unavailable("spool_full", e.to_string(), retry_after_secs)
         }
         SubmitError::Closed => ApiError::unavailable("shutting_down", e.to_string(), 5),
+        SubmitError::NotStored => ApiError::unavailable("not_stored", e.to_string(), 5),
         SubmitError::Tenant(ref t) => ApiError {
             retry_after_secs: Some(t.retry_after_secs()),
             ..ApiError::new(
@@ -338,23 +339,52 @@ async fn otlp_prelude(
 }
 
 /// The OTLP request of a body: content type and size checked, memory reserved for its decoded
-/// rows (before decoding, so a request waiting for memory holds only its body), then decoded.
-/// Every refusal is already an OTLP error response.
+/// rows, then decoded. Protobuf is bounded before decoding
+/// ([`super::protobuf_reservation`]: 413 when it could never fit the in-flight budget); JSON,
+/// whose decoding is close to its size, reserves ×4 before decoding and tops the reservation
+/// up to the same estimate before converting. Every refusal is already an OTLP error response.
 async fn otlp_request<T: Message + Default + for<'de> serde::Deserialize<'de>>(
     state: &IngestState,
     headers: &HeaderMap,
     body: Body,
+    signal: super::limits::Signal,
 ) -> Result<(Encoding, T, super::pipeline::Reservation), Response> {
     let (enc, bytes) = otlp_prelude(state, headers, body).await?;
-    let reservation = state
+    let too_large = |m: String| {
+        state.metrics.reject("decoded_too_large");
+        otlp_error(
+            enc,
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "decoded_too_large", m),
+        )
+    };
+    let first = match enc {
+        Encoding::Protobuf => {
+            super::protobuf_reservation(&state.config, &bytes, signal).map_err(too_large)?
+        }
+        Encoding::Json => super::decoded_size(bytes.len(), false),
+    };
+    let mut reservation = state
         .pipeline
-        .reserve(super::decoded_size(bytes.len(), enc == Encoding::Protobuf))
+        .reserve(first)
         .await
         .map_err(|e| otlp_error(enc, submit_error(e)))?;
-    let req = decode(enc, &bytes).map_err(|e| {
+    let req: T = decode(enc, &bytes).map_err(|e| {
         state.metrics.reject("malformed");
         otlp_error(enc, e)
     })?;
+    drop(bytes);
+    if enc == Encoding::Json {
+        let need = super::protobuf_reservation(&state.config, &req.encode_to_vec(), signal)
+            .map_err(too_large)?;
+        if need > reservation.bytes() {
+            let more = state
+                .pipeline
+                .reserve(need - reservation.bytes())
+                .await
+                .map_err(|e| otlp_error(enc, submit_error(e)))?;
+            reservation.merge(more);
+        }
+    }
     Ok((enc, req, reservation))
 }
 
@@ -364,11 +394,17 @@ async fn traces(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (enc, req, reservation) =
-        match otlp_request::<ExportTraceServiceRequest>(&state, &headers, body).await {
-            Ok(x) => x,
-            Err(r) => return r,
-        };
+    let (enc, req, reservation) = match otlp_request::<ExportTraceServiceRequest>(
+        &state,
+        &headers,
+        body,
+        super::limits::Signal::Traces,
+    )
+    .await
+    {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
     let c = otlp::convert_traces(&req);
     drop(req);
     let (rejected, first_error) = (c.rejected, c.first_error.clone());
@@ -377,14 +413,16 @@ async fn traces(
         failures: c.failures,
         ..Accepted::default()
     };
-    if let Err(e) = accept_reserved(&state, &tenant, rows, reservation) {
+    if let Err(e) = accept_reserved(&state, &tenant, rows, reservation).await {
         return otlp_error(enc, submit_error(e));
     }
     state.metrics.reject_n("malformed", rejected);
+    c.truncated.count(&state.metrics);
+    let message = first_error.or_else(|| c.truncated.warning());
     let resp = ExportTraceServiceResponse {
-        partial_success: (rejected > 0).then(|| ExportTracePartialSuccess {
+        partial_success: message.map(|m| ExportTracePartialSuccess {
             rejected_spans: i64::try_from(rejected).unwrap_or(i64::MAX),
-            error_message: first_error.unwrap_or_default(),
+            error_message: m,
         }),
     };
     encode(enc, StatusCode::OK, &resp, resp.encode_to_vec())
@@ -396,11 +434,17 @@ async fn logs(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (enc, req, reservation) =
-        match otlp_request::<ExportLogsServiceRequest>(&state, &headers, body).await {
-            Ok(x) => x,
-            Err(r) => return r,
-        };
+    let (enc, req, reservation) = match otlp_request::<ExportLogsServiceRequest>(
+        &state,
+        &headers,
+        body,
+        super::limits::Signal::Logs,
+    )
+    .await
+    {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
     let c = otlp::convert_logs(&req, brownout_protocol::now_ms());
     drop(req);
     let (rejected, first_error) = (c.rejected, c.first_error.clone());
@@ -409,14 +453,16 @@ async fn logs(
         failures: c.failures,
         ..Accepted::default()
     };
-    if let Err(e) = accept_reserved(&state, &tenant, rows, reservation) {
+    if let Err(e) = accept_reserved(&state, &tenant, rows, reservation).await {
         return otlp_error(enc, submit_error(e));
     }
     state.metrics.reject_n("malformed", rejected);
+    c.truncated.count(&state.metrics);
+    let message = first_error.or_else(|| c.truncated.warning());
     let resp = ExportLogsServiceResponse {
-        partial_success: (rejected > 0).then(|| ExportLogsPartialSuccess {
+        partial_success: message.map(|m| ExportLogsPartialSuccess {
             rejected_log_records: i64::try_from(rejected).unwrap_or(i64::MAX),
-            error_message: first_error.unwrap_or_default(),
+            error_message: m,
         }),
     };
     encode(enc, StatusCode::OK, &resp, resp.encode_to_vec())

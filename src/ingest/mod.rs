@@ -6,7 +6,8 @@
 //! - [`otlp`]: pure conversion of OTLP messages into rows and failure events.
 //! - [`pipeline`]: bounded memory → batches → store, with [`spool`] as the on-disk fallback.
 //! - [`hosts`]: per-host last-seen and fresh/stale/down from snapshots.
-//! - [`limits`]: per-tenant item rates and the per-listener connection cap.
+//! - [`limits`]: per-tenant item rates.
+//! - [`listen`]: connection caps (per listener and per address), header-read and idle timeouts.
 //!
 //! All receivers end in [`accept`] / [`accept_reserved`], which tag failures, count, publish
 //! them to live subscribers and submit one batch to the pipeline. Receivers reserve memory
@@ -17,6 +18,7 @@ pub mod grpc;
 pub mod hosts;
 pub mod http;
 pub mod limits;
+pub mod listen;
 pub mod otlp;
 pub mod pipeline;
 pub mod spool;
@@ -90,8 +92,9 @@ pub struct Accepted {
     pub snapshots: Vec<AgentSnapshot>,
 }
 
-/// Tags, counts and submits one request's rows. Counters move only once the pipeline has
-/// accepted the rows.
+/// Tags, counts and submits one request's rows, and returns once they are durable (in the
+/// store or the fsync'ed spool): only then may a receiver acknowledge. Counters move and live
+/// subscribers hear of the rows only after that.
 ///
 /// # Errors
 /// [`SubmitError`] when the pipeline cannot take them now (answer 503 + Retry-After).
@@ -102,15 +105,16 @@ pub async fn accept(
     approx_bytes: usize,
 ) -> Result<(), SubmitError> {
     let r = state.pipeline.reserve(approx_bytes).await?;
-    accept_reserved(state, tenant, rows, r)
+    accept_reserved(state, tenant, rows, r).await
 }
 
 /// Like [`accept`] under memory reserved with [`Pipeline::reserve`] before decoding. The
 /// request's items count against `tenant`'s rate first; a refused request keeps nothing.
 ///
 /// # Errors
-/// [`SubmitError::Tenant`] over the tenant's rate, [`SubmitError::Closed`] after shutdown.
-pub fn accept_reserved(
+/// [`SubmitError::Tenant`] over the tenant's rate, [`SubmitError::Closed`] after shutdown,
+/// [`SubmitError::NotStored`] when the rows could not be made durable.
+pub async fn accept_reserved(
     state: &IngestState,
     tenant: &str,
     rows: Accepted,
@@ -132,10 +136,12 @@ pub fn accept_reserved(
         rows.failures.extend(o.observe(&rows.spans));
     }
     let tagger = state.tagger.clone();
+    let mut cut = limits::Truncated::default();
     let failures: Vec<FailureRow> = rows
         .failures
         .into_iter()
-        .map(|e| {
+        .map(|mut e| {
+            limits::limit_event(&mut e, &mut cut);
             let pattern = tagger.as_ref().map(|t| t.tag(&e)).unwrap_or_default();
             otlp::failure_row(e, pattern)
         })
@@ -167,7 +173,8 @@ pub fn accept_reserved(
         failures,
         snapshots: rows.snapshots,
     };
-    state.pipeline.submit_reserved(batch, reservation)?;
+    state.pipeline.submit_reserved(batch, reservation).await?;
+    cut.count(&state.metrics);
     let m = &state.metrics.ingest;
     m.spans_total.inc_by(n_spans as u64);
     m.logs_total.inc_by(n_logs as u64);
@@ -180,6 +187,32 @@ pub fn accept_reserved(
         let _ = state.spans_tx.send(Arc::from(live_spans));
     }
     Ok(())
+}
+
+/// The memory to reserve for an OTLP protobuf body: [`limits::protobuf_decoded_estimate`]
+/// (decoding plus converting, each resource copied into its items), or [`decoded_size`] when
+/// the body does not even parse as protobuf (decoding will refuse it).
+///
+/// # Errors
+/// A message for a 413 / `INVALID_ARGUMENT` when the estimate is more than the whole in-flight
+/// budget (`ingest.max_inflight_bytes`): such a request could never be held, so it is refused
+/// before it is decoded.
+pub fn protobuf_reservation(
+    config: &IngestConfig,
+    body: &[u8],
+    signal: limits::Signal,
+) -> Result<usize, String> {
+    let need = limits::protobuf_decoded_estimate(body, signal)
+        .unwrap_or_else(|| decoded_size(body.len(), true));
+    if need > config.max_inflight_bytes {
+        return Err(format!(
+            "this request of {} bytes would take about {} MiB once decoded, more than the in-flight budget ({} MiB, ingest.max_inflight_bytes); send fewer items or attributes per request",
+            body.len(),
+            need >> 20,
+            config.max_inflight_bytes >> 20
+        ));
+    }
+    Ok(need)
 }
 
 /// How many bytes of memory the rows decoded from a body of `body_bytes` take, roughly: a

@@ -15,6 +15,10 @@ use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
 
+use super::limits::{
+    DROPPED_ATTRIBUTES, MAX_ATTRIBUTE_BYTES, MAX_ATTRIBUTES, MAX_EVENTS, MAX_KEY_BYTES,
+    MAX_MESSAGE_BYTES, MAX_NAME_BYTES, MAX_VALUE_BYTES, Truncated, cut, limit_event,
+};
 use crate::store::{FailureRow, LogRow, STATUS_ERROR, SpanRow};
 
 /// OTLP severity number of ERROR.
@@ -30,6 +34,8 @@ pub struct Converted {
     pub rejected: u64,
     /// The first refusal's reason.
     pub first_error: Option<String>,
+    /// What the per-item limits cut ([`super::limits`]).
+    pub truncated: super::limits::Truncated,
 }
 
 impl Converted {
@@ -92,9 +98,89 @@ fn value_to_json(v: &Value) -> serde_json::Value {
     }
 }
 
-fn pairs(kvs: &[KeyValue]) -> impl Iterator<Item = (String, String)> + '_ {
-    kvs.iter()
-        .map(|kv| (kv.key.clone(), value_to_string(kv.value.as_ref())))
+/// The attributes as text pairs, within the per-item limits: at most [`MAX_ATTRIBUTES`] of
+/// them and [`MAX_ATTRIBUTE_BYTES`] of text are rendered at all (a million attributes cost
+/// nothing more), keys and values are copied no further than their limits.
+fn pairs(kvs: &[KeyValue], t: &mut Truncated) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut bytes = 0usize;
+    for kv in kvs {
+        if out.len() >= MAX_ATTRIBUTES || bytes >= MAX_ATTRIBUTE_BYTES {
+            break;
+        }
+        let k = clip(&kv.key, MAX_KEY_BYTES, &mut t.keys);
+        let v = value_text(kv.value.as_ref(), &mut t.values);
+        bytes += k.len() + v.len();
+        out.push((k, v));
+    }
+    let extra = kvs.len() - out.len();
+    if extra > 0 {
+        t.attributes += extra as u64;
+        out.push((DROPPED_ATTRIBUTES.to_string(), extra.to_string()));
+    }
+    out
+}
+
+/// A copy of `s`, or of its first `max` bytes (at a character boundary) with the marker
+/// `…[+N bytes]`, counted in `n`.
+fn clip(s: &str, max: usize, n: &mut u64) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    *n += 1;
+    format!("{}…[+{} bytes]", &s[..end], s.len() - end)
+}
+
+/// [`value_to_string`] without copying more than [`MAX_VALUE_BYTES`] of a long value.
+fn value_text(v: Option<&AnyValue>, n: &mut u64) -> String {
+    match v.and_then(|v| v.value.as_ref()) {
+        Some(Value::StringValue(s)) => clip(s, MAX_VALUE_BYTES, n),
+        Some(Value::BytesValue(b)) if b.len() > MAX_VALUE_BYTES / 2 => {
+            *n += 1;
+            format!(
+                "{}…[+{} bytes]",
+                hex::encode(&b[..MAX_VALUE_BYTES / 2]),
+                2 * (b.len() - MAX_VALUE_BYTES / 2)
+            )
+        }
+        _ => {
+            let mut s = value_to_string(v);
+            *n += u64::from(cut(&mut s, MAX_VALUE_BYTES));
+            s
+        }
+    }
+}
+
+/// The first string value of the first of `names` among the raw attributes.
+fn raw_find<'a>(kvs: &'a [KeyValue], names: &[&str]) -> Option<&'a str> {
+    names.iter().find_map(|n| {
+        kvs.iter().find(|kv| kv.key == *n).and_then(|kv| {
+            match kv.value.as_ref()?.value.as_ref()? {
+                Value::StringValue(s) => Some(s.as_str()),
+                _ => None,
+            }
+        })
+    })
+}
+
+/// `service.name` (else `unknown`) and `host.name` (else `host`, else empty) of a resource,
+/// within [`MAX_NAME_BYTES`].
+fn service_and_host(kvs: &[KeyValue], t: &mut Truncated) -> (String, String) {
+    let service = clip(
+        raw_find(kvs, &["service.name"]).unwrap_or("unknown"),
+        MAX_NAME_BYTES,
+        &mut t.names,
+    );
+    let host = clip(
+        raw_find(kvs, &["host.name", "host"]).unwrap_or(""),
+        MAX_NAME_BYTES,
+        &mut t.names,
+    );
+    (service, host)
 }
 
 fn find<'a>(attrs: &'a [(String, String)], names: &[&str]) -> Option<&'a str> {
@@ -130,18 +216,17 @@ fn ns_to_us(ns: u64) -> u64 {
 /// Converts a trace export.
 pub fn convert_traces(req: &ExportTraceServiceRequest) -> Converted {
     let mut out = Converted::default();
+    let mut t = Truncated::default();
     for rs in &req.resource_spans {
         let resource: Vec<(String, String)> = rs
             .resource
             .as_ref()
-            .map(|r| pairs(&r.attributes).collect())
+            .map(|r| pairs(&r.attributes, &mut t))
             .unwrap_or_default();
-        let service = find(&resource, &["service.name"])
-            .unwrap_or("unknown")
-            .to_string();
-        let host = find(&resource, &["host.name", "host"])
-            .unwrap_or("")
-            .to_string();
+        let (service, host) = service_and_host(
+            rs.resource.as_ref().map_or(&[][..], |r| &r.attributes[..]),
+            &mut t,
+        );
         for ss in &rs.scope_spans {
             for s in &ss.spans {
                 let trace_id = match trace_hex(&s.trace_id) {
@@ -170,11 +255,13 @@ pub fn convert_traces(req: &ExportTraceServiceRequest) -> Converted {
                             }
                         }
                     };
-                let mut attributes: Vec<(String, String)> = pairs(&s.attributes).collect();
-                let feature = find(&attributes, &["feature", "brownout.feature"])
+                let mut attributes: Vec<(String, String)> = pairs(&s.attributes, &mut t);
+                let name = clip(&s.name, MAX_NAME_BYTES, &mut t.names);
+                let mut feature = find(&attributes, &["feature", "brownout.feature"])
                     .or_else(|| find(&resource, &["feature", "brownout.feature"]))
                     .unwrap_or("")
                     .to_string();
+                t.names += u64::from(cut(&mut feature, MAX_NAME_BYTES));
                 let criticality = find(&attributes, &["criticality", "brownout.criticality"])
                     .or_else(|| find(&resource, &["criticality", "brownout.criticality"]))
                     .and_then(Criticality::parse)
@@ -187,33 +274,47 @@ pub fn convert_traces(req: &ExportTraceServiceRequest) -> Converted {
                 let (status, status_message) = s
                     .status
                     .as_ref()
-                    .map(|st| (st.code.clamp(0, 2) as u8, st.message.clone()))
+                    .map(|st| {
+                        (
+                            st.code.clamp(0, 2) as u8,
+                            clip(&st.message, MAX_MESSAGE_BYTES, &mut t.messages),
+                        )
+                    })
                     .unwrap_or_default();
                 let kind = s.kind.clamp(0, 5) as u8;
                 if status == STATUS_ERROR {
                     let mut fattrs: Vec<(String, String)> = resource.clone();
                     fattrs.extend(attributes.iter().cloned());
-                    for ev in s.events.iter().filter(|e| e.name == "exception") {
-                        fattrs.extend(pairs(&ev.attributes));
+                    if s.events.len() > MAX_EVENTS {
+                        t.events += (s.events.len() - MAX_EVENTS) as u64;
+                    }
+                    for ev in s
+                        .events
+                        .iter()
+                        .take(MAX_EVENTS)
+                        .filter(|e| e.name == "exception")
+                    {
+                        fattrs.extend(pairs(&ev.attributes, &mut t));
                     }
                     fattrs.push(("trace_id".into(), trace_id.clone()));
                     fattrs.push(("span_id".into(), span_id.clone()));
-                    fattrs.push(("span_name".into(), s.name.clone()));
+                    fattrs.push(("span_name".into(), name.clone()));
                     fattrs.push((
                         "latency_ms".into(),
                         format!("{}", duration_us as f64 / 1000.0),
                     ));
                     let fallback = if status_message.is_empty() {
-                        format!("span {} failed", s.name)
+                        format!("span {name} failed")
                     } else {
                         status_message.clone()
                     };
                     let ts_ms = s.end_time_unix_nano.max(s.start_time_unix_nano) / 1_000_000;
-                    let ev = FailureEvent::from_attributes(
+                    let mut ev = FailureEvent::from_attributes(
                         ts_ms,
                         &fallback,
                         fattrs.iter().map(|(k, v)| (k.as_str(), v.clone())),
                     );
+                    limit_event(&mut ev, &mut t);
                     out.failures.push(ev);
                 }
                 attributes.extend(resource.iter().cloned());
@@ -222,7 +323,7 @@ pub fn convert_traces(req: &ExportTraceServiceRequest) -> Converted {
                     span_id,
                     parent_span_id: parent_span_id.clone(),
                     service: service.clone(),
-                    name: s.name.clone(),
+                    name,
                     kind,
                     start_us,
                     duration_us,
@@ -237,6 +338,7 @@ pub fn convert_traces(req: &ExportTraceServiceRequest) -> Converted {
             }
         }
     }
+    out.truncated = t;
     out
 }
 
@@ -253,18 +355,17 @@ pub fn is_error(severity_number: i32, severity_text: &str) -> bool {
 /// Converts a logs export.
 pub fn convert_logs(req: &ExportLogsServiceRequest, now_ms: u64) -> Converted {
     let mut out = Converted::default();
+    let mut t = Truncated::default();
     for rl in &req.resource_logs {
         let resource: Vec<(String, String)> = rl
             .resource
             .as_ref()
-            .map(|r| pairs(&r.attributes).collect())
+            .map(|r| pairs(&r.attributes, &mut t))
             .unwrap_or_default();
-        let service = find(&resource, &["service.name"])
-            .unwrap_or("unknown")
-            .to_string();
-        let host = find(&resource, &["host.name", "host"])
-            .unwrap_or("")
-            .to_string();
+        let (service, host) = service_and_host(
+            rl.resource.as_ref().map_or(&[][..], |r| &r.attributes[..]),
+            &mut t,
+        );
         for sl in &rl.scope_logs {
             for r in &sl.log_records {
                 // Ids are optional on logs; present ones must be well-formed.
@@ -300,8 +401,15 @@ pub fn convert_logs(req: &ExportLogsServiceRequest, now_ms: u64) -> Converted {
                 } else {
                     now_ms * 1000
                 };
-                let body = value_to_string(r.body.as_ref());
-                let attributes: Vec<(String, String)> = pairs(&r.attributes).collect();
+                let body = match r.body.as_ref().and_then(|b| b.value.as_ref()) {
+                    Some(Value::StringValue(s)) => clip(s, MAX_MESSAGE_BYTES, &mut t.messages),
+                    _ => {
+                        let mut b = value_to_string(r.body.as_ref());
+                        t.messages += u64::from(cut(&mut b, MAX_MESSAGE_BYTES));
+                        b
+                    }
+                };
+                let attributes: Vec<(String, String)> = pairs(&r.attributes, &mut t);
                 if is_error(r.severity_number, &r.severity_text) {
                     let mut fattrs: Vec<(String, String)> = resource.clone();
                     fattrs.extend(attributes.iter().cloned());
@@ -310,11 +418,12 @@ pub fn convert_logs(req: &ExportLogsServiceRequest, now_ms: u64) -> Converted {
                     {
                         fattrs.push(("trace_id".into(), trace_id.clone()));
                     }
-                    let ev = FailureEvent::from_attributes(
+                    let mut ev = FailureEvent::from_attributes(
                         ts_us / 1000,
                         &body,
                         fattrs.iter().map(|(k, v)| (k.as_str(), v.clone())),
                     );
+                    limit_event(&mut ev, &mut t);
                     out.failures.push(ev);
                 }
                 out.logs.push(LogRow {
@@ -324,13 +433,14 @@ pub fn convert_logs(req: &ExportLogsServiceRequest, now_ms: u64) -> Converted {
                     service: service.clone(),
                     host: host.clone(),
                     severity_number: r.severity_number.clamp(0, 255) as u8,
-                    severity_text: r.severity_text.clone(),
+                    severity_text: clip(&r.severity_text, MAX_NAME_BYTES, &mut t.names),
                     body,
                     attributes,
                 });
             }
         }
     }
+    out.truncated = t;
     out
 }
 

@@ -8,19 +8,31 @@
 //!                                       spool not empty and store up ──────> replay oldest record (Replay mode), commit
 //! ```
 //!
-//! - A request is *accepted* once its rows hold memory permits and are queued; a handler that
-//!   cannot get permits within `backpressure_wait` answers 503 with `Retry-After`, and so does
-//!   one that finds the spool full. Memory is therefore bounded by `max_inflight_bytes`.
+//! - A request is *acknowledged* only once its rows are durable: committed to the store
+//!   (SQLite with `synchronous=FULL`, or an insert ClickHouse answered), or appended to the
+//!   fsync'ed spool. [`Pipeline::submit_reserved`] waits for that. The writer commits in
+//!   groups: it takes everything queued (≤ `batch_max_rows`, waiting at most
+//!   `batch_max_delay` for more) and writes it as one batch, so concurrent requests share one
+//!   commit (one fsync) and batches grow with the load.
+//! - A handler that cannot get memory permits within `backpressure_wait` answers 503 with
+//!   `Retry-After`, and so does one that finds the spool full. Memory is therefore bounded by
+//!   `max_inflight_bytes`.
+//! - Exactly once: a batch carries an id; the store records it in the same write as its rows
+//!   (SQLite: the `batches` table in the same transaction; ClickHouse: `batch_id` + `seq` per
+//!   row, checked before a replay), so a spool record replayed after a crash between the store
+//!   write and the spool commit is stored once.
 //! - While the spool holds anything, new batches go behind it, so the store sees batches in
 //!   acceptance order.
-//! - When the spool is full and the store is down, the writer keeps its batch in memory and
-//!   retries; its permits stay taken, so new requests get 503 rather than being dropped.
-//! - Shutdown writes what is in memory to the store or, failing that, to the spool.
+//! - When the spool is full and the store is down, the group in hand is refused (503
+//!   `spool_full` + `Retry-After` to each of its requests: none of them was acknowledged, so
+//!   dropping it loses nothing acknowledged), and so are new requests until the spool has room.
+//! - Shutdown writes what is queued to the store or, failing that, to the spool, and answers
+//!   its requests; what neither takes is refused, not acknowledged.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use super::spool::{Spool, SpoolError};
 use crate::config::{IngestConfig, SpoolConfig};
@@ -38,6 +50,8 @@ pub enum SubmitError {
     SpoolFull { retry_after_secs: u32 },
     #[error("ingest is shutting down")]
     Closed,
+    #[error("the rows could not be made durable (store and spool both failed); retry in 5 s")]
+    NotStored,
     #[error(transparent)]
     Tenant(#[from] super::limits::TenantLimitError),
 }
@@ -46,6 +60,20 @@ struct Item {
     batch: Batch,
     /// Memory budget held until the batch is written or spooled.
     permit: OwnedSemaphorePermit,
+    /// Told `Ok` once the rows are durable (store or spool), else why they were not kept.
+    done: oneshot::Sender<Result<(), SubmitError>>,
+}
+
+/// What the writer holds for each queued request until its group is durable.
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    done: oneshot::Sender<Result<(), SubmitError>>,
+}
+
+fn settle(held: &mut Vec<Held>, r: Result<(), SubmitError>) {
+    for h in held.drain(..) {
+        let _ = h.done.send(r.clone());
+    }
 }
 
 /// Cloneable handle handlers use to submit rows.
@@ -125,6 +153,7 @@ impl Pipeline {
             write_timeout,
             metrics: metrics.clone(),
             spool_full: Arc::clone(&spool_full),
+            retry_after_secs: spool.retry_after_secs,
             permits: Arc::clone(&permits),
             max_permits,
             status: status_tx,
@@ -149,7 +178,7 @@ impl Pipeline {
     }
 
     /// Accepts a batch (its id is replaced by the writer's), holding `approx_bytes` of the
-    /// memory budget until it is written or spooled.
+    /// memory budget until it is written or spooled; returns once it is durable.
     ///
     /// # Errors
     /// [`SubmitError`] when it cannot be accepted now; nothing of it is kept.
@@ -158,7 +187,7 @@ impl Pipeline {
             return Ok(());
         }
         let r = self.reserve(approx_bytes).await?;
-        self.submit_reserved(batch, r)
+        self.submit_reserved(batch, r).await
     }
 
     /// Takes `approx_bytes` of the memory budget *before* a request is decoded, so requests
@@ -194,25 +223,48 @@ impl Pipeline {
         Ok(Reservation(permit))
     }
 
-    /// Queues a batch under a reservation (released when it is written or spooled).
+    /// Queues a batch under a reservation (released when it is written or spooled) and waits
+    /// until it is durable: committed to the store or appended to the fsync'ed spool. Only then
+    /// may a receiver acknowledge it.
     ///
     /// # Errors
-    /// [`SubmitError::Closed`] after shutdown.
-    pub fn submit_reserved(&self, batch: Batch, r: Reservation) -> Result<(), SubmitError> {
+    /// [`SubmitError::Closed`] after shutdown, [`SubmitError::NotStored`] when neither the
+    /// store nor the spool took it (the caller answers 503; the rows may or may not be stored).
+    pub async fn submit_reserved(&self, batch: Batch, r: Reservation) -> Result<(), SubmitError> {
         if batch.is_empty() {
             return Ok(());
         }
+        let (done, durable) = oneshot::channel();
         self.tx
-            .send(Item { batch, permit: r.0 })
-            .map_err(|_| SubmitError::Closed)
+            .send(Item {
+                batch,
+                permit: r.0,
+                done,
+            })
+            .map_err(|_| SubmitError::Closed)?;
+        durable.await.unwrap_or(Err(SubmitError::NotStored))
     }
 }
 
 /// Memory taken from the ingest budget; given back when dropped or when its batch is written.
 pub struct Reservation(OwnedSemaphorePermit);
 
+impl Reservation {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.0.num_permits()
+    }
+
+    /// Adds `other`'s memory to this reservation.
+    pub fn merge(&mut self, other: Reservation) {
+        self.0.merge(other.0);
+    }
+}
+
 struct Writer {
     store: Arc<dyn Store>,
+    /// `Retry-After` of a refusal for a full spool.
+    retry_after_secs: u32,
     spool: Arc<Mutex<Spool>>,
     rx: mpsc::UnboundedReceiver<Item>,
     max_rows: usize,
@@ -232,7 +284,7 @@ struct Writer {
 impl Writer {
     async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut pending = Batch::default();
-        let mut held: Vec<OwnedSemaphorePermit> = Vec::new();
+        let mut held: Vec<Held> = Vec::new();
         let mut deadline: Option<tokio::time::Instant> = None;
         let mut retry_at = tokio::time::Instant::now();
         let mut backoff = Duration::from_millis(200);
@@ -248,13 +300,19 @@ impl Writer {
                     }
                 }
                 msg = self.rx.recv() => {
-                    let Some(mut item) = msg else { break };
-                    pending.append(&mut item.batch);
-                    held.push(item.permit);
+                    let Some(item) = msg else { break };
+                    take(&mut pending, &mut held, item);
+                    // Group commit: everything already queued joins this batch.
+                    while pending.num_rows() < self.max_rows {
+                        match self.rx.try_recv() {
+                            Ok(item) => take(&mut pending, &mut held, item),
+                            Err(_) => break,
+                        }
+                    }
                     if deadline.is_none() {
                         deadline = Some(tokio::time::Instant::now() + self.max_delay);
                     }
-                    if pending.num_rows() >= self.max_rows {
+                    if pending.num_rows() >= self.max_rows || self.max_delay.is_zero() {
                         self.flush(&mut pending, &mut held).await;
                         deadline = None;
                     }
@@ -276,9 +334,8 @@ impl Writer {
         }
         // Shutdown: take what is queued, then write it once to the store or the spool.
         self.rx.close();
-        while let Ok(mut item) = self.rx.try_recv() {
-            pending.append(&mut item.batch);
-            held.push(item.permit);
+        while let Ok(item) = self.rx.try_recv() {
+            take(&mut pending, &mut held, item);
         }
         self.flush(&mut pending, &mut held).await;
         tracing::info!(spool_bytes = self.spool_bytes(), "ingest writer stopped");
@@ -342,77 +399,68 @@ impl Writer {
 
     /// Writes `pending` to the store or the spool; keeps retrying (holding its memory) while
     /// neither can take it, except at shutdown where a last spool failure is logged loudly.
-    async fn flush(&mut self, pending: &mut Batch, held: &mut Vec<OwnedSemaphorePermit>) {
+    async fn flush(&mut self, pending: &mut Batch, held: &mut Vec<Held>) {
         if pending.is_empty() {
-            held.clear();
+            settle(held, Ok(()));
             return;
         }
         let mut batch = std::mem::take(pending);
         batch.id = crate::store::new_batch_id();
         let mut delay = Duration::from_millis(100);
-        loop {
+        let mut tries = 0;
+        let result = loop {
             if self.spool_is_empty() && self.store_up {
                 if self.timed_write(&batch, WriteMode::Fresh).await {
-                    break;
+                    break Ok(());
                 }
                 self.store_up = false;
             }
             match self.spool_append(&batch).await {
-                Ok(()) => break,
+                Ok(()) => break Ok(()),
                 Err(SpoolError::Full { .. }) => {
                     self.spool_full
                         .store(true, std::sync::atomic::Ordering::Relaxed);
                     self.publish();
-                    // Make room by replaying, or wait for the store to come back.
-                    if !self.replay_one().await {
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
-                    }
-                    if self.shutting_down() {
-                        // Past the bound rather than lose accepted rows at exit.
-                        match self.spool_append_mode(&batch, false).await {
-                            Ok(()) => tracing::warn!(
-                                rows = batch.num_rows(),
-                                "shutdown with the store down and the spool full: spooled past spool.max_bytes"
-                            ),
-                            Err(e) => tracing::error!(
-                                error = %e,
-                                rows = batch.num_rows(),
-                                "shutdown: cannot spool; these accepted rows are lost"
-                            ),
-                        }
-                        break;
+                    // Make room by replaying once; if the store cannot take it either, these
+                    // rows are refused (nothing of them was acknowledged): 503 + Retry-After.
+                    tries += 1;
+                    if tries > 1 || !self.replay_one().await {
+                        tracing::warn!(
+                            rows = batch.num_rows(),
+                            "store down and spool full: refusing these rows (503 spool_full)"
+                        );
+                        self.metrics.reject_n("spool_full", held.len() as u64);
+                        break Err(SubmitError::SpoolFull {
+                            retry_after_secs: self.retry_after_secs,
+                        });
                     }
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "spool append failed; retrying");
+                    tries += 1;
+                    tracing::error!(error = %e, "spool append failed");
+                    if tries >= 3 || self.shutting_down() {
+                        break Err(SubmitError::NotStored);
+                    }
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
-        }
-        held.clear();
+        };
+        settle(held, result);
         self.publish();
     }
 
     async fn spool_append(&self, batch: &Batch) -> Result<(), SpoolError> {
-        self.spool_append_mode(batch, true).await
-    }
-
-    async fn spool_append_mode(&self, batch: &Batch, bounded: bool) -> Result<(), SpoolError> {
         let payload = serde_json::to_vec(batch).map_err(|e| SpoolError::Io {
             path: "<encode>".into(),
             source: std::io::Error::other(e),
         })?;
         let spool = Arc::clone(&self.spool);
         let r = tokio::task::spawn_blocking(move || {
-            spool.lock().map_err(|_| poisoned()).and_then(|mut s| {
-                if bounded {
-                    s.append(&payload)
-                } else {
-                    s.append_over_limit(&payload)
-                }
-            })
+            spool
+                .lock()
+                .map_err(|_| poisoned())
+                .and_then(|mut s| s.append(&payload))
         })
         .await
         .map_err(|e| SpoolError::Io {
@@ -505,6 +553,14 @@ fn poisoned() -> SpoolError {
         path: "<spool>".into(),
         source: std::io::Error::other("spool mutex poisoned"),
     }
+}
+
+fn take(pending: &mut Batch, held: &mut Vec<Held>, mut item: Item) {
+    pending.append(&mut item.batch);
+    held.push(Held {
+        _permit: item.permit,
+        done: item.done,
+    });
 }
 
 async fn sleep_until_opt(d: Option<tokio::time::Instant>) {

@@ -30,7 +30,7 @@ use crate::api::ApiDeps;
 use crate::auth::Tokens;
 use crate::config::Config;
 use crate::ingest::hosts::HostRegistry;
-use crate::ingest::limits::{CappedListener, OverCap};
+use crate::ingest::listen::{CappedListener, ConnLimits, OverCap, serve_http};
 use crate::ingest::pipeline::PipelineTask;
 use crate::ingest::{FailureTagger, IngestState, Pipeline, WriterStatus};
 use crate::metrics::Metrics;
@@ -273,15 +273,18 @@ impl App {
                 .ingest
                 .connections_refused_total
                 .with_label_values(&[name]);
-            CappedListener::new(l, state.config.max_connections, over, refused)
+            CappedListener::new(l, ConnLimits::from_config(&state.config), over, refused)
         };
-        let http_srv = axum::serve(cap(listeners.http, "http", OverCap::Http503), main)
-            .with_graceful_shutdown(stopped());
-        let otlp_srv = axum::serve(
+        let http_srv = serve_http(
+            cap(listeners.http, "http", OverCap::Http503),
+            main,
+            stopped(),
+        );
+        let otlp_srv = serve_http(
             cap(listeners.otlp_http, "otlp_http", OverCap::Http503),
             otlp_http,
-        )
-        .with_graceful_shutdown(stopped());
+            stopped(),
+        );
         let grpc_srv = crate::ingest::grpc::serve(
             state.ingest.clone(),
             cap(listeners.otlp_grpc, "otlp_grpc", OverCap::Close),

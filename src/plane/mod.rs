@@ -120,6 +120,31 @@ impl PlaneOptions {
     }
 }
 
+/// The report pages' CSP: self-contained documents (their style is inline so that a saved or
+/// mailed report looks the same), no script at all, never framed; plus `nosniff` and the UI's
+/// referrer policy.
+const REPORT_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; \
+                          base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+async fn report_security_headers(mut res: axum::response::Response) -> axum::response::Response {
+    use axum::http::{HeaderValue, header};
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(REPORT_CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    res
+}
+
 /// Tags failures with their pattern id at ingest, observing them into the engine. A deliberate
 /// refusal (docs/SLO.md "Deliberate refusals") is not a failure pattern: it is stored untagged
 /// and never reaches the miner, so the feed, the UI and the controller's new-pattern trigger
@@ -243,11 +268,14 @@ impl Plane {
         let tokens = state.tokens.clone();
         let read_api = crate::patterns::api::router(patterns.clone())
             .merge(crate::slo::http::router(slo.clone()))
-            .merge(crate::report::store::router(
-                state.store.clone(),
-                report_slos.clone(),
-                opts.cluster.clone(),
-            ))
+            .merge(
+                crate::report::store::router(
+                    state.store.clone(),
+                    report_slos.clone(),
+                    opts.cluster.clone(),
+                )
+                .layer(axum::middleware::map_response(report_security_headers)),
+            )
             // Reports are read in browsers too: the UI's login cookie works here as well.
             .route_layer(axum::middleware::from_fn_with_state(
                 tokens.clone(),

@@ -153,7 +153,7 @@ fn run_loop(policy: Policy, mode: Refusals, until_ms: u64) -> (Vec<Change>, Tier
                 until_ms: PIN_AT + PIN_FOR,
                 reason: "drill".into(),
             }),
-            instance_overrides: Default::default(),
+            ..Inputs::default()
         };
         let d = ctl.step(&inputs);
         if d.tier != tier || d.transition != Transition::Hold {

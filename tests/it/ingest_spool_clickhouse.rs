@@ -21,7 +21,7 @@ const INGEST: &str = "ingest-token-aaaaaaaaaaaa";
 const READ: &str = "read-token-bbbbbbbbbbbbbb";
 
 /// Our own clickhouse-server: started as a child (not `--daemon`) so we hold its PID.
-struct OwnClickHouse {
+pub(crate) struct OwnClickHouse {
     dir: std::path::PathBuf,
     http_port: u16,
     tcp_port: u16,
@@ -38,7 +38,7 @@ fn free_port() -> u16 {
 }
 
 impl OwnClickHouse {
-    fn new(dir: &std::path::Path) -> OwnClickHouse {
+    pub(crate) fn new(dir: &std::path::Path) -> OwnClickHouse {
         OwnClickHouse {
             dir: dir.to_path_buf(),
             http_port: free_port(),
@@ -48,11 +48,11 @@ impl OwnClickHouse {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.http_port)
     }
 
-    async fn start(&mut self) {
+    pub(crate) async fn start(&mut self) {
         // reqwest is built without a default crypto provider; do not rely on another test in
         // this binary having installed it first.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -99,7 +99,7 @@ impl OwnClickHouse {
     }
 
     /// SIGKILL: a hard stop, mid-insert if one is running.
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();

@@ -7,6 +7,7 @@
 
 mod alerts_rules;
 mod dashboards_valid;
+mod degrade_override;
 mod degrade_policy;
 mod degrade_protocol_doc;
 mod degrade_self_latch;
@@ -15,9 +16,12 @@ mod drills;
 mod error_contract;
 mod harness_real_servers;
 mod ingest_config;
+mod ingest_crash;
+mod ingest_hostile;
 mod ingest_http;
 mod ingest_limits;
 mod ingest_otlp_exporter;
+mod ingest_slow_clients;
 mod ingest_spool_clickhouse;
 mod patterns_accuracy;
 mod patterns_cli;

@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod handlers;
+pub mod listen;
 pub mod openai;
 pub mod server;
 pub mod text;
@@ -19,7 +20,8 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 
 pub use error::ApiError;
-pub use server::{ModelChoice, ServeOptions, build_state, run_server};
+pub use listen::ConnLimits;
+pub use server::{ModelChoice, ServeOptions, build_state, run_server, run_server_with};
 
 use crate::control::ControlHandle;
 use crate::gate::{Gate, GateConfig};

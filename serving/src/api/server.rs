@@ -11,6 +11,7 @@ use axum::Router;
 use brownout_protocol::Criticality;
 use tokio::net::TcpListener;
 
+use super::listen::{CappedListener, ConnLimits, OverCap};
 use super::{ApiOptions, AppState, ModelCodec, TextCodec, ToyCodec};
 use crate::control::ControlHandle;
 use crate::gate::GateConfig;
@@ -257,7 +258,8 @@ async fn warm_up(state: &AppState) -> anyhow::Result<()> {
 }
 
 /// Serves `router(state)` (merged with `extra`, e.g. the control plane's `/v1/features`) on
-/// `listener` until `shutdown` resolves, then drains in-flight requests for up to 10 s.
+/// `listener` until `shutdown` resolves, then drains in-flight requests for up to 10 s. The
+/// connection limits are [`ConnLimits::default`].
 ///
 /// # Errors
 /// Socket errors from the server.
@@ -270,23 +272,40 @@ pub async fn run_server<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    run_server_with(state, extra, listener, ConnLimits::default(), shutdown).await
+}
+
+/// [`run_server`] with explicit connection limits (caps per listener and per client address,
+/// header-read and idle timeouts: [`super::listen`]).
+///
+/// # Errors
+/// Socket errors from the server.
+pub async fn run_server_with<F>(
+    state: AppState,
+    extra: Option<Router>,
+    listener: TcpListener,
+    limits: ConnLimits,
+    shutdown: F,
+) -> std::io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     let mut app = super::router(state);
     if let Some(extra) = extra {
         app = app.merge(extra);
     }
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
-    // TCP_NODELAY: each SSE token is a small write; with Nagle's algorithm on, a reused
-    // connection waits for the peer's delayed ACK (~40 ms) before sending the next one.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY: {e}");
-        }
-    });
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown.await;
-        let _ = drain_tx.send(());
-    });
-    let mut server = std::pin::pin!(server.into_future());
+    // TCP_NODELAY is set on every accepted connection (super::listen): each SSE token is a
+    // small write that must not wait for the peer's delayed ACK.
+    let server = super::listen::serve_http(
+        CappedListener::new(listener, limits, OverCap::Http503),
+        app,
+        async move {
+            shutdown.await;
+            let _ = drain_tx.send(());
+        },
+    );
+    let mut server = std::pin::pin!(server);
     tokio::select! {
         r = &mut server => r,
         _ = async { let _ = drain_rx.await; tokio::time::sleep(Duration::from_secs(10)).await } => {

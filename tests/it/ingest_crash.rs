@@ -1,0 +1,229 @@
+//! Acknowledged means durable: the real `brownout serve` binary is killed with SIGKILL while
+//! four clients send failure events, restarted on the same data dir, and every event it
+//! acknowledged with 200 must be stored exactly once — with no event stored twice. This is the
+//! `brownout drill plane-kill` function, with the kill and the restart done by the test.
+//!
+//! - embedded SQLite (always);
+//! - ClickHouse (our own clickhouse-server on its own ports and data dir, or
+//!   `CLICKHOUSE_TEST_URL` when set, with a table prefix of the test's own).
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use brownout::drill::{self, Fault, Target};
+use brownout_test_support::{free_port, unique};
+
+use crate::ingest_spool_clickhouse::OwnClickHouse;
+
+const INGEST: &str = "ingest-token-crash-aaaaaaa";
+const READ: &str = "read-token-crash-bbbbbbbbb";
+const ADMIN: &str = "admin-token-crash-cccccccc";
+
+/// One `brownout serve` child on fixed ports and a data dir that outlive it.
+struct Serve {
+    config: std::path::PathBuf,
+    http: u16,
+    child: Option<Child>,
+    log: std::path::PathBuf,
+}
+
+impl Serve {
+    fn new(dir: &std::path::Path, clickhouse: Option<(&str, &str)>) -> Serve {
+        let (http, otlp, grpc) = (free_port(), free_port(), free_port());
+        let storage = match clickhouse {
+            Some((url, prefix)) => {
+                format!("clickhouse_url = \"{url}\"\ntable_prefix = \"{prefix}\"\n")
+            }
+            None => String::new(),
+        };
+        let toml = format!(
+            "[server]\nhttp_addr = \"127.0.0.1:{http}\"\notlp_http_addr = \"127.0.0.1:{otlp}\"\n\
+             otlp_grpc_addr = \"127.0.0.1:{grpc}\"\n\n[storage]\ndata_dir = \"{}\"\n{storage}",
+            dir.join("data").display()
+        );
+        let config = dir.join("brownout.toml");
+        std::fs::write(&config, toml).unwrap();
+        Serve {
+            config,
+            http,
+            child: None,
+            log: dir.join("serve.log"),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http)
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_brownout"))
+            .args(["serve", "--config"])
+            .arg(&self.config)
+            .env("BROWNOUT_INGEST_TOKEN", INGEST)
+            .env("BROWNOUT_READ_TOKEN", READ)
+            .env("BROWNOUT_ADMIN_TOKEN", ADMIN)
+            .env("BROWNOUT_COMMAND_KEY", "crash-test-command-key-0123456789")
+            .env_remove("CLICKHOUSE_URL")
+            .env_remove("REDIS_URL")
+            .env_remove("BROWNOUT_DATA_DIR")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    /// SIGKILL: no shutdown flush, no lease release, as a crash.
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    async fn wait_ready(url: String, log: std::path::PathBuf) -> anyhow::Result<()> {
+        let c = reqwest::Client::new();
+        for _ in 0..600 {
+            if c.get(format!("{url}/healthz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::bail!(
+            "brownout serve did not answer on {url}: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        )
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+async fn kill_mid_ingest(clickhouse: Option<(&str, &str)>, events: usize) {
+    kill_mid_ingest_then(clickhouse, events, None).await;
+}
+
+/// The drill with the kill done by the test; `also_recover` runs after the restart (e.g. the
+/// store comes back).
+async fn kill_mid_ingest_then(
+    clickhouse: Option<(&str, &str)>,
+    events: usize,
+    also_recover: Option<Box<dyn FnOnce() -> futures::future::BoxFuture<'static, ()> + Send>>,
+) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Serve::new(dir.path(), clickhouse);
+    s.spawn();
+    Serve::wait_ready(s.url(), s.log.clone()).await.unwrap();
+    let (url, log) = (s.url(), s.log.clone());
+    let s = Arc::new(Mutex::new(s));
+    let s1 = Arc::clone(&s);
+    let mut kill = Fault::Call(Box::new(move || {
+        s1.lock().unwrap().kill9();
+        Ok(())
+    }));
+    let s2 = Arc::clone(&s);
+    let also = Arc::new(Mutex::new(also_recover));
+    let mut restart = Fault::Async(Box::new(move || {
+        s2.lock().unwrap().spawn();
+        let ready = Serve::wait_ready(url.clone(), log.clone());
+        let also = also.lock().unwrap().take();
+        Box::pin(async move {
+            ready.await?;
+            if let Some(f) = also {
+                f().await;
+            }
+            Ok(())
+        })
+    }));
+    let t = Target {
+        plane: s.lock().unwrap().url(),
+        read_token: Some(READ.into()),
+        admin_token: Some(ADMIN.into()),
+        ingest_token: Some(INGEST.into()),
+    };
+    let rep = drill::plane_kill(
+        &t,
+        &mut kill,
+        Some(&mut restart),
+        events,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    eprintln!("{}", rep.render());
+    assert!(rep.passed, "{}", rep.render());
+    // The kill came mid-ingest: some events were acknowledged before it, and not all were.
+    let acked = rep.figures["acked"].as_u64().unwrap();
+    let at_kill = rep.figures["acked_at_kill"].as_u64().unwrap();
+    assert!(at_kill > 0, "{}", rep.render());
+    assert!(
+        acked < events as u64,
+        "the kill came after everything was sent"
+    );
+    assert!(
+        rep.figures["stored_rows"].as_u64().unwrap() >= acked,
+        "{}",
+        rep.render()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_serve_on_sqlite_loses_no_acknowledged_event() {
+    kill_mid_ingest(None, 20_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_serve_on_clickhouse_loses_no_acknowledged_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut own = None;
+    let url = match std::env::var("CLICKHOUSE_TEST_URL") {
+        Ok(u) if !u.is_empty() => u,
+        _ => {
+            let mut ch = OwnClickHouse::new(dir.path());
+            ch.start().await;
+            let u = ch.url();
+            own = Some(ch);
+            u
+        }
+    };
+    let prefix = unique("crash_") + "_";
+    kill_mid_ingest(Some((&url, &prefix)), 20_000).await;
+    drop(own);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_while_spooling_for_a_dead_clickhouse_loses_nothing_acknowledged() {
+    // ClickHouse is down for the whole run: every acknowledged batch is in the spool when
+    // `brownout serve` is killed; it is restarted (ClickHouse still down), then ClickHouse
+    // comes back and the spool is replayed exactly once.
+    let dir = tempfile::tempdir().unwrap();
+    let mut ch = OwnClickHouse::new(dir.path());
+    ch.start().await;
+    let url = ch.url();
+    ch.kill();
+    let ch = Arc::new(tokio::sync::Mutex::new(ch));
+    let ch2 = Arc::clone(&ch);
+    let back: Box<dyn FnOnce() -> futures::future::BoxFuture<'static, ()> + Send> =
+        Box::new(move || {
+            Box::pin(async move {
+                ch2.lock().await.start().await;
+            })
+        });
+    let prefix = unique("spoolcrash_") + "_";
+    kill_mid_ingest_then(Some((&url, &prefix)), 5_000, Some(back)).await;
+    drop(ch);
+}

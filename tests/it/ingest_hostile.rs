@@ -1,0 +1,368 @@
+//! Hostile single requests against a running control plane (embedded SQLite, real sockets):
+//! a million attributes is refused before it is decoded (OTLP/HTTP 413, gRPC
+//! INVALID_ARGUMENT); an 8 MiB `service.name` and thousands of attributes are cut to the
+//! per-item limits with a marker, said in `partial_success` and counted; a malformed gRPC
+//! message is INVALID_ARGUMENT; `ts` past 2106 or before 1970 is refused saying so; `/reports`
+//! carries a CSP, `nosniff` and `frame-ancestors 'none'`.
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use brownout::auth::Tokens;
+use brownout::config::{Config, Secret};
+use brownout::degrade::{InProcBus, Transport};
+use brownout::plane::{App, Listeners, Plane, PlaneOptions};
+use bytes::{Buf, BufMut};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
+use prost::Message;
+use serde_json::Value as J;
+
+const INGEST: &str = "ingest-token-hostile-aaaa";
+const READ: &str = "read-token-hostile-bbbbbb";
+const ADMIN: &str = "admin-token-hostile-ccccc";
+
+struct Cp {
+    plane: Plane,
+    http: String,
+    otlp: String,
+    grpc: String,
+    _dir: tempfile::TempDir,
+}
+
+async fn start() -> Cp {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::defaults();
+    config.data_dir = dir.path().to_path_buf();
+    let tokens = Tokens::new(
+        Some(Secret::new(INGEST)),
+        Some(Secret::new(READ)),
+        Some(Secret::new(ADMIN)),
+    );
+    let app = App::build(config, tokens).await.unwrap();
+    let listeners = Listeners::loopback().await.unwrap();
+    let (http, otlp, grpc) = listeners.addrs();
+    let opts = PlaneOptions::defaults(
+        "hostile",
+        b"hostile-command-key",
+        Transport::InProc(InProcBus::new()),
+    )
+    .unwrap();
+    let plane = Plane::start(app, listeners, opts).await.unwrap();
+    Cp {
+        plane,
+        http: format!("http://{http}"),
+        otlp: format!("http://{otlp}"),
+        grpc: format!("http://{grpc}"),
+        _dir: dir,
+    }
+}
+
+fn kv(k: impl Into<String>, v: impl Into<String>) -> KeyValue {
+    KeyValue {
+        key: k.into(),
+        value: Some(AnyValue {
+            value: Some(Value::StringValue(v.into())),
+        }),
+        ..KeyValue::default()
+    }
+}
+
+/// One error span of `service` carrying `attrs`.
+fn export(service: &str, attrs: Vec<KeyValue>) -> ExportTraceServiceRequest {
+    let now = brownout_protocol::now_ms() * 1_000_000;
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![kv("service.name", service)],
+                ..Resource::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                spans: vec![Span {
+                    trace_id: rand_id(16),
+                    span_id: rand_id(8),
+                    name: "hostile".into(),
+                    start_time_unix_nano: now,
+                    end_time_unix_nano: now + 1_000_000,
+                    attributes: attrs,
+                    status: Some(Status {
+                        code: 2,
+                        message: "boom".into(),
+                    }),
+                    ..Span::default()
+                }],
+                ..ScopeSpans::default()
+            }],
+            ..ResourceSpans::default()
+        }],
+    }
+}
+
+fn rand_id(n: usize) -> Vec<u8> {
+    (0..n).map(|_| rand::random::<u8>() | 1).collect()
+}
+
+async fn post_traces(
+    c: &reqwest::Client,
+    cp: &Cp,
+    req: &ExportTraceServiceRequest,
+) -> (u16, Vec<u8>) {
+    let r = c
+        .post(format!("{}/v1/traces", cp.otlp))
+        .bearer_auth(INGEST)
+        .header("content-type", "application/x-protobuf")
+        .body(req.encode_to_vec())
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.bytes().await.unwrap().to_vec())
+}
+
+async fn metrics(c: &reqwest::Client, cp: &Cp) -> String {
+    c.get(format!("{}/metrics", cp.http))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+fn metric(text: &str, line_prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(line_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {line_prefix} in /metrics"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_attributes_is_refused_before_decoding() {
+    let cp = start().await;
+    let c = reqwest::Client::new();
+    let attrs: Vec<KeyValue> = (0..1_000_000).map(|i| kv(format!("k{i}"), "v")).collect();
+    let req = export("svc-million", attrs);
+    assert!(req.encoded_len() < 16 << 20, "fits the body limit");
+    let (st, body) = post_traces(&c, &cp, &req).await;
+    assert_eq!(st, 413);
+    // The answer is a google.rpc.Status in protobuf: its message is plain text inside.
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.contains("once decoded") && text.contains("max_inflight_bytes"),
+        "{text}"
+    );
+    // gRPC: the same, INVALID_ARGUMENT (not retried by exporters).
+    let mut g = TraceServiceClient::connect(cp.grpc.clone())
+        .await
+        .unwrap()
+        .max_encoding_message_size(32 << 20);
+    let mut r = tonic::Request::new(req);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {INGEST}").parse().unwrap());
+    let e = g.export(r).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("once decoded"), "{}", e.message());
+    let m = metrics(&c, &cp).await;
+    assert!(
+        metric(
+            &m,
+            "brownout_ingest_rejected_total{reason=\"decoded_too_large\"}"
+        ) >= 2.0
+    );
+    cp.plane.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_names_and_many_attributes_are_cut_with_a_marker_and_counted() {
+    let cp = start().await;
+    let c = reqwest::Client::new();
+    let long_service = "s".repeat(8 << 20);
+    let attrs: Vec<KeyValue> = (0..5000)
+        .map(|i| kv(format!("k{i:05}"), "v".repeat(100)))
+        .collect();
+    let (st, body) = post_traces(&c, &cp, &export(&long_service, attrs)).await;
+    assert_eq!(st, 200);
+    let resp = ExportTraceServiceResponse::decode(&body[..]).unwrap();
+    let ps = resp.partial_success.expect("a warning in partial_success");
+    assert_eq!(ps.rejected_spans, 0);
+    assert!(
+        ps.error_message.contains("cut to the per-item limits"),
+        "{ps:?}"
+    );
+    // The failure is stored under the cut name, with at most 128 attributes and the marker.
+    let cut_name = format!("{}…[+{} bytes]", "s".repeat(256), (8 << 20) - 256);
+    let url = format!("{}/api/v1/failures?limit=10", cp.http);
+    let items = brownout_test_support::eventually_async(
+        "the cut failure to be stored",
+        Duration::from_secs(10),
+        || {
+            let (c, url) = (c.clone(), url.clone());
+            async move {
+                let j: J = c
+                    .get(&url)
+                    .bearer_auth(READ)
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                let items = j["items"].as_array()?.clone();
+                (!items.is_empty()).then_some(items)
+            }
+        },
+    )
+    .await;
+    let f = &items[0];
+    assert_eq!(f["service"].as_str().unwrap(), cut_name);
+    let attrs = f["attributes"].as_object().unwrap();
+    assert!(attrs.len() <= 130, "{} attributes", attrs.len());
+    let dropped: u64 = attrs["brownout.dropped_attributes"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(dropped >= 5000 - 128, "{dropped}");
+    let m = metrics(&c, &cp).await;
+    assert!(metric(&m, "brownout_ingest_truncated_total{what=\"names\"}") >= 1.0);
+    assert!(metric(&m, "brownout_ingest_truncated_total{what=\"attributes\"}") >= 4000.0);
+    cp.plane.stop().await.unwrap();
+}
+
+/// Sends raw bytes as the gRPC message and decodes the answer as prost.
+struct RawCodec<D>(PhantomData<D>);
+struct RawEnc;
+struct ProstDec<D>(PhantomData<D>);
+
+impl<D: Message + Default + Send + 'static> tonic::codec::Codec for RawCodec<D> {
+    type Encode = Vec<u8>;
+    type Decode = D;
+    type Encoder = RawEnc;
+    type Decoder = ProstDec<D>;
+    fn encoder(&mut self) -> RawEnc {
+        RawEnc
+    }
+    fn decoder(&mut self) -> ProstDec<D> {
+        ProstDec(PhantomData)
+    }
+}
+
+impl tonic::codec::Encoder for RawEnc {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        buf: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        buf.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl<D: Message + Default> tonic::codec::Decoder for ProstDec<D> {
+    type Item = D;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<D>, tonic::Status> {
+        let b = buf.copy_to_bytes(buf.remaining());
+        D::decode(b)
+            .map(Some)
+            .map_err(|e| tonic::Status::internal(e.to_string()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_grpc_is_invalid_argument_and_bad_times_say_why() {
+    let cp = start().await;
+    let channel = tonic::transport::Endpoint::from_shared(cp.grpc.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut g = tonic::client::Grpc::new(channel);
+    g.ready().await.unwrap();
+    let mut r = tonic::Request::new(vec![0x0a, 0xff, 0xff, 0x01]);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {INGEST}").parse().unwrap());
+    let e = g
+        .unary::<_, ExportTraceServiceResponse, _>(
+            r,
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+                .parse()
+                .unwrap(),
+            RawCodec::<ExportTraceServiceResponse>(PhantomData),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("not a valid OTLP"), "{}", e.message());
+
+    let c = reqwest::Client::new();
+    for (line, want) in [
+        (
+            r#"{"ts":18446744073709551615,"service":"a","message":"x"}"#,
+            "after 2106",
+        ),
+        (
+            r#"{"ts":"0001-01-01T00:00:00Z","service":"a","message":"x"}"#,
+            "before 1970",
+        ),
+    ] {
+        let r = c
+            .post(format!("{}/v1/failures", cp.otlp))
+            .bearer_auth(INGEST)
+            .body(format!("{line}\n"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400);
+        let j: J = r.json().await.unwrap();
+        let msg = j["errors"][0]["error"].as_str().unwrap_or_default();
+        assert!(msg.contains(want), "{line}: {j}");
+    }
+    let r = c
+        .get(format!(
+            "{}/api/v1/failures?since=0001-01-01T00:00:00Z",
+            cp.http
+        ))
+        .bearer_auth(READ)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(r.text().await.unwrap().contains("before 1970"));
+    cp.plane.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_carry_the_security_headers() {
+    let cp = start().await;
+    let c = reqwest::Client::new();
+    for path in ["/reports", "/reports/current"] {
+        let r = c
+            .get(format!("{}{path}", cp.http))
+            .bearer_auth(READ)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{path}: {}", r.status());
+        let h = r.headers();
+        let csp = h["content-security-policy"].to_str().unwrap();
+        assert!(
+            csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'none'"),
+            "{path}: {csp}"
+        );
+        assert!(!csp.contains("script-src"), "no script on reports: {csp}");
+        assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+    }
+    cp.plane.stop().await.unwrap();
+}
