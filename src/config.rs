@@ -651,13 +651,16 @@ impl RawConfig {
             .var("REDIS_URL")
             .or(self.control.redis_url)
             .filter(|s| !s.is_empty());
-        if let Some(u) = &redis_url
-            && !(u.starts_with("redis://") || u.starts_with("rediss://"))
-        {
-            return Err(field_err(
-                "control.redis_url",
-                format!("{u:?} must start with redis:// or rediss://"),
-            ));
+        if let Some(u) = &redis_url {
+            if u.starts_with(brownout_protocol::redis_ha::SENTINEL_SCHEME) {
+                brownout_protocol::SentinelSpec::parse(u)
+                    .map_err(|e| field_err("control.redis_url", e.to_string()))?;
+            } else if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+                return Err(field_err(
+                    "control.redis_url",
+                    format!("{u:?} must start with redis://, rediss:// or redis+sentinel://"),
+                ));
+            }
         }
 
         Ok(Config {

@@ -4,6 +4,7 @@
 //! own: it sets process environment variables, which no other test may see.
 
 mod degrade_redis;
+mod degrade_sentinel;
 mod degrade_ui;
 mod drills;
 mod e2e_world;
