@@ -27,9 +27,9 @@ pub mod redis_conn;
 #[cfg(feature = "redis")]
 pub mod redis_ha;
 #[cfg(feature = "redis")]
-pub use redis_ha::{HaConnection, RedisTarget, SentinelSpec};
-#[cfg(feature = "redis")]
 pub use redis_conn::{RedisTls, redis_client, redis_client_with};
+#[cfg(feature = "redis")]
+pub use redis_ha::{HaConnection, RedisTarget, SentinelSpec};
 
 pub use command::{
     ALL_INSTANCES, AbortEntry, AbortKind, Command, Criticality, DEFAULT_PROBE_RATIO, EntryApplied,

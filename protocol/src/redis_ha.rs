@@ -24,8 +24,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value,
+};
 
 /// The URL scheme of a Sentinel-resolved Redis.
 pub const SENTINEL_SCHEME: &str = "redis+sentinel://";
@@ -161,9 +165,7 @@ impl SentinelSpec {
     /// # Errors
     /// No Sentinel answered with an address within `timeout` each.
     pub async fn master_addr(&self, timeout: Duration) -> RedisResult<(String, u16)> {
-        self.candidates(timeout)
-            .await
-            .map(|mut v| v.swap_remove(0))
+        self.candidates(timeout).await.map(|mut v| v.swap_remove(0))
     }
 
     /// The distinct addresses the Sentinels report, in the order asked.
@@ -462,7 +464,10 @@ mod tests {
         assert_eq!(s.node_url("::1", 6379), "redis://app:p%40ss@[::1]:6379/2");
         assert!(!format!("{s:?}").contains("p%40ss"), "{s:?}");
         let plain = SentinelSpec::parse("redis+sentinel://h:1/m").unwrap();
-        assert_eq!((plain.db, plain.node_url("h", 7)), (0, "redis://h:7/0".into()));
+        assert_eq!(
+            (plain.db, plain.node_url("h", 7)),
+            (0, "redis://h:7/0".into())
+        );
     }
 
     #[test]

@@ -320,7 +320,10 @@ impl RedisBus {
         let ms = (self.op_timeout / 2).as_millis().max(1) as u64;
         let r: Result<i64, _> = timed(
             self.op_timeout,
-            redis::cmd("WAIT").arg(1).arg(ms).query_async(&mut self.conn),
+            redis::cmd("WAIT")
+                .arg(1)
+                .arg(ms)
+                .query_async(&mut self.conn),
         )
         .await;
         match r {

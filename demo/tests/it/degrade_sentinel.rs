@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use brownout::degrade::redis::{AckEntry, RedisBus};
-use brownout::degrade::{DegradeConfig, DegradeHandle, Override, Policy, Transport, run_controller};
+use brownout::degrade::{
+    DegradeConfig, DegradeHandle, Override, Policy, Transport, run_controller,
+};
 use brownout_protocol::{Ack, SentinelSpec, Tier};
 use brownout_serving::control::{ControlHandle, SubscriberConfig, spawn_subscriber};
 
@@ -40,7 +42,8 @@ tiers:
 "#;
 
 fn on_path(bin: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
 }
 
 /// A process killed (SIGKILL, by its PID) and reaped when dropped.
@@ -191,27 +194,25 @@ impl SentinelSet {
     /// failover needs a majority of Sentinels that know each other).
     async fn wait_ready(&self) {
         let mp = self.master_port;
-        wait_for_async("the replica in sync", Duration::from_secs(20), || async move {
-            let info: Option<String> =
-                Self::query(mp, redis::cmd("INFO").arg("replication")).await;
-            info.is_some_and(|i| i.contains("state=online"))
-        })
+        wait_for_async(
+            "the replica in sync",
+            Duration::from_secs(20),
+            || async move {
+                let info: Option<String> =
+                    Self::query(mp, redis::cmd("INFO").arg("replication")).await;
+                info.is_some_and(|i| i.contains("state=online"))
+            },
+        )
         .await;
         for &sp in &self.sentinel_ports {
             wait_for_async(
                 "every Sentinel sees the replica and the other Sentinels",
                 Duration::from_secs(30),
                 || async move {
-                    let replicas: Option<Vec<redis::Value>> = Self::query(
-                        sp,
-                        redis::cmd("SENTINEL").arg("replicas").arg(MASTER),
-                    )
-                    .await;
-                    let peers: Option<Vec<redis::Value>> = Self::query(
-                        sp,
-                        redis::cmd("SENTINEL").arg("sentinels").arg(MASTER),
-                    )
-                    .await;
+                    let replicas: Option<Vec<redis::Value>> =
+                        Self::query(sp, redis::cmd("SENTINEL").arg("replicas").arg(MASTER)).await;
+                    let peers: Option<Vec<redis::Value>> =
+                        Self::query(sp, redis::cmd("SENTINEL").arg("sentinels").arg(MASTER)).await;
                     replicas.is_some_and(|r| r.len() == 1) && peers.is_some_and(|p| p.len() == 2)
                 },
             )
@@ -290,9 +291,11 @@ async fn sentinel_failover_keeps_commands_flowing_each_applied_once_and_the_leas
     }
 
     h.set_override(pin(Tier::T1));
-    wait_for("T1 everywhere before the failover", Duration::from_secs(10), || {
-        serving.iter().all(|s| s.tier() == Tier::T1)
-    })
+    wait_for(
+        "T1 everywhere before the failover",
+        Duration::from_secs(10),
+        || serving.iter().all(|s| s.tier() == Tier::T1),
+    )
     .await;
     let before = serving[0].current().command.order_key();
     let epoch_before = h.leader_epoch().expect("cp-a leads");
@@ -316,9 +319,11 @@ async fn sentinel_failover_keeps_commands_flowing_each_applied_once_and_the_leas
     )
     .await;
     let promoted = killed.elapsed();
-    wait_for("T2 everywhere after the failover", Duration::from_secs(20), || {
-        serving.iter().all(|s| s.tier() == Tier::T2)
-    })
+    wait_for(
+        "T2 everywhere after the failover",
+        Duration::from_secs(20),
+        || serving.iter().all(|s| s.tier() == Tier::T2),
+    )
     .await;
     // A figure for docs/SCALING.md, not an assertion.
     eprintln!(
