@@ -794,6 +794,14 @@ mod tests {
                 "[storage]\ntable_prefix = \"a;drop\"\n",
                 "storage.table_prefix",
             ),
+            (
+                "[control]\nredis_url = \"redis+sentinel://s1:26379/\"\n",
+                "control.redis_url",
+            ),
+            (
+                "[control]\nredis_url = \"sentinel://s1/m\"\n",
+                "control.redis_url",
+            ),
             ("[auth]\nread_token = \"short\"\n", "auth.read_token"),
             ("[storage]\nretention_days = \"ten\"\n", "retention_days"),
         ];
@@ -804,6 +812,14 @@ mod tests {
             assert!(err.starts_with("bad.toml"), "{err}");
             assert!(err.contains(want), "{text:?}: got {err:?}, want {want:?}");
         }
+    }
+
+    #[test]
+    fn sentinel_redis_url_is_accepted() {
+        let url = "redis+sentinel://app:pw@s1:26379,s2/mymaster/1";
+        let text = format!("[control]\nredis_url = \"{url}\"\n");
+        let c = Config::from_toml_str("x.toml", &text, &BTreeMap::new()).unwrap();
+        assert_eq!(c.redis_url.as_deref(), Some(url));
     }
 
     #[test]
