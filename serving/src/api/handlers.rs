@@ -722,7 +722,14 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
 
 pub async fn debug_kv(State(st): State<AppState>) -> Response {
     match st.inner.engine.debug_kv().await {
-        Some(d) => Json(d).into_response(),
+        Some(d) => {
+            // The instance id lets a gpu-agent report the id commands address this tier by.
+            let mut v = serde_json::to_value(&d).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                o.insert("instance_id".into(), st.inner.control.instance_id().into());
+            }
+            Json(v).into_response()
+        }
         None => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "engine_stopped",
