@@ -12,6 +12,7 @@ SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-cli >/dev/null || need+=(redis-tools)
+command -v redis-sentinel >/dev/null || need+=(redis-sentinel)   # demo tests: degrade_sentinel
 command -v clickhouse-server >/dev/null || need+=(clickhouse-server)
 command -v clickhouse-client >/dev/null || need+=(clickhouse-client)
 command -v promtool >/dev/null || need+=(prometheus)

@@ -686,13 +686,16 @@ impl RawConfig {
             .var("REDIS_URL")
             .or(self.control.redis_url)
             .filter(|s| !s.is_empty());
-        if let Some(u) = &redis_url
-            && !(u.starts_with("redis://") || u.starts_with("rediss://"))
-        {
-            return Err(field_err(
-                "control.redis_url",
-                format!("{u:?} must start with redis:// or rediss://"),
-            ));
+        if let Some(u) = &redis_url {
+            if u.starts_with(brownout_protocol::redis_ha::SENTINEL_SCHEME) {
+                brownout_protocol::SentinelSpec::parse(u)
+                    .map_err(|e| field_err("control.redis_url", e.to_string()))?;
+            } else if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+                return Err(field_err(
+                    "control.redis_url",
+                    format!("{u:?} must start with redis://, rediss:// or redis+sentinel://"),
+                ));
+            }
         }
 
         Ok(Config {
@@ -829,6 +832,14 @@ mod tests {
                 "[storage]\ntable_prefix = \"a;drop\"\n",
                 "storage.table_prefix",
             ),
+            (
+                "[control]\nredis_url = \"redis+sentinel://s1:26379/\"\n",
+                "control.redis_url",
+            ),
+            (
+                "[control]\nredis_url = \"sentinel://s1/m\"\n",
+                "control.redis_url",
+            ),
             ("[auth]\nread_token = \"short\"\n", "auth.read_token"),
             ("[storage]\nretention_days = \"ten\"\n", "retention_days"),
         ];
@@ -839,6 +850,14 @@ mod tests {
             assert!(err.starts_with("bad.toml"), "{err}");
             assert!(err.contains(want), "{text:?}: got {err:?}, want {want:?}");
         }
+    }
+
+    #[test]
+    fn sentinel_redis_url_is_accepted() {
+        let url = "redis+sentinel://app:pw@s1:26379,s2/mymaster/1";
+        let text = format!("[control]\nredis_url = \"{url}\"\n");
+        let c = Config::from_toml_str("x.toml", &text, &BTreeMap::new()).unwrap();
+        assert_eq!(c.redis_url.as_deref(), Some(url));
     }
 
     #[test]

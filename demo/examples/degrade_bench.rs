@@ -11,7 +11,8 @@
 //! ```text
 //! cargo run --example degrade_bench -- [subscribers=10] [commands=500] [restarts=5]
 //! ```
-//! Uses REDIS_URL (default redis://127.0.0.1:6379) for part 1; needs `redis-server` on PATH.
+//! Uses REDIS_URL (default redis://127.0.0.1:6379; `redis+sentinel://…` too, e.g. under
+//! `bench/with-sentinel.sh`) for part 1; needs `redis-server` on PATH.
 
 use std::net::TcpListener;
 use std::process::{Child, Stdio};
@@ -67,7 +68,10 @@ async fn latency(url: &str, n_subs: usize, n_cmds: u64) -> anyhow::Result<()> {
         .try_acquire(60_000, 0)
         .await?
         .ok_or_else(|| anyhow::anyhow!("lease held"))?;
-    let mut conn = redis::Client::open(url)?
+    // The node to read acks from (for redis+sentinel://, the master Sentinel names now).
+    let mut conn = brownout_protocol::RedisTarget::parse(url)?
+        .client(Duration::from_secs(1))
+        .await?
         .get_multiplexed_async_connection()
         .await?;
     let keys = brownout_protocol::RedisKeys::new(&cl)?;

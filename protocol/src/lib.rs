@@ -13,7 +13,8 @@
 //!
 //! It has no IO and no async: everything here is a value, a parser or a pure function. The
 //! optional `redis` feature adds [`redis_conn`], which builds a Redis client from a URL and the
-//! TLS files named in the environment (it reads those files, nothing else).
+//! TLS files named in the environment (it reads those files, nothing else), and [`redis_ha`],
+//! which resolves a `redis+sentinel://` URL's master through Sentinel and follows failovers (async IO).
 
 pub mod command;
 pub mod failure;
@@ -24,7 +25,11 @@ pub mod snapshot;
 #[cfg(feature = "redis")]
 pub mod redis_conn;
 #[cfg(feature = "redis")]
+pub mod redis_ha;
+#[cfg(feature = "redis")]
 pub use redis_conn::{RedisTls, redis_client, redis_client_with};
+#[cfg(feature = "redis")]
+pub use redis_ha::{HaConnection, RedisTarget, SentinelSpec};
 
 pub use command::{
     ALL_INSTANCES, AbortEntry, AbortKind, Command, Criticality, DEFAULT_PROBE_RATIO, EntryApplied,

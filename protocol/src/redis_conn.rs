@@ -5,6 +5,9 @@
 //!   or against the PEM file in `BROWNOUT_REDIS_CA_FILE` (a private CA). For mutual TLS set
 //!   `BROWNOUT_REDIS_CLIENT_CERT_FILE` and `BROWNOUT_REDIS_CLIENT_KEY_FILE` (PEM) as well.
 //!
+//! - `redis+sentinel://…` — the master found through Sentinel: not a single client, see
+//!   [`crate::redis_ha::RedisTarget`] (which every long-lived process uses).
+//!
 //! Building a client does no IO beyond reading those files; connecting is the caller's.
 
 use std::path::Path;
@@ -84,6 +87,12 @@ pub fn redis_client(url: &str) -> redis::RedisResult<redis::Client> {
 /// # Errors
 /// As [`redis_client`].
 pub fn redis_client_with(url: &str, tls: &RedisTls) -> redis::RedisResult<redis::Client> {
+    if url.starts_with(crate::redis_ha::SENTINEL_SCHEME) {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "a redis+sentinel:// URL names no single node: resolve it with RedisTarget",
+        )));
+    }
     let has_files = tls.ca.is_some() || tls.client_cert_and_key.is_some();
     if !has_files {
         return redis::Client::open(url);

@@ -3,12 +3,18 @@
 //!
 //! Each of acquire / refresh / release / publish is one Lua script, so it is atomic and touches
 //! only keys that share the cluster's hash tag.
+//!
+//! `url` may be `redis+sentinel://…` (brownout_protocol::redis_ha): the connection then follows
+//! the master across failovers, and each publish waits (`WAIT 1`) for one replica to hold it, so
+//! that a command the serving tier may already have applied survives the master's death.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use brownout_protocol::{Ack, AckVerifyError, Command, RedisKeys, SignedCommand};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use brownout_protocol::{
+    Ack, AckVerifyError, Command, HaConnection, RedisKeys, RedisTarget, SignedCommand,
+};
+use redis::aio::ConnectionManagerConfig;
 use redis::{AsyncCommands, Script};
 use serde::{Deserialize, Serialize};
 
@@ -152,7 +158,7 @@ pub enum SharedOverride {
 /// The control plane's connection to one cluster's keys.
 #[derive(Clone)]
 pub struct RedisBus {
-    conn: ConnectionManager,
+    conn: HaConnection,
     keys: RedisKeys,
     replica_id: String,
     op_timeout: Duration,
@@ -202,7 +208,7 @@ impl RedisBus {
         hmac_key: &[u8],
     ) -> Result<RedisBus, RedisBusError> {
         let keys = RedisKeys::new(cluster)?;
-        let client = brownout_protocol::redis_client(url)?;
+        let target = RedisTarget::parse(url)?;
         let cfg = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(op_timeout))
             .set_response_timeout(Some(op_timeout))
@@ -211,7 +217,7 @@ impl RedisBus {
             .set_number_of_retries(2);
         let conn = timed(
             op_timeout * 4,
-            ConnectionManager::new_with_config(client, cfg),
+            HaConnection::connect(&target, cfg, op_timeout),
         )
         .await?;
         Ok(RedisBus {
@@ -344,6 +350,9 @@ impl RedisBus {
                 timed(self.op_timeout, inv.invoke_async(&mut self.conn)).await?;
             match code {
                 1 => {
+                    if self.conn.is_sentinel() {
+                        self.wait_for_replica().await;
+                    }
                     return Ok(PublishOutcome::Published {
                         command,
                         signed,
@@ -356,6 +365,28 @@ impl RedisBus {
             }
         }
         Err(RedisBusError::VersionConflict)
+    }
+
+    /// `WAIT 1`: until one replica holds what this connection wrote, at most half an operation
+    /// timeout. Not holding it is logged, not an error: the command is published on the master.
+    async fn wait_for_replica(&mut self) {
+        let ms = (self.op_timeout / 2).as_millis().max(1) as u64;
+        let r: Result<i64, _> = timed(
+            self.op_timeout,
+            redis::cmd("WAIT")
+                .arg(1)
+                .arg(ms)
+                .query_async(&mut self.conn),
+        )
+        .await;
+        match r {
+            Ok(n) if n >= 1 => {}
+            Ok(_) => tracing::warn!(
+                cluster = %self.keys.cluster(),
+                "degrade: no replica acknowledged the published command; it is lost if the master dies now"
+            ),
+            Err(e) => tracing::warn!(error = %e, "degrade: WAIT for a replica failed"),
+        }
     }
 
     /// Every instance's ack, each verified against the command key and its instance id.

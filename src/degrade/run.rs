@@ -409,11 +409,21 @@ impl Publisher {
         if due(self.last.as_ref(), decision, agents, e, now, lease_ms) {
             let d = decision.clone();
             let cluster = cfg.cluster.clone();
-            let out = b
+            let out = match b
                 .publish(e, self.next_version, &cfg.hmac_key, |v| {
                     build_command(&d, agents, &cluster, e, v, now, lease_ms)
                 })
-                .await?;
+                .await
+            {
+                Ok(out) => out,
+                Err(err) => {
+                    // The command may have been stored (and applied by a serving tier) before
+                    // the error, e.g. a master that died after executing it: never reuse its
+                    // version for different bytes.
+                    self.next_version += 1;
+                    return Err(err);
+                }
+            };
             match out {
                 PublishOutcome::Published {
                     command, elapsed, ..

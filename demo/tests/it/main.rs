@@ -6,6 +6,7 @@
 mod agents_guards;
 mod bench_overload;
 mod degrade_redis;
+mod degrade_sentinel;
 mod degrade_stopbleed;
 mod degrade_ui;
 mod drills;

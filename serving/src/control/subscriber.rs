@@ -10,11 +10,16 @@
 //!
 //! Subscribing *before* reading the state means no publish can fall between the read and the
 //! subscription. Pub/sub only says "something is new"; the state hash is the truth.
+//!
+//! With a `redis+sentinel://` URL each session starts by resolving the master through Sentinel,
+//! and every anti-entropy round also checks that the node is still a master (`ROLE`), so a
+//! demoted master is left within one round. Each new session first writes this instance's last
+//! ack again: an ack the old master took but never replicated is not lost with it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use brownout_protocol::{Ack, RedisKeys, SignedCommand, now_ms, parse_notify};
+use brownout_protocol::{Ack, RedisKeys, RedisTarget, SignedCommand, now_ms, parse_notify};
 use futures::StreamExt;
 use redis::AsyncCommands;
 use tokio::task::JoinHandle;
@@ -100,7 +105,7 @@ impl SubscriberConfig {
             .filter(|c| !c.is_empty())
             .unwrap_or_else(|| "default".into());
         RedisKeys::new(&cluster).map_err(|e| SubscriberConfigError::Cluster(e.to_string()))?;
-        brownout_protocol::redis_client(url.as_str())
+        RedisTarget::parse(url.as_str())
             .map_err(|e| SubscriberConfigError::Url(url.clone(), e.to_string()))?;
         let key = key
             .or_else(|| std::env::var("BROWNOUT_COMMAND_KEY").ok())
@@ -123,6 +128,8 @@ enum SessionError {
     Timeout,
     #[error("pub/sub connection closed")]
     Closed,
+    #[error("the node is no longer the master (role {0:?})")]
+    Demoted(String),
 }
 
 async fn timed<T>(
@@ -141,6 +148,9 @@ struct Session<'a> {
     keys: &'a RedisKeys,
     /// The last NACK written, so a refused state re-read by anti-entropy is NACKed once.
     last_nack: Option<(u64, u64, &'static str)>,
+    /// The last ack or NACK written (signed), kept across sessions and written again at the
+    /// start of each: a failover may lose a write the old master had not replicated.
+    last_ack: &'a mut Option<String>,
 }
 
 impl Session<'_> {
@@ -201,20 +211,48 @@ impl Session<'_> {
                 }
             }
         };
+        let signed = ack.to_signed(&self.cfg.hmac_key, &self.cfg.instance_id);
+        *self.last_ack = Some(signed);
+        self.write_last_ack(conn).await
+    }
+
+    async fn write_last_ack(
+        &mut self,
+        conn: &mut redis::aio::MultiplexedConnection,
+    ) -> Result<(), SessionError> {
+        let Some(signed) = self.last_ack.clone() else {
+            return Ok(());
+        };
         let _: i64 = timed(
             self.cfg.op_timeout,
-            conn.hset(
-                self.keys.acks(),
-                &self.cfg.instance_id,
-                ack.to_signed(&self.cfg.hmac_key, &self.cfg.instance_id),
-            ),
+            conn.hset(self.keys.acks(), &self.cfg.instance_id, signed),
         )
         .await?;
         Ok(())
     }
 
-    async fn run(&mut self, client: &redis::Client) -> Result<(), SessionError> {
+    /// Fails with [`SessionError::Demoted`] when the node is no longer a master.
+    async fn check_master(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+    ) -> Result<(), SessionError> {
+        let role: Vec<redis::Value> =
+            timed(self.cfg.op_timeout, redis::cmd("ROLE").query_async(conn)).await?;
+        let role: String = role
+            .into_iter()
+            .next()
+            .and_then(|v| redis::from_redis_value(v).ok())
+            .unwrap_or_default();
+        if role == "master" {
+            Ok(())
+        } else {
+            Err(SessionError::Demoted(role))
+        }
+    }
+
+    async fn run(&mut self, target: &RedisTarget) -> Result<(), SessionError> {
         let t = self.cfg.op_timeout;
+        let client = &target.client(t).await?;
         let mut pubsub = match tokio::time::timeout(t, client.get_async_pubsub()).await {
             Ok(r) => r?,
             Err(_) => return Err(SessionError::Timeout),
@@ -222,6 +260,7 @@ impl Session<'_> {
         timed(t, pubsub.subscribe(self.keys.notify())).await?;
         let mut conn = timed(t, client.get_multiplexed_async_connection()).await?;
         tracing::info!(cluster = %self.keys.cluster(), instance = %self.cfg.instance_id, "degradation subscriber connected");
+        self.write_last_ack(&mut conn).await?;
         self.resync(&mut conn).await?;
         let mut messages = pubsub.on_message();
         let mut anti_entropy = tokio::time::interval(self.cfg.anti_entropy);
@@ -242,7 +281,12 @@ impl Session<'_> {
                         self.resync(&mut conn).await?;
                     }
                 }
-                _ = anti_entropy.tick() => self.resync(&mut conn).await?,
+                _ = anti_entropy.tick() => {
+                    if target.is_sentinel() {
+                        self.check_master(&mut conn).await?;
+                    }
+                    self.resync(&mut conn).await?;
+                }
                 _ = lease.tick() => { self.handle.step_down_if_expired(now_ms()); }
             }
         }
@@ -268,7 +312,7 @@ pub async fn spawn_subscriber(handle: ControlHandle, cfg: SubscriberConfig) -> J
             );
             return;
         }
-        let client = match brownout_protocol::redis_client(cfg.redis_url.as_str()) {
+        let target = match RedisTarget::parse(cfg.redis_url.as_str()) {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!(error = %e, "degradation subscriber not started: bad REDIS_URL");
@@ -276,15 +320,17 @@ pub async fn spawn_subscriber(handle: ControlHandle, cfg: SubscriberConfig) -> J
             }
         };
         let mut delay = cfg.reconnect_min;
+        let mut last_ack = None;
         loop {
             let mut s = Session {
                 handle: &handle,
                 cfg: &cfg,
                 keys: &keys,
                 last_nack: None,
+                last_ack: &mut last_ack,
             };
             let started = tokio::time::Instant::now();
-            if let Err(e) = s.run(&client).await {
+            if let Err(e) = s.run(&target).await {
                 tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "degradation subscriber disconnected");
             }
             if started.elapsed() > cfg.reconnect_max * 4 {
