@@ -33,6 +33,7 @@ pub use command::{
 };
 pub use failure::{Category, FailureEvent, FailureParseError};
 pub use keys::{
+    CLUSTER_ENV, DEFAULT_CLUSTER, cluster_from_env,
     Ack, AckParseError, AckVerifyError, ClusterNameError, RedisKeys, notify_payload, parse_notify,
 };
 pub use signing::{SignedCommand, UnsealError, VerifyError, seal, sign, unseal, verify};

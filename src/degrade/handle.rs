@@ -89,6 +89,24 @@ pub struct DegradeStatus {
     pub step_down_at_ms: Option<u64>,
     pub decisions: Vec<DecisionRecord>,
     pub acks: Vec<AckView>,
+    /// Set while commands this replica published more than [`UNACKED_WARN_MS`] ago have no
+    /// ack from any serving instance (nothing obeys: wrong cluster, key or Redis).
+    pub unacked: Option<Unacked>,
+}
+
+/// How long a published command may stay without any ack before the warning (log line,
+/// [`DegradeStatus::unacked`], `brownout_degradation_unacked_commands`).
+pub const UNACKED_WARN_MS: u64 = 5_000;
+
+/// Published commands that no serving instance acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Unacked {
+    /// Issue time of the oldest command without an ack at or above its version.
+    pub since_ms: u64,
+    /// Commands published since then.
+    pub commands: u64,
+    /// What to check, for the log and the UI.
+    pub hint: String,
 }
 
 /// Metrics of the component (`brownout_degradation_*`).
@@ -98,6 +116,7 @@ pub struct DegradeMetrics {
     pub decisions_total: IntCounterVec,
     pub publish_seconds: Histogram,
     pub ack_lag_seconds: prometheus::GaugeVec,
+    pub unacked_commands: IntGaugeVec,
 }
 
 impl DegradeMetrics {
@@ -134,7 +153,16 @@ impl DegradeMetrics {
                     "brownout_degradation_ack_lag_seconds",
                     "Decision to applied lag of the latest ack per serving instance.",
                 ),
-                &["cluster", "instance"],
+                &["cluster", "engine_instance"],
+            )
+            .expect("valid metric"),
+            unacked_commands: IntGaugeVec::new(
+                Opts::new(
+                    "brownout_degradation_unacked_commands",
+                    "Commands this replica published more than 5 s ago that no serving instance \
+                     has acknowledged (0 while some instance acks).",
+                ),
+                &["cluster"],
             )
             .expect("valid metric"),
         }
@@ -145,6 +173,7 @@ impl DegradeMetrics {
         r.register(Box::new(self.decisions_total.clone()))?;
         r.register(Box::new(self.publish_seconds.clone()))?;
         r.register(Box::new(self.ack_lag_seconds.clone()))?;
+        r.register(Box::new(self.unacked_commands.clone()))?;
         Ok(())
     }
 }
@@ -175,6 +204,7 @@ pub(super) struct Shared {
     acks: Vec<AckView>,
     /// version → issued_at_ms of commands this replica published (bounded).
     issued: VecDeque<(u64, u64)>,
+    unacked: Option<Unacked>,
 }
 
 struct Inner {
@@ -182,6 +212,9 @@ struct Inner {
     shared: Mutex<Shared>,
     metrics: DegradeMetrics,
     hook: Mutex<Option<PersistHook>>,
+    /// Wakes the controller loop when the operator override changes, so that it is decided
+    /// and published at once rather than at the next evaluation tick.
+    override_changed: tokio::sync::Notify,
 }
 
 /// Shared handle on the degradation component. Cheap to clone.
@@ -215,12 +248,17 @@ impl DegradeHandle {
             .tier
             .with_label_values(&[cfg.cluster.as_str()])
             .set(0);
+        metrics
+            .unacked_commands
+            .with_label_values(&[cfg.cluster.as_str()])
+            .set(0);
         Ok(DegradeHandle {
             inner: Arc::new(Inner {
                 cfg,
                 shared: Mutex::new(Shared::default()),
                 metrics,
                 hook: Mutex::new(None),
+                override_changed: tokio::sync::Notify::new(),
             }),
         })
     }
@@ -266,16 +304,30 @@ impl DegradeHandle {
 
     /// Pins a tier until `until_ms` (shared with the other replicas through Redis).
     pub fn set_override(&self, o: Override) {
-        let mut s = self.lock();
-        s.operator_override = Some(o.clone());
-        s.override_to_share = Some(Some(o));
+        {
+            let mut s = self.lock();
+            s.operator_override = Some(o.clone());
+            s.override_to_share = Some(Some(o));
+        }
+        self.inner.override_changed.notify_one();
     }
 
     /// Removes the pin; returns whether there was one.
     pub fn clear_override(&self) -> bool {
-        let mut s = self.lock();
-        s.override_to_share = Some(None);
-        s.operator_override.take().is_some()
+        let had = {
+            let mut s = self.lock();
+            s.override_to_share = Some(None);
+            s.operator_override.take().is_some()
+        };
+        self.inner.override_changed.notify_one();
+        had
+    }
+
+    /// Resolves when [`set_override`](Self::set_override) or
+    /// [`clear_override`](Self::clear_override) was called since the last wait (the controller
+    /// loop evaluates and publishes then, without waiting for its tick).
+    pub async fn override_changed(&self) {
+        self.inner.override_changed.notified().await;
     }
 
     /// Everything the controller looks at, now.
@@ -380,6 +432,7 @@ impl DegradeHandle {
             step_down_at_ms: s.last.as_ref().and_then(|d| d.step_down_at_ms),
             decisions: s.history.iter().rev().cloned().collect(),
             acks: s.acks.clone(),
+            unacked: s.unacked.clone(),
         }
     }
 
@@ -555,7 +608,59 @@ impl DegradeHandle {
                     .set(lag as f64 / 1000.0);
             }
         }
-        self.lock().acks = views;
+        let mut s = self.lock();
+        s.acks = views;
+        self.check_unacked(&mut s, brownout_protocol::now_ms());
+    }
+
+    /// Whether the commands this replica published are acknowledged by anyone: sets
+    /// `brownout_degradation_unacked_commands` and [`DegradeStatus::unacked`], and logs a
+    /// warning once when they become unacknowledged.
+    fn check_unacked(&self, s: &mut Shared, now: u64) {
+        // The newest version any instance answered (applied or refused: it is listening).
+        let answered = s
+            .acks
+            .iter()
+            .filter(|a| a.status == "applied" || a.status == "refused")
+            .map(|a| a.version)
+            .max()
+            .unwrap_or(0);
+        let pending: Vec<u64> = s
+            .issued
+            .iter()
+            .filter(|(v, _)| *v > answered)
+            .map(|(_, at)| *at)
+            .collect();
+        let oldest = pending.iter().copied().min();
+        let next = match oldest {
+            Some(since) if now.saturating_sub(since) >= UNACKED_WARN_MS => Some(Unacked {
+                since_ms: since,
+                commands: pending.len() as u64,
+                hint: format!(
+                    "no serving instance acknowledged the commands published for cluster {:?} \
+                     in the last {} s: check that the serving tiers use the same cluster \
+                     (BROWNOUT_CLUSTER), command key (BROWNOUT_COMMAND_KEY) and Redis",
+                    self.inner.cfg.cluster,
+                    now.saturating_sub(since) / 1000
+                ),
+            }),
+            _ => None,
+        };
+        if let Some(u) = &next
+            && s.unacked.is_none()
+        {
+            tracing::warn!(
+                cluster = %self.inner.cfg.cluster,
+                commands = u.commands,
+                "degrade: {}", u.hint
+            );
+        }
+        self.inner
+            .metrics
+            .unacked_commands
+            .with_label_values(&[self.inner.cfg.cluster.as_str()])
+            .set(next.as_ref().map_or(0, |u| u.commands as i64));
+        s.unacked = next;
     }
 }
 

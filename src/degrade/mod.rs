@@ -35,7 +35,9 @@ pub use bus::InProcBus;
 pub use controller::{
     Controller, Crossing, Decision, Inputs, Override, PatternRate, SloAlert, Transition,
 };
-pub use handle::{AckView, DecisionRecord, DegradeConfig, DegradeHandle, DegradeStatus};
+pub use handle::{
+    AckView, DecisionRecord, DegradeConfig, DegradeHandle, DegradeStatus, UNACKED_WARN_MS, Unacked,
+};
 pub use http::{AlertmanagerAlert, AlertmanagerWebhook, OverrideRequest, router};
 pub use policy::{Condition, FeaturePolicy, Policy, PolicyError, Signal};
 pub use run::{Transport, run_controller};

@@ -62,6 +62,8 @@ pub async fn run_controller(
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tick.tick() => {}
+            // An operator override is decided and published now, not at the next tick.
+            () = handle.override_changed() => {}
         }
         let now = now_ms();
         let mut decision = controller.step(&handle.inputs(now));
