@@ -8,6 +8,7 @@
 mod alerts_rules;
 mod dashboards_valid;
 mod degrade_policy;
+mod degrade_override_now;
 mod degrade_protocol_doc;
 mod drills;
 mod error_contract;
@@ -17,6 +18,7 @@ mod ingest_http;
 mod ingest_limits;
 mod ingest_otlp_exporter;
 mod ingest_spool_clickhouse;
+mod no_ansi;
 mod patterns_accuracy;
 mod patterns_cli;
 mod patterns_engine;

@@ -7,6 +7,8 @@ mod degrade_redis;
 mod degrade_ui;
 mod drills;
 mod e2e_world;
+mod first_run_defaults;
 mod fuzz_corpus;
 mod metrics_promtool;
+mod no_ansi;
 mod prometheus_scrape;
