@@ -88,7 +88,7 @@ async fn commands_nobody_acknowledges_raise_a_warning_and_a_metric() {
         r.gather()
             .iter()
             .find(|f| f.name() == "brownout_degradation_unacked_commands")
-            .map(|f| f.get_metric()[0].get_gauge().value())
+            .map(|f| f.get_metric()[0].get_gauge().get_value())
     };
     assert_eq!(gauge(&registry), Some(0.0), "exists at 0 from the start");
     // UNACKED_WARN_MS of real time: the issue times are wall-clock milliseconds.
