@@ -589,14 +589,16 @@ async fn metrics_pass_promtool_and_use_vllm_names() {
         "vllm:prefix_cache_queries_total{model_name=\"toy\"}",
         "vllm:prefix_cache_hits_total{model_name=\"toy\"}",
         "brownout_kv_blocks_usable{model_name=\"toy\"} 256",
-        // vLLM's per-request histograms and finish reasons (vllm/v1/metrics/loggers.py).
-        "vllm:request_prompt_tokens_bucket{model_name=\"toy\",le=\"2048\"} 2",
-        "vllm:request_generation_tokens_bucket{model_name=\"toy\",le=\"5\"} 2",
-        "vllm:request_max_num_generation_tokens_bucket{model_name=\"toy\",le=\"5\"} 2",
-        "vllm:request_queue_time_seconds_count{model_name=\"toy\"} 2",
-        "vllm:request_prefill_time_seconds_count{model_name=\"toy\"} 2",
-        "vllm:request_decode_time_seconds_count{model_name=\"toy\"} 2",
-        "vllm:request_success_total{finished_reason=\"length\",model_name=\"toy\"} 2",
+        // vLLM's per-request histograms and finish reasons (vllm/v1/metrics/loggers.py): the
+        // two requests and the start-up warm-up.
+        "vllm:request_prompt_tokens_bucket{model_name=\"toy\",le=\"10\"} 1",
+        "vllm:request_prompt_tokens_bucket{model_name=\"toy\",le=\"20\"} 3",
+        "vllm:request_generation_tokens_bucket{model_name=\"toy\",le=\"5\"} 3",
+        "vllm:request_max_num_generation_tokens_bucket{model_name=\"toy\",le=\"5\"} 3",
+        "vllm:request_queue_time_seconds_count{model_name=\"toy\"} 3",
+        "vllm:request_prefill_time_seconds_count{model_name=\"toy\"} 3",
+        "vllm:request_decode_time_seconds_count{model_name=\"toy\"} 3",
+        "vllm:request_success_total{finished_reason=\"length\",model_name=\"toy\"} 3",
         "vllm:request_success_total{finished_reason=\"abort\",model_name=\"toy\"} 0",
         "brownout_kv_blocks_used{model_name=\"toy\"}",
         "brownout_kv_internal_fragmentation_ratio{model_name=\"toy\"}",
@@ -609,7 +611,7 @@ async fn metrics_pass_promtool_and_use_vllm_names() {
         "brownout_serving_requests_total{criticality=\"default\",feature=\"\",model_name=\"toy\",outcome=\"length\"} 1",
         "brownout_serving_requests_total{criticality=\"sheddable\",feature=\"pdf_analysis\",model_name=\"toy\",outcome=\"length\"} 1",
     ] {
-        assert!(text.contains(name), "missing {name}");
+        assert!(text.contains(name), "missing {name} in\n{text}");
     }
     // prompt tokens of the two requests (14 each) plus warm-up (7).
     assert!(
