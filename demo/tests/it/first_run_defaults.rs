@@ -54,6 +54,7 @@ async fn control_plane_and_serving_tier_with_no_cluster_configured_meet_and_ack(
     let engine = ControlHandle::with_instance(&sub.cluster, "serve-first-run");
     let _subscriber = spawn_subscriber(engine.clone(), sub).await;
 
+    brownout_gpu_agent::ensure_crypto_provider();
     let c = reqwest::Client::new();
     let r = c
         .post(format!("http://{http}/api/v1/degrade/override"))
