@@ -12,13 +12,11 @@ use brownout_protocol::{Tier, now_ms};
 
 /// The example policy with the longest evaluation interval the policy allows (60 s).
 fn slow_policy() -> Policy {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/policy.yaml"
-    ))
-    .unwrap()
-    .replace("evaluate_interval_ms: 1000", "evaluate_interval_ms: 60000")
-    .replace("command_lease_ms: 30000", "command_lease_ms: 300000");
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policy.yaml"))
+            .unwrap()
+            .replace("evaluate_interval_ms: 1000", "evaluate_interval_ms: 60000")
+            .replace("command_lease_ms: 30000", "command_lease_ms: 300000");
     let p = Policy::from_yaml(&text).unwrap();
     assert_eq!(p.evaluate_interval, Duration::from_secs(60));
     p
@@ -60,7 +58,10 @@ async fn an_override_is_published_without_waiting_for_the_next_tick() {
             "the override waited for the evaluation tick"
         );
     }
-    assert!(bus.commands().borrow().is_some(), "the bus carries the command");
+    assert!(
+        bus.commands().borrow().is_some(),
+        "the bus carries the command"
+    );
     let _ = stop_tx.send(());
     task.await.unwrap().unwrap();
 }
@@ -92,11 +93,9 @@ async fn commands_nobody_acknowledges_raise_a_warning_and_a_metric() {
     };
     assert_eq!(gauge(&registry), Some(0.0), "exists at 0 from the start");
     // UNACKED_WARN_MS of real time: the issue times are wall-clock milliseconds.
-    brownout_test_support::wait_for(
-        "the unacked warning",
-        Duration::from_secs(15),
-        || h.status().unacked.is_some(),
-    )
+    brownout_test_support::wait_for("the unacked warning", Duration::from_secs(15), || {
+        h.status().unacked.is_some()
+    })
     .await;
     let u = h.status().unacked.unwrap();
     assert!(u.commands >= 1, "{u:?}");

@@ -7,8 +7,8 @@
 
 mod alerts_rules;
 mod dashboards_valid;
-mod degrade_policy;
 mod degrade_override_now;
+mod degrade_policy;
 mod degrade_protocol_doc;
 mod drills;
 mod error_contract;

@@ -43,13 +43,17 @@ async fn control_plane_and_serving_tier_with_no_cluster_configured_meet_and_ack(
         free_port()
     );
     let config = Config::from_toml_str("first-run.toml", &toml, &env).unwrap();
-    assert_eq!(config.cluster, DEFAULT_CLUSTER, "the control plane's default");
+    assert_eq!(
+        config.cluster, DEFAULT_CLUSTER,
+        "the control plane's default"
+    );
     let plane = Plane::from_config(config).await.unwrap();
 
     // The serving tier exactly as brownout-serve builds it with REDIS_URL and the key, no cluster.
-    let sub = SubscriberConfig::from_env(Some(redis.url()), None, Some(KEY.into()), "serve-first-run")
-        .unwrap()
-        .expect("a Redis URL gives a subscriber");
+    let sub =
+        SubscriberConfig::from_env(Some(redis.url()), None, Some(KEY.into()), "serve-first-run")
+            .unwrap()
+            .expect("a Redis URL gives a subscriber");
     assert_eq!(sub.cluster, DEFAULT_CLUSTER, "the serving tier's default");
     let engine = ControlHandle::with_instance(&sub.cluster, "serve-first-run");
     let _subscriber = spawn_subscriber(engine.clone(), sub).await;
@@ -64,9 +68,11 @@ async fn control_plane_and_serving_tier_with_no_cluster_configured_meet_and_ack(
         .await
         .unwrap();
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    wait_for("the engine applies the override", Duration::from_secs(15), || {
-        engine.tier() == Tier::T3
-    })
+    wait_for(
+        "the engine applies the override",
+        Duration::from_secs(15),
+        || engine.tier() == Tier::T3,
+    )
     .await;
     wait_for_async(
         "the control plane sees the engine's ack",

@@ -74,8 +74,16 @@ fn brownout_demo_logs_without_colour_codes_to_a_pipe() {
         .unwrap()
         .port();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_brownout-demo"));
-    cmd.args(["demo", "--no-load", "--model", "tiny-random", "--duration", "20", "--port"])
-        .arg(port.to_string());
+    cmd.args([
+        "demo",
+        "--no-load",
+        "--model",
+        "tiny-random",
+        "--duration",
+        "20",
+        "--port",
+    ])
+    .arg(port.to_string());
     cmd.env_remove("RUST_LOG")
         .env_remove("NO_COLOR")
         .env_remove("REDIS_URL");

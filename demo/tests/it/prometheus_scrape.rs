@@ -516,23 +516,41 @@ const VLLM_DASHBOARD_QUERIES: &[&str] = &[
 
 /// The metric families vLLM's dashboard reads and the labels it selects or groups on.
 const VLLM_FAMILIES: &[(&str, &[&str])] = &[
-    ("vllm:e2e_request_latency_seconds_bucket", &["model_name", "le"]),
+    (
+        "vllm:e2e_request_latency_seconds_bucket",
+        &["model_name", "le"],
+    ),
     ("vllm:e2e_request_latency_seconds_sum", &["model_name"]),
     ("vllm:e2e_request_latency_seconds_count", &["model_name"]),
     ("vllm:prompt_tokens_total", &["model_name"]),
     ("vllm:generation_tokens_total", &["model_name"]),
-    ("vllm:inter_token_latency_seconds_bucket", &["model_name", "le"]),
+    (
+        "vllm:inter_token_latency_seconds_bucket",
+        &["model_name", "le"],
+    ),
     ("vllm:num_requests_running", &["model_name"]),
     ("vllm:num_requests_waiting", &["model_name"]),
-    ("vllm:time_to_first_token_seconds_bucket", &["model_name", "le"]),
+    (
+        "vllm:time_to_first_token_seconds_bucket",
+        &["model_name", "le"],
+    ),
     ("vllm:kv_cache_usage_perc", &["model_name"]),
     ("vllm:request_prompt_tokens_bucket", &["model_name", "le"]),
-    ("vllm:request_generation_tokens_bucket", &["model_name", "le"]),
-    ("vllm:request_success_total", &["model_name", "finished_reason"]),
+    (
+        "vllm:request_generation_tokens_bucket",
+        &["model_name", "le"],
+    ),
+    (
+        "vllm:request_success_total",
+        &["model_name", "finished_reason"],
+    ),
     ("vllm:request_queue_time_seconds_sum", &["model_name"]),
     ("vllm:request_prefill_time_seconds_sum", &["model_name"]),
     ("vllm:request_decode_time_seconds_sum", &["model_name"]),
-    ("vllm:request_max_num_generation_tokens_sum", &["model_name"]),
+    (
+        "vllm:request_max_num_generation_tokens_sum",
+        &["model_name"],
+    ),
 ];
 
 /// NVIDIA/dcgm-exporter `grafana/dcgm-exporter-dashboard.json`: every panel query, verbatim
@@ -576,7 +594,11 @@ fn legend_labels(legend: &str) -> Vec<String> {
 }
 
 /// Series of an instant query: their label maps.
-async fn series_of(c: &reqwest::Client, prom: &Prometheus, q: &str) -> Result<Vec<BTreeMap<String, String>>, String> {
+async fn series_of(
+    c: &reqwest::Client,
+    prom: &Prometheus,
+    q: &str,
+) -> Result<Vec<BTreeMap<String, String>>, String> {
     let d = api(c, prom, "query", &[("query", q)]).await?;
     Ok(d["result"]
         .as_array()
@@ -616,7 +638,10 @@ async fn check_family(
         return;
     }
     for l in labels {
-        if !series.iter().all(|m| m.get(*l).is_some_and(|v| !v.is_empty())) {
+        if !series
+            .iter()
+            .all(|m| m.get(*l).is_some_and(|v| !v.is_empty()))
+        {
             failures.push(format!("{family}: label {l} missing: {:?}", series[0]));
         }
     }
@@ -891,13 +916,14 @@ async fn prometheus_scrapes_the_demo_and_every_dashboard_and_rule_expression_has
     }
     // brownout's own panels: every legend label is filled, no two series read the same, and a
     // per-engine panel shows exactly one series per engine.
+    // Variables at "All" (`.*`, every variable is multi-select), as a dashboard opens.
     let n_engines = engines.len();
     for e in exprs.iter().filter(|e| !e.legend.is_empty()) {
         let mut q = grafana_intervals(&e.expr);
-        for (name, v) in &values {
+        for name in values.keys() {
             q = q
-                .replace(&format!("${{{name}}}"), v)
-                .replace(&format!("${name}"), v);
+                .replace(&format!("${{{name}}}"), ".*")
+                .replace(&format!("${name}"), ".*");
         }
         let probe = probe_firing(&q);
         let series = match series_of(&c, &prom, &probe).await {
@@ -930,10 +956,15 @@ async fn prometheus_scrapes_the_demo_and_every_dashboard_and_rule_expression_has
         }
         let names = metric_names(&q);
         let engine_metrics = !names.is_empty()
-            && names
-                .iter()
-                .all(|n| n.starts_with("vllm:") || n.starts_with("brownout_serving_"));
-        let per_engine = labels.iter().any(|l| l == "engine" || l == "engine_instance")
+            && names.iter().all(|n| {
+                n.starts_with("vllm:")
+                        || n.starts_with("brownout_serving_")
+                        // one series per serving instance that acks
+                        || n == "brownout_degradation_ack_lag_seconds"
+            });
+        let per_engine = labels
+            .iter()
+            .any(|l| l == "engine" || l == "engine_instance")
             || (labels.iter().any(|l| l == "instance") && engine_metrics);
         if per_engine && series.len() != n_engines {
             failures.push(format!(
@@ -979,7 +1010,9 @@ async fn prometheus_scrapes_the_demo_and_every_dashboard_and_rule_expression_has
         let q = grafana_intervals(q).replace("$model_name", &model_name);
         match series_of(&c, &prom, &q).await {
             Ok(s) if !s.is_empty() => {}
-            other => failures.push(format!("vLLM dashboard query without data: {q}\n    {other:?}")),
+            other => failures.push(format!(
+                "vLLM dashboard query without data: {q}\n    {other:?}"
+            )),
         }
     }
     for (family, labels) in VLLM_FAMILIES {
@@ -993,7 +1026,9 @@ async fn prometheus_scrapes_the_demo_and_every_dashboard_and_rule_expression_has
         .collect();
     for r in ["stop", "length", "abort", "error"] {
         if !reasons.contains(r) {
-            failures.push(format!("vllm:request_success_total has no finished_reason={r:?}: {reasons:?}"));
+            failures.push(format!(
+                "vllm:request_success_total has no finished_reason={r:?}: {reasons:?}"
+            ));
         }
     }
 
@@ -1008,40 +1043,59 @@ async fn prometheus_scrapes_the_demo_and_every_dashboard_and_rule_expression_has
         let q = q.replace("$Hostname", &host).replace("$gpu", ".*");
         match series_of(&c, &prom, &q).await {
             Ok(s) if !s.is_empty() => {}
-            other => failures.push(format!("DCGM dashboard query without data: {q}\n    {other:?}")),
+            other => failures.push(format!(
+                "DCGM dashboard query without data: {q}\n    {other:?}"
+            )),
         }
     }
     for family in DCGM_FAMILIES {
         check_family(&c, &prom, family, DCGM_LABELS, &mut failures).await;
         // Simulated GPUs say so on every series.
         let all = series_of(&c, &prom, family).await.unwrap();
-        if all.is_empty() || all.iter().any(|m| m.get("simulated").map(String::as_str) != Some("true")) {
-            failures.push(format!("{family}: every simulated series carries simulated=\"true\": {all:?}"));
+        if all.is_empty()
+            || all
+                .iter()
+                .any(|m| m.get("simulated").map(String::as_str) != Some("true"))
+        {
+            failures.push(format!(
+                "{family}: every simulated series carries simulated=\"true\": {all:?}"
+            ));
         }
     }
     // camelCase labels only on DCGM_ series.
-    for m in series_of(&c, &prom, "{__name__=~\"brownout_.*\"}").await.unwrap() {
-        if let Some(l) = m.keys().find(|k| k.chars().any(|ch| ch.is_ascii_uppercase())) {
+    for m in series_of(&c, &prom, "{__name__=~\"brownout_.*\"}")
+        .await
+        .unwrap()
+    {
+        if let Some(l) = m
+            .keys()
+            .find(|k| k.chars().any(|ch| ch.is_ascii_uppercase()))
+        {
             failures.push(format!("{} carries the camelCase label {l}", m["__name__"]));
             break;
         }
     }
     // Known in advance: the feature catalog's features exist before a command disables them.
-    let disabled: BTreeSet<String> = series_of(&c, &prom, "brownout_serving_feature_disabled_total")
-        .await
-        .unwrap()
-        .iter()
-        .filter_map(|m| m.get("feature").cloned())
-        .collect();
+    let disabled: BTreeSet<String> =
+        series_of(&c, &prom, "brownout_serving_feature_disabled_total")
+            .await
+            .unwrap()
+            .iter()
+            .filter_map(|m| m.get("feature").cloned())
+            .collect();
     for f in ["pdf_analysis", "image_generation", "web_search", "login"] {
         if !disabled.contains(f) {
-            failures.push(format!("brownout_serving_feature_disabled_total lacks feature={f:?}: {disabled:?}"));
+            failures.push(format!(
+                "brownout_serving_feature_disabled_total lacks feature={f:?}: {disabled:?}"
+            ));
         }
     }
     // Every instance acked: nothing unacknowledged.
     match series_of(&c, &prom, "brownout_degradation_unacked_commands == 0").await {
         Ok(s) if s.len() == 1 => {}
-        other => failures.push(format!("brownout_degradation_unacked_commands is 0 while engines ack: {other:?}")),
+        other => failures.push(format!(
+            "brownout_degradation_unacked_commands is 0 while engines ack: {other:?}"
+        )),
     }
 
     assert!(

@@ -11,13 +11,13 @@ use std::sync::{Mutex, OnceLock};
 
 use brownout_protocol::GpuStats;
 use nvml_wrapper::EventSet;
-use nvml_wrapper::Nvml;
 use nvml_wrapper::GpmSample;
+use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
-use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 
 use super::{GpuProbe, GpuSample, ProbeError, ProbeKind, ProcessVram};
@@ -131,7 +131,11 @@ impl NvmlProbe {
     /// `(graphics engine active, any tensor pipe active)` as 0–1 ratios over the time since the
     /// previous cycle's GPM sample of card `i`; `(None, None)` on the first cycle and on cards
     /// without GPM.
-    fn gpm_ratios(&mut self, i: u32, dev: &nvml_wrapper::Device<'static>) -> (Option<f64>, Option<f64>) {
+    fn gpm_ratios(
+        &mut self,
+        i: u32,
+        dev: &nvml_wrapper::Device<'static>,
+    ) -> (Option<f64>, Option<f64>) {
         let idx = i as usize;
         if self.gpm_unsupported.get(idx).copied().unwrap_or(true) {
             return (None, None);
