@@ -36,7 +36,7 @@ main() {
     export BROWNOUT_REQUIRE_CUDA=1
     export RUST_LOG=${RUST_LOG:-info}
     local t0=$SECONDS
-    cargo test -p brownout-serving --release --test model_cuda -- --nocapture --test-threads=1
+    cargo test -p brownout-serving --release --test model_cuda -- --include-ignored --nocapture --test-threads=1
     local rc=$?
     echo "== model_cuda: exit $rc after $((SECONDS - t0)) s"
     [ $rc -eq 0 ] || return $rc

@@ -14,6 +14,7 @@
 //! load generator; `loadgen` drives any OpenAI-compatible endpoint; `drill` runs fault drills
 //! against a deployment.
 
+pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod config;

@@ -15,6 +15,8 @@
 //! Everything talks over real loopback HTTP/gRPC exactly as separate processes would; only the
 //! command bus is in-process unless `REDIS_URL` is set. The GPUs are simulated and say so.
 
+pub mod chart;
+pub mod faults;
 pub mod overload;
 pub mod world;
 
@@ -108,15 +110,27 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let load = (!args.no_load).then(|| {
         let targets = world.engine_urls();
         let speed = args.speed;
+        let faults = (
+            format!("http://{}", world.http_addr()),
+            world.tokens().0.to_string(),
+        );
         tokio::spawn(async move {
-            // One simulated evening per cycle, repeated until the demo stops.
+            // One simulated evening per cycle, repeated until the demo stops; the agent
+            // application's own failures follow the same curve.
             let mut seed = 1;
             loop {
                 let cfg = demo_load(targets.clone(), speed, seed);
+                let app = tokio::spawn(faults::run(demo_faults(
+                    &faults.0,
+                    &faults.1,
+                    cfg.shape.clone(),
+                    seed,
+                )));
                 match brownout::loadgen::run_load(cfg).await {
                     Ok(r) => eprintln!("{}", r.human()),
                     Err(e) => eprintln!("loadgen: {e:#}"),
                 }
+                app.abort();
                 seed += 1;
             }
         })
@@ -142,9 +156,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
 /// One simulated evening for the demo: quiet, a 3× peak in the middle, quiet again.
 pub fn demo_load(targets: Vec<String>, speed: f64, seed: u64) -> LoadConfig {
-    LoadConfig {
+    let mut c = LoadConfig::new(
         targets,
-        shape: LoadShape {
+        LoadShape {
             duration: Duration::from_secs_f64(600.0 / speed),
             base_rate: 1.0,
             peak_factor: 4.0,
@@ -152,16 +166,28 @@ pub fn demo_load(targets: Vec<String>, speed: f64, seed: u64) -> LoadConfig {
             peak_width_ratio: 0.12,
             ..LoadShape::default()
         },
-        speed: 4.0,
-        misbehaving_ratio: 0.1,
-        model: "default".into(),
-        max_tokens: 32,
+    );
+    c.max_tokens = 32;
+    c.seed = seed;
+    c.max_in_flight = 2048;
+    c.progress = false;
+    c
+}
+
+/// The agent application's failures for one simulated evening ([`faults`]): about one every two
+/// seconds outside the peak, the peak's factor more at its top.
+pub fn demo_faults(
+    control_plane: &str,
+    ingest_token: &str,
+    shape: LoadShape,
+    seed: u64,
+) -> faults::FaultConfig {
+    faults::FaultConfig {
+        control_plane: control_plane.to_string(),
+        ingest_token: ingest_token.to_string(),
+        shape,
+        base_per_s: 0.5,
         seed,
-        ttft_slo: Duration::from_secs(2),
-        max_in_flight: 2048,
-        call_timeout: Duration::from_secs(30),
-        max_retries: 3,
-        progress: false,
     }
 }
 
@@ -176,7 +202,7 @@ fn print_banner(w: &World, model: &str) {
     println!(
         "\nbrownout-demo is running.\n\
          \n  web UI        {ui}/login?token={read}\n  JSON API      {ui}/api/v1/... (Authorization: Bearer <read token>)\n  metrics       {ui}/metrics\n  weekly report {ui}/reports/current\n  OTLP          grpc://{grpc}  http://{otlp}\n\
-         \n  engines       {engines}   (model: {model})\n  gpu-agents    {agents}   (GPUs SIMULATED)\n  command bus   {bus}\n\
+         \n  engines       {engines}   (model: {model})\n  gpu-agents    {agents}   (GPUs SIMULATED)\n  command bus   {bus}\n  app faults    GPU queue and tool timeouts, KV pressure from service agent-app (SIMULATED)\n\
          \n  ingest token  {ingest}\n  read token    {read}\n  admin token   {admin}\n\
          \n  Pin a tier:   curl -X POST -H 'Authorization: Bearer {admin}' -H 'content-type: application/json' \\\n                 -d '{{\"tier\":2,\"duration_secs\":60,\"reason\":\"drill\"}}' {ui}/api/v1/degrade/override\n\
          \nCtrl-C stops.\n",

@@ -1,19 +1,35 @@
-//! `brownout-demo bench overload`: the proof that the loop protects users.
+//! `brownout-demo bench overload`: the proof that the loop protects users, judged by flows.
 //!
-//! The same 3× overload burst hits the bundled serving tier twice: once with the control loop on
-//! (the controller publishes its decisions) and once with it off (the controller decides in dry
-//! run and publishes nothing). Both runs start from a fresh deployment and use the same seeded
-//! arrival plan. The offered base rate is calibrated against the engine's measured capacity first,
-//! so the burst is a real overload on whatever machine runs it.
+//! ```text
+//!  calibrate: closed-loop flows (no think time) on a fresh engine → capacity_flows_per_s
+//!             (flows that finish within their deadline, per second; best of three concurrencies)
+//!  then, for each configuration, a fresh deployment and the same seeded arrival plan:
+//!     0.6× capacity (warm-up) ─ ramp ─ 3× held ≥ 60 s ─ 0.6× (recovery, the retry storm)
+//!  baseline  FCFS scheduling, no critical reserve, controller in dry run (a plain vLLM)
+//!  loop_off  criticality-first scheduling + reserve, controller in dry run
+//!  loop_on   the same, controller publishing
+//! ```
+//!
+//! A flow succeeds only when every call finishes before the flow's deadline (8 s agent flows,
+//! 3 s login, 4 s basic Q&A); at the deadline the client hangs up and the engine cancels the
+//! request. Clients are a mix of well-behaved, naive (1/2/4/8 s backoff) and impatient ones, and
+//! users retry failed flows. Goodput = flows finished within their deadline per second.
+//!
+//! Output: progress and a table on stderr; `overload.json` (everything, timelines included),
+//! `goodput.svg` (goodput over time, the three configurations) and `overload.md` (the table)
+//! in `--out`; the last stdout line is `{"baseline": {...}, "loop_off": {...}, "loop_on": {...}}`.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use brownout::loadgen::{ClientMix, Deadlines, LoadConfig, LoadReport, LoadShape};
 use brownout_protocol::{Criticality, Tier};
+use brownout_serving::scheduler::SchedulingPolicy;
 use serde::Serialize;
 
 use super::world::{World, WorldOptions};
-use brownout::loadgen::{LoadConfig, LoadReport, LoadShape};
 
 /// Arguments of `brownout-demo bench overload`.
 #[derive(Debug, Clone, clap::Args)]
@@ -21,238 +37,892 @@ pub struct OverloadArgs {
     /// `smollm2`, `tiny-random` or a GGUF path (default: SmolLM2 when cached).
     #[arg(long)]
     pub model: Option<String>,
-    /// Length of each run, seconds (the burst is in the middle).
-    #[arg(long, default_value_t = 120)]
-    pub duration_secs: u64,
-    /// Height of the burst over the base rate.
+    /// Warm-up at the base load, seconds.
+    #[arg(long, default_value_t = 30)]
+    pub warmup_secs: u64,
+    /// Ramp from the base load to the overload, seconds.
+    #[arg(long, default_value_t = 10)]
+    pub ramp_secs: u64,
+    /// How long the overload is held, seconds (≥ 60 so the queue cannot drain by itself).
+    #[arg(long, default_value_t = 60)]
+    pub hold_secs: u64,
+    /// Recovery at the base load after the overload, seconds.
+    #[arg(long, default_value_t = 60)]
+    pub recovery_secs: u64,
+    /// The overload as a multiple of the measured capacity.
     #[arg(long, default_value_t = 3.0)]
-    pub burst_factor: f64,
-    /// Base load as a share of the measured capacity.
+    pub overload_factor: f64,
+    /// The base load (warm-up, recovery) as a multiple of the measured capacity.
     #[arg(long, default_value_t = 0.6)]
     pub base_load_ratio: f64,
+    /// Length of the capacity calibration, seconds (three concurrencies share it).
+    #[arg(long, default_value_t = 18)]
+    pub calibrate_secs: u64,
+    /// Skip the calibration and use this capacity (flows/s).
+    #[arg(long)]
+    pub capacity_flows_per_s: Option<f64>,
+    /// After the load, wait at most this long for the serving tier to be back at T0.
+    #[arg(long, default_value_t = 45)]
+    pub settle_secs: u64,
+    /// Which configurations to run, in order.
+    #[arg(long, default_value = "baseline,loop_off,loop_on")]
+    pub configs: String,
+    /// Shares of client kinds.
+    #[arg(long, default_value = "well_behaved=0.6,naive=0.3,impatient=0.1")]
+    pub client_mix: ClientMix,
+    /// Whole-flow deadline overrides, `KIND=SECS,…` (`agent=10`, `login=3`, …).
+    #[arg(long, default_value = "")]
+    pub deadline: String,
+    /// Chance that a user whose flow failed retries the whole flow.
+    #[arg(long, default_value_t = 0.3)]
+    pub flow_retry_prob: f64,
+    /// Think time (2–8 s between calls) is divided by this.
+    #[arg(long, default_value_t = 8.0)]
+    pub speed: f64,
     /// max_tokens per call.
     #[arg(long, default_value_t = 24)]
     pub max_tokens: u32,
     #[arg(long, default_value_t = 11)]
     pub seed: u64,
+    /// Directory for overload.json, goodput.svg and overload.md.
+    #[arg(long, default_value = "bench/out/overload")]
+    pub out: PathBuf,
 }
 
-/// One run's figures.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunFigures {
-    pub critical_success_rate: f64,
-    pub critical_ttft_p99_s: f64,
-    pub default_success_rate: f64,
-    pub sheddable_success_rate: f64,
-    pub goodput_rps: f64,
-    pub shed_share: ShedShare,
-    /// Seconds from the start of the load to the first applied tier > 0 (None: never).
-    pub time_to_first_degradation_s: Option<f64>,
-    /// Tier changes applied by the serving tier.
+/// The three configurations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Setup {
+    Baseline,
+    LoopOff,
+    LoopOn,
+}
+
+impl Setup {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Setup::Baseline => "baseline",
+            Setup::LoopOff => "loop_off",
+            Setup::LoopOn => "loop_on",
+        }
+    }
+
+    fn parse_list(s: &str) -> anyhow::Result<Vec<Setup>> {
+        let mut v = Vec::new();
+        for p in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let c = match p {
+                "baseline" => Setup::Baseline,
+                "loop_off" => Setup::LoopOff,
+                "loop_on" => Setup::LoopOn,
+                o => anyhow::bail!("unknown configuration {o:?} (baseline, loop_off, loop_on)"),
+            };
+            if !v.contains(&c) {
+                v.push(c);
+            }
+        }
+        anyhow::ensure!(!v.is_empty(), "--configs names no configuration");
+        Ok(v)
+    }
+
+    /// The deployment of this configuration.
+    pub fn world_options(self, model: &str) -> WorldOptions {
+        let mut o = WorldOptions {
+            model: model.to_string(),
+            dry_run: self != Setup::LoopOn,
+            num_engines: 1,
+            ..WorldOptions::default()
+        };
+        if self == Setup::Baseline {
+            o.engine.scheduling_policy = SchedulingPolicy::Fcfs;
+            o.engine.critical_reserve_ratio = 0.0;
+        }
+        o
+    }
+}
+
+/// The load shape in seconds from the start of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Phases {
+    pub warmup_s: f64,
+    pub ramp_s: f64,
+    pub hold_s: f64,
+    pub recovery_s: f64,
+    pub base_ratio: f64,
+    pub overload_factor: f64,
+}
+
+impl Phases {
+    pub fn total_s(&self) -> f64 {
+        self.warmup_s + self.ramp_s + self.hold_s + self.recovery_s
+    }
+
+    /// When the offered load first exceeds the capacity (during the ramp).
+    pub fn onset_s(&self) -> f64 {
+        let span = self.overload_factor - self.base_ratio;
+        let x = if span <= 0.0 || self.base_ratio >= 1.0 {
+            0.0
+        } else {
+            ((1.0 - self.base_ratio) / span).clamp(0.0, 1.0)
+        };
+        self.warmup_s + self.ramp_s * x
+    }
+
+    /// When the overload ends (the drop back to the base load).
+    pub fn end_s(&self) -> f64 {
+        self.warmup_s + self.ramp_s + self.hold_s
+    }
+
+    /// The rate-factor profile, relative to the capacity.
+    pub fn profile(&self) -> Vec<(Duration, f64)> {
+        let d = Duration::from_secs_f64;
+        vec![
+            (Duration::ZERO, self.base_ratio),
+            (d(self.warmup_s), self.base_ratio),
+            (d(self.warmup_s + self.ramp_s), self.overload_factor),
+            (d(self.end_s()), self.overload_factor),
+            (d(self.end_s()), self.base_ratio),
+            (d(self.total_s()), self.base_ratio),
+        ]
+    }
+}
+
+/// One applied (or, in dry run, decided) tier change, seconds from the start of the load.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Change {
+    pub at_s: f64,
+    pub from: u8,
+    pub to: u8,
+}
+
+/// What the tier did, from its changes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TierFigures {
     pub tier_changes: usize,
-    /// Tier changes the controller decided (in dry run: would have made).
-    pub decided_tier_changes: usize,
+    /// Rises after a fall: the tier went down and came back up.
+    pub flaps: usize,
     pub max_tier: u8,
-    pub model: String,
-    /// The engine's measured capacity and the base rate derived from it.
-    pub capacity_calls_per_s: f64,
-    pub base_flows_per_s: f64,
+    /// From the onset of the overload to the first change above T0 (negative: before it).
+    pub onset_to_first_degradation_s: Option<f64>,
+    /// From the end of the overload to the last return to T0 (0 when it was there already);
+    /// `None` when it never left T0 or never came back.
+    pub back_to_t0_s: Option<f64>,
+}
+
+/// Tier figures from the changes of one run.
+pub fn tier_figures(changes: &[Change], onset_s: f64, end_s: f64) -> TierFigures {
+    let mut flaps = 0;
+    let mut last_down = false;
+    for c in changes {
+        let up = c.to > c.from;
+        if up && last_down {
+            flaps += 1;
+        }
+        last_down = !up;
+    }
+    let first = changes.iter().find(|c| c.to > 0).map(|c| c.at_s - onset_s);
+    let back = match changes.last() {
+        None => None,
+        Some(l) if l.to != 0 => None,
+        Some(l) => Some((l.at_s - end_s).max(0.0)),
+    };
+    TierFigures {
+        tier_changes: changes.len(),
+        flaps,
+        max_tier: changes.iter().map(|c| c.to).max().unwrap_or(0),
+        onset_to_first_degradation_s: first,
+        back_to_t0_s: back,
+    }
+}
+
+/// The figures of one configuration (the stdout JSON's parts).
+#[derive(Debug, Clone, Serialize)]
+pub struct Figures {
+    /// Flows finished within their deadline per second, over the whole load.
+    pub flow_goodput_per_s: f64,
+    /// The same, between the overload's onset and its end.
+    pub overload_goodput_per_s: f64,
+    pub capacity_flows_per_s: f64,
+    /// overload_goodput_per_s / capacity_flows_per_s.
+    pub overload_goodput_vs_capacity: f64,
+    pub critical_flow_success_rate: f64,
+    pub default_flow_success_rate: f64,
+    pub sheddable_flow_success_rate: f64,
+    pub ttft_p50_s: BTreeMap<String, f64>,
+    pub ttft_p99_s: BTreeMap<String, f64>,
+    pub onset_to_first_degradation_s: Option<f64>,
+    pub back_to_t0_s: Option<f64>,
+    pub flaps: usize,
+    pub tier_changes: usize,
+    pub max_tier: u8,
+    /// What the controller decided (in dry run: would have done).
+    pub decided_tier_changes: usize,
+    pub decided_first_degradation_s: Option<f64>,
+    /// Requests refused with 429 / 503 `feature_disabled`, dropped from the engine's queue
+    /// (expired), and hung up on by clients.
+    pub shed: u64,
+    pub disabled: u64,
+    pub expired: u64,
+    pub abandoned: u64,
+    /// Users, flow tries (whole-flow retries included), and tries that missed their deadline.
+    pub users: u64,
+    pub flows: u64,
+    pub deadline_missed: u64,
+    pub flow_retries: u64,
+    pub call_retries: u64,
+    /// Tokens the engine generated that no successful flow used (the engine's count minus the
+    /// tokens of flows that succeeded; the client's own count when /metrics was unreadable).
+    pub wasted_tokens: u64,
+    /// Tokens streamed to flows that failed anyway (what the client saw).
+    pub wasted_tokens_client: u64,
+    pub generated_tokens: Option<u64>,
+    /// Requests the engine cancelled because the client hung up, and their tokens.
+    pub engine_abandoned_requests: Option<u64>,
+    pub engine_abandoned_tokens: Option<u64>,
+    pub scheduling_policy: &'static str,
+    pub controller: &'static str,
+}
+
+/// Everything one configuration produced (overload.json).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunDetail {
+    pub figures: Figures,
+    pub changes: Vec<Change>,
+    pub decided_changes: Vec<Change>,
+    /// `(seconds, applied tier)` sampled every 500 ms.
+    pub tier_samples: Vec<(f64, u8)>,
+    /// `(window start s, flows/s)` in 5 s windows.
+    pub goodput_series: Vec<(f64, f64)>,
     pub load: LoadReport,
 }
 
-/// Share of calls answered 429, per criticality.
-#[derive(Debug, Clone, Serialize)]
-pub struct ShedShare {
-    pub critical: f64,
-    pub default: f64,
-    pub sheddable: f64,
+/// Engine counters read from `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineCounters {
+    pub generated: f64,
+    pub abandoned_requests: f64,
+    pub abandoned_tokens: f64,
 }
 
-/// Calls per second one engine completes with `max_tokens`, measured closed-loop.
-async fn measure_capacity(
-    url: &str,
-    concurrency: usize,
-    max_tokens: u32,
-    secs: u64,
-) -> anyhow::Result<f64> {
-    let client = brownout::loadgen::http_client()?;
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..concurrency {
-        let (client, url) = (client.clone(), url.to_string());
-        tasks.push(tokio::spawn(async move {
-            let mut n = 0u64;
-            while Instant::now() < deadline {
-                let body = serde_json::json!({"model": "default", "max_tokens": max_tokens, "seed": i,
-                    "messages": [{"role": "user", "content": "Help me write a short note to a colleague."}]});
-                let r = client.post(format!("{url}/v1/chat/completions")).json(&body).send().await;
-                if r.is_ok_and(|r| r.status().is_success()) {
-                    n += 1;
-                }
-            }
-            n
-        }));
+/// Sums the series of the counters we need in a Prometheus text exposition.
+pub fn parse_counters(text: &str) -> EngineCounters {
+    let mut c = EngineCounters::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name_labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let name = name_labels.split('{').next().unwrap_or("");
+        let Ok(v) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        match name {
+            "vllm:generation_tokens_total" => c.generated += v,
+            "brownout_serving_abandoned_requests_total" => c.abandoned_requests += v,
+            "brownout_serving_abandoned_tokens_total" => c.abandoned_tokens += v,
+            _ => {}
+        }
     }
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.unwrap_or(0);
-    }
-    Ok(total as f64 / started.elapsed().as_secs_f64())
+    c
 }
 
-/// Average calls per flow in the load mix.
-fn calls_per_flow() -> f64 {
-    let total: u32 = brownout::loadgen::FlowKind::MIX
-        .iter()
-        .map(|(_, w)| w)
-        .sum();
-    brownout::loadgen::FlowKind::MIX
-        .iter()
-        .map(|(k, w)| k.calls().len() as f64 * f64::from(*w))
-        .sum::<f64>()
-        / f64::from(total)
+async fn engine_counters(client: &reqwest::Client, url: &str) -> Option<EngineCounters> {
+    let r = client
+        .get(format!("{url}/metrics"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .ok()?;
+    r.status().is_success().then_some(())?;
+    Some(parse_counters(&r.text().await.ok()?))
 }
 
-fn world_options(model: &str, loop_on: bool) -> WorldOptions {
-    WorldOptions {
-        model: model.to_string(),
-        dry_run: !loop_on,
-        num_engines: 1,
-        ..WorldOptions::default()
+fn load_config(
+    args: &OverloadArgs,
+    targets: Vec<String>,
+    shape: LoadShape,
+    label: &str,
+) -> anyhow::Result<LoadConfig> {
+    let mut deadlines = Deadlines::default();
+    deadlines
+        .apply(&args.deadline)
+        .map_err(anyhow::Error::msg)?;
+    let mut c = LoadConfig::new(targets, shape);
+    c.speed = args.speed;
+    c.client_mix = args.client_mix;
+    c.deadlines = deadlines;
+    c.flow_retry_prob = args.flow_retry_prob;
+    c.max_tokens = args.max_tokens;
+    c.seed = args.seed;
+    c.label = label.to_string();
+    Ok(c)
+}
+
+/// Flows per second a fresh engine completes within their deadlines, closed loop without think
+/// time: the best of `max_num_seqs/2`, `max_num_seqs` and `2×max_num_seqs` concurrent users.
+async fn calibrate(args: &OverloadArgs, model: &str) -> anyhow::Result<f64> {
+    let opts = WorldOptions {
+        agents: false,
+        ..Setup::LoopOff.world_options(model)
+    };
+    let seqs = opts.engine.max_num_seqs.max(1);
+    let world = World::start(opts).await?;
+    let mut cfg = load_config(args, world.engine_urls(), LoadShape::default(), "calibrate")?;
+    // No think time: a closed-loop user is then always on the engine, so the figure is what the
+    // engine can serve (think time costs the engine nothing in the open-loop runs either).
+    cfg.speed = 1e9;
+    let each = Duration::from_secs_f64((args.calibrate_secs as f64 / 3.0).max(2.0));
+    let mut best = 0.0f64;
+    for c in [(seqs / 2).max(1), seqs, seqs * 2] {
+        let r = brownout::loadgen::closed_loop_flows_per_s(&cfg, c, each).await?;
+        eprintln!(
+            "bench overload: calibration: {c} users in a closed loop → {r:.2} flows/s within deadline"
+        );
+        best = best.max(r);
     }
+    world.stop().await?;
+    Ok(best)
 }
 
 async fn one_run(
     args: &OverloadArgs,
     model: &str,
-    base_rate: f64,
-    loop_on: bool,
-) -> anyhow::Result<RunFigures> {
-    let world = World::start(world_options(model, loop_on)).await?;
+    setup: Setup,
+    capacity: f64,
+    phases: &Phases,
+) -> anyhow::Result<RunDetail> {
+    let world = World::start(setup.world_options(model)).await?;
+    let url = world.engine_urls().remove(0);
+    let http = brownout::loadgen::http_client()?;
+    let before = engine_counters(&http, &url).await;
+    let shape = LoadShape {
+        duration: Duration::from_secs_f64(phases.total_s()),
+        base_rate: capacity,
+        peak_factor: 1.0,
+        burst_prob_per_s: 0.0,
+        profile: phases.profile(),
+        ..LoadShape::default()
+    };
+    let cfg = load_config(args, vec![url.clone()], shape, setup.as_str())?;
     let start_ms = brownout_protocol::now_ms();
-    let cfg = LoadConfig {
-        targets: world.engine_urls(),
-        shape: LoadShape {
-            duration: Duration::from_secs(args.duration_secs),
-            base_rate,
-            peak_factor: args.burst_factor,
-            peak_center_ratio: 0.5,
-            peak_width_ratio: 0.15,
-            burst_prob_per_s: 0.0,
-            ..LoadShape::default()
-        },
-        speed: 4.0,
-        misbehaving_ratio: 0.1,
-        model: "default".into(),
-        max_tokens: args.max_tokens,
-        seed: args.seed,
-        ttft_slo: Duration::from_secs(2),
-        max_in_flight: 4096,
-        call_timeout: Duration::from_secs(30),
-        max_retries: 2,
-        progress: true,
+    let started = Instant::now();
+    let control = world.engine_controls().remove(0);
+    let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(f64, u8)>::new()));
+    let sampler = {
+        let (control, samples) = (control.clone(), samples.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                let mut v = samples
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if v.len() < 100_000 {
+                    v.push((started.elapsed().as_secs_f64(), control.tier().as_u8()));
+                }
+            }
+        })
     };
     let load = brownout::loadgen::run_load(cfg).await?;
+    // Let the tier come back to T0 (the loop's recovery), bounded.
+    let settle_until = Instant::now() + Duration::from_secs(args.settle_secs);
+    while setup == Setup::LoopOn && control.tier() != Tier::T0 && Instant::now() < settle_until {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let after = engine_counters(&http, &url).await;
+    sampler.abort();
+    let tier_samples = samples
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     let decisions = world.plane().degrade.decisions();
-    let changes: Vec<_> = decisions
+    world.stop().await?;
+
+    let to_change = |d: &brownout::degrade::DecisionRecord| Change {
+        at_s: d.at_ms.saturating_sub(start_ms) as f64 / 1000.0,
+        from: d.previous.as_u8(),
+        to: d.tier.as_u8(),
+    };
+    let decided: Vec<Change> = decisions
         .iter()
         .filter(|d| d.tier != d.previous && d.at_ms >= start_ms)
+        .map(to_change)
         .collect();
-    let applied: Vec<_> = changes.iter().filter(|d| !d.dry_run).collect();
-    let first = applied
+    let applied: Vec<Change> = decisions
         .iter()
-        .find(|d| d.tier > Tier::T0)
-        .map(|d| (d.at_ms - start_ms) as f64 / 1000.0);
-    let max_tier = applied.iter().map(|d| d.tier.as_u8()).max().unwrap_or(0);
-    world.stop().await?;
-    let class = |c: Criticality| load.class(c).cloned();
-    let success = |c| class(c).map_or(1.0, |x| x.success_rate);
-    let shed = |c| class(c).map_or(0.0, |x| x.shed_share);
-    Ok(RunFigures {
-        critical_success_rate: success(Criticality::Critical),
-        critical_ttft_p99_s: class(Criticality::Critical).map_or(0.0, |x| x.ttft_p99_s),
-        default_success_rate: success(Criticality::Default),
-        sheddable_success_rate: success(Criticality::Sheddable),
-        goodput_rps: load.goodput_rps,
-        shed_share: ShedShare {
-            critical: shed(Criticality::Critical),
-            default: shed(Criticality::Default),
-            sheddable: shed(Criticality::Sheddable),
-        },
-        time_to_first_degradation_s: first,
-        tier_changes: applied.len(),
-        decided_tier_changes: changes.len(),
-        max_tier,
-        model: model.to_string(),
-        capacity_calls_per_s: 0.0,
-        base_flows_per_s: base_rate,
+        .filter(|d| d.tier != d.previous && d.at_ms >= start_ms && !d.dry_run)
+        .map(to_change)
+        .collect();
+    let tf = tier_figures(&applied, phases.onset_s(), phases.end_s());
+    let df = tier_figures(&decided, phases.onset_s(), phases.end_s());
+    Ok(RunDetail {
+        figures: figures(setup, &load, capacity, phases, &tf, &df, before, after),
+        changes: applied,
+        decided_changes: decided,
+        tier_samples,
+        goodput_series: load.timeline.goodput_series(5),
         load,
     })
 }
 
-/// Runs the benchmark; the last stdout line is `{"loop_on": {...}, "loop_off": {...}}`.
+#[allow(clippy::too_many_arguments)]
+fn figures(
+    setup: Setup,
+    load: &LoadReport,
+    capacity: f64,
+    phases: &Phases,
+    tf: &TierFigures,
+    df: &TierFigures,
+    before: Option<EngineCounters>,
+    after: Option<EngineCounters>,
+) -> Figures {
+    let classes = [
+        Criticality::Critical,
+        Criticality::Default,
+        Criticality::Sheddable,
+    ];
+    let class = |c: Criticality| load.class(c);
+    let success = |c| class(c).map_or(1.0, |x| x.flows.success_rate);
+    let sum = |f: &dyn Fn(&brownout::loadgen::stats::ClassReport) -> u64| -> u64 {
+        load.by_criticality.values().map(f).sum()
+    };
+    let useful = sum(&|c| c.flows.useful_tokens);
+    let delta = match (before, after) {
+        (Some(b), Some(a)) => Some(EngineCounters {
+            generated: a.generated - b.generated,
+            abandoned_requests: a.abandoned_requests - b.abandoned_requests,
+            abandoned_tokens: a.abandoned_tokens - b.abandoned_tokens,
+        }),
+        _ => None,
+    };
+    let generated = delta.map(|d| d.generated.max(0.0) as u64);
+    let overload_goodput = load.timeline.goodput_between(
+        Duration::from_secs_f64(phases.onset_s()),
+        Duration::from_secs_f64(phases.end_s()),
+    );
+    Figures {
+        flow_goodput_per_s: {
+            let ok = sum(&|c| c.flows.by_end.get("ok").copied().unwrap_or(0));
+            ok as f64 / phases.total_s().max(1e-9)
+        },
+        overload_goodput_per_s: overload_goodput,
+        capacity_flows_per_s: capacity,
+        overload_goodput_vs_capacity: if capacity > 0.0 {
+            overload_goodput / capacity
+        } else {
+            0.0
+        },
+        critical_flow_success_rate: success(Criticality::Critical),
+        default_flow_success_rate: success(Criticality::Default),
+        sheddable_flow_success_rate: success(Criticality::Sheddable),
+        ttft_p50_s: classes
+            .iter()
+            .map(|c| {
+                (
+                    c.as_str().to_string(),
+                    class(*c).map_or(0.0, |x| x.ttft_p50_s),
+                )
+            })
+            .collect(),
+        ttft_p99_s: classes
+            .iter()
+            .map(|c| {
+                (
+                    c.as_str().to_string(),
+                    class(*c).map_or(0.0, |x| x.ttft_p99_s),
+                )
+            })
+            .collect(),
+        onset_to_first_degradation_s: tf.onset_to_first_degradation_s,
+        back_to_t0_s: tf.back_to_t0_s,
+        flaps: tf.flaps,
+        tier_changes: tf.tier_changes,
+        max_tier: tf.max_tier,
+        decided_tier_changes: df.tier_changes,
+        decided_first_degradation_s: df.onset_to_first_degradation_s,
+        shed: sum(&|c| c.shed),
+        disabled: sum(&|c| c.disabled),
+        expired: sum(&|c| c.expired),
+        abandoned: sum(&|c| c.abandoned),
+        users: sum(&|c| c.flows.users),
+        flows: sum(&|c| c.flows.attempts),
+        deadline_missed: sum(&|c| c.flows.by_end.get("deadline").copied().unwrap_or(0)),
+        flow_retries: sum(&|c| c.flows.flow_retries),
+        call_retries: sum(&|c| c.retries),
+        wasted_tokens: generated.map_or(load.wasted_tokens, |g| g.saturating_sub(useful)),
+        wasted_tokens_client: load.wasted_tokens,
+        generated_tokens: generated,
+        engine_abandoned_requests: delta.map(|d| d.abandoned_requests.max(0.0) as u64),
+        engine_abandoned_tokens: delta.map(|d| d.abandoned_tokens.max(0.0) as u64),
+        scheduling_policy: if setup == Setup::Baseline {
+            "fcfs"
+        } else {
+            "priority"
+        },
+        controller: if setup == Setup::LoopOn {
+            "on"
+        } else {
+            "dry_run"
+        },
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+fn opt_s(x: Option<f64>) -> String {
+    x.map_or("—".into(), |s| format!("{s:.1} s"))
+}
+
+/// One row of the table: its cell for a configuration.
+type Row = Box<dyn Fn(&Figures) -> String>;
+
+/// The results as a Markdown table (configurations as columns).
+pub fn markdown_table(runs: &[(Setup, &Figures)]) -> String {
+    let mut s = String::from("| |");
+    for (c, _) in runs {
+        s.push_str(&format!(" {} |", c.as_str()));
+    }
+    s.push_str("\n|---|");
+    for _ in runs {
+        s.push_str("---|");
+    }
+    s.push('\n');
+    let rows: Vec<(&str, Row)> = vec![
+        (
+            "flow goodput, whole run (flows/s)",
+            Box::new(|f| format!("{:.2}", f.flow_goodput_per_s)),
+        ),
+        (
+            "flow goodput during the overload (flows/s)",
+            Box::new(|f| {
+                format!(
+                    "{:.2} ({:.0}% of capacity)",
+                    f.overload_goodput_per_s,
+                    f.overload_goodput_vs_capacity * 100.0
+                )
+            }),
+        ),
+        (
+            "critical flow success",
+            Box::new(|f| pct(f.critical_flow_success_rate)),
+        ),
+        (
+            "default flow success",
+            Box::new(|f| pct(f.default_flow_success_rate)),
+        ),
+        (
+            "sheddable flow success",
+            Box::new(|f| pct(f.sheddable_flow_success_rate)),
+        ),
+        (
+            "TTFT p50 / p99 critical",
+            Box::new(|f| {
+                format!(
+                    "{:.2} / {:.2} s",
+                    f.ttft_p50_s["critical"], f.ttft_p99_s["critical"]
+                )
+            }),
+        ),
+        (
+            "TTFT p50 / p99 default",
+            Box::new(|f| {
+                format!(
+                    "{:.2} / {:.2} s",
+                    f.ttft_p50_s["default"], f.ttft_p99_s["default"]
+                )
+            }),
+        ),
+        (
+            "TTFT p50 / p99 sheddable",
+            Box::new(|f| {
+                format!(
+                    "{:.2} / {:.2} s",
+                    f.ttft_p50_s["sheddable"], f.ttft_p99_s["sheddable"]
+                )
+            }),
+        ),
+        (
+            "onset → first degradation",
+            Box::new(|f| opt_s(f.onset_to_first_degradation_s)),
+        ),
+        (
+            "overload end → back to T0",
+            Box::new(|f| opt_s(f.back_to_t0_s)),
+        ),
+        (
+            "tier changes / flaps / max tier",
+            Box::new(|f| format!("{} / {} / T{}", f.tier_changes, f.flaps, f.max_tier)),
+        ),
+        (
+            "decided (dry run) changes, first",
+            Box::new(|f| {
+                format!(
+                    "{}, {}",
+                    f.decided_tier_changes,
+                    opt_s(f.decided_first_degradation_s)
+                )
+            }),
+        ),
+        (
+            "users / flow tries / missed deadline",
+            Box::new(|f| format!("{} / {} / {}", f.users, f.flows, f.deadline_missed)),
+        ),
+        (
+            "shed / disabled / expired / hung up",
+            Box::new(|f| {
+                format!(
+                    "{} / {} / {} / {}",
+                    f.shed, f.disabled, f.expired, f.abandoned
+                )
+            }),
+        ),
+        (
+            "call retries / flow retries",
+            Box::new(|f| format!("{} / {}", f.call_retries, f.flow_retries)),
+        ),
+        (
+            "wasted tokens (engine) / generated",
+            Box::new(|f| {
+                format!(
+                    "{} / {}",
+                    f.wasted_tokens,
+                    f.generated_tokens.map_or("?".into(), |g| g.to_string())
+                )
+            }),
+        ),
+    ];
+    for (name, f) in rows {
+        s.push_str(&format!("| {name} |"));
+        for (_, fig) in runs {
+            s.push_str(&format!(" {} |", f(fig)));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// The one-line JSON the benchmark prints last.
+pub fn summary_json(runs: &[(Setup, &Figures)]) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for (c, f) in runs {
+        m.insert(
+            c.as_str().into(),
+            serde_json::to_value(f).unwrap_or_default(),
+        );
+    }
+    serde_json::Value::Object(m)
+}
+
+/// The load average of the machine (it is shared; the results say so).
+fn load_average() -> Option<String> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+}
+
+/// Runs the benchmark; the last stdout line is `{"baseline": {...}, "loop_off": {...}, "loop_on": {...}}`.
 ///
 /// # Errors
-/// When a deployment cannot start.
+/// Bad arguments, a deployment that cannot start, an output directory that cannot be written.
 pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
+    let setups = Setup::parse_list(&args.configs)?;
+    anyhow::ensure!(
+        args.overload_factor > 1.0 && args.overload_factor.is_finite(),
+        "--overload-factor must be above 1"
+    );
+    anyhow::ensure!(
+        args.base_load_ratio > 0.0 && args.base_load_ratio < 1.0,
+        "--base-load-ratio must be in (0, 1)"
+    );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.flow_retry_prob),
+        "--flow-retry-prob must be in [0, 1]"
+    );
+    anyhow::ensure!(
+        args.speed > 0.0 && args.speed.is_finite(),
+        "--speed must be positive"
+    );
+    Deadlines::default()
+        .apply(&args.deadline)
+        .map_err(anyhow::Error::msg)?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
     let model = args.model.clone().unwrap_or_else(super::default_model);
-    eprintln!("bench overload: model {model}; measuring one engine's capacity…");
-    let cap = {
-        let world = World::start(WorldOptions {
-            agents: false,
-            ..world_options(&model, false)
-        })
-        .await?;
-        let url = world.engine_urls().remove(0);
-        let c = measure_capacity(
-            &url,
-            world_options(&model, false).engine.max_num_seqs,
-            args.max_tokens,
-            10,
-        )
-        .await?;
-        world.stop().await?;
-        c
+    let phases = Phases {
+        warmup_s: args.warmup_secs as f64,
+        ramp_s: args.ramp_secs as f64,
+        hold_s: args.hold_secs as f64,
+        recovery_s: args.recovery_secs as f64,
+        base_ratio: args.base_load_ratio,
+        overload_factor: args.overload_factor,
+    };
+    eprintln!(
+        "bench overload: model {model}; load average {}; configurations {}",
+        load_average().unwrap_or_else(|| "?".into()),
+        setups
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let capacity = match args.capacity_flows_per_s {
+        Some(c) => {
+            anyhow::ensure!(
+                c > 0.0 && c.is_finite(),
+                "--capacity-flows-per-s must be positive"
+            );
+            c
+        }
+        None => calibrate(&args, &model)
+            .await
+            .context("calibrating the capacity")?,
     };
     anyhow::ensure!(
-        cap > 0.0,
-        "the engine completed no request while measuring capacity"
+        capacity > 0.0,
+        "no flow finished within its deadline while calibrating: the model is too slow for these deadlines (try --deadline agent=20,login=8,basic_qa=10)"
     );
-    let base_rate = args.base_load_ratio * cap / calls_per_flow();
     eprintln!(
-        "bench overload: capacity {cap:.2} calls/s; base {base_rate:.2} flows/s ({:.0}% of capacity), burst ×{}",
-        args.base_load_ratio * 100.0,
-        args.burst_factor
+        "bench overload: capacity {capacity:.2} flows/s; {:.0} s warm-up at {:.1}×, {:.0} s ramp, {:.0} s at {:.1}×, {:.0} s recovery (onset at {:.1} s, end at {:.0} s)",
+        phases.warmup_s,
+        phases.base_ratio,
+        phases.ramp_s,
+        phases.hold_s,
+        phases.overload_factor,
+        phases.recovery_s,
+        phases.onset_s(),
+        phases.end_s()
     );
-    eprintln!("bench overload: run 1/2, loop ON");
-    let mut on = one_run(&args, &model, base_rate, true)
-        .await
-        .context("loop-on run")?;
-    on.capacity_calls_per_s = cap;
-    eprintln!("{}", on.load.human());
-    eprintln!("bench overload: run 2/2, loop OFF (controller in dry run)");
-    let mut off = one_run(&args, &model, base_rate, false)
-        .await
-        .context("loop-off run")?;
-    off.capacity_calls_per_s = cap;
-    eprintln!("{}", off.load.human());
-    let row = |name: &str, f: &RunFigures| {
-        format!(
-            "{name:<9} critical {:>7.3}%  ttft_p99 {:>6.2}s  default {:>7.3}%  sheddable {:>7.3}%  goodput {:>5.2}/s  shed(s) {:>5.1}%  first_degradation {}  tier_changes {} (max T{})",
-            f.critical_success_rate * 100.0,
-            f.critical_ttft_p99_s,
-            f.default_success_rate * 100.0,
-            f.sheddable_success_rate * 100.0,
-            f.goodput_rps,
-            f.shed_share.sheddable * 100.0,
-            f.time_to_first_degradation_s
-                .map_or("never".into(), |s| format!("{s:.0}s")),
-            f.tier_changes,
-            f.max_tier
-        )
+    let mut details: Vec<(Setup, RunDetail)> = Vec::new();
+    for (i, setup) in setups.iter().enumerate() {
+        eprintln!(
+            "bench overload: run {}/{}: {}",
+            i + 1,
+            setups.len(),
+            setup.as_str()
+        );
+        let d = one_run(&args, &model, *setup, capacity, &phases)
+            .await
+            .with_context(|| format!("the {} run", setup.as_str()))?;
+        eprintln!("{}", d.load.human());
+        details.push((*setup, d));
+    }
+    let figs: Vec<(Setup, &Figures)> = details.iter().map(|(s, d)| (*s, &d.figures)).collect();
+    let table = markdown_table(&figs);
+    let series: Vec<(&str, Vec<(f64, f64)>)> = details
+        .iter()
+        .map(|(s, d)| (s.as_str(), d.goodput_series.clone()))
+        .collect();
+    let svg =
+        super::chart::goodput_chart(&series, capacity, phases.onset_s(), phases.end_s(), &model);
+    let all = serde_json::json!({
+        "model": model,
+        "load_average_at_start": load_average(),
+        "phases": phases,
+        "capacity_flows_per_s": capacity,
+        "runs": details.iter().map(|(s, d)| (s.as_str().to_string(), d)).collect::<BTreeMap<_, _>>(),
+    });
+    let write = |name: &str, body: &str| {
+        let p = args.out.join(name);
+        std::fs::write(&p, body).with_context(|| format!("writing {}", p.display()))
     };
-    eprintln!("{}\n{}", row("loop on", &on), row("loop off", &off));
-    println!("{}", serde_json::json!({"loop_on": on, "loop_off": off}));
+    write("overload.json", &serde_json::to_string_pretty(&all)?)?;
+    write("goodput.svg", &svg)?;
+    write("overload.md", &table)?;
+    eprintln!("{table}");
+    eprintln!(
+        "bench overload: wrote {0}/overload.json, {0}/goodput.svg, {0}/overload.md",
+        args.out.display()
+    );
+    println!("{}", summary_json(&figs));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ch(at_s: f64, from: u8, to: u8) -> Change {
+        Change { at_s, from, to }
+    }
+
+    #[test]
+    fn tier_figures_count_flaps_onset_and_recovery() {
+        // Up at 42 s (onset 40), T3, down, up again (a flap), back to T0 at 130 s (end 100).
+        let c = [
+            ch(42.0, 0, 1),
+            ch(45.0, 1, 3),
+            ch(90.0, 3, 2),
+            ch(95.0, 2, 3),
+            ch(110.0, 3, 1),
+            ch(130.0, 1, 0),
+        ];
+        let f = tier_figures(&c, 40.0, 100.0);
+        assert_eq!((f.tier_changes, f.flaps, f.max_tier), (6, 1, 3));
+        assert_eq!(f.onset_to_first_degradation_s, Some(2.0));
+        assert_eq!(f.back_to_t0_s, Some(30.0));
+        // Never degraded; degraded and never back.
+        let none = tier_figures(&[], 40.0, 100.0);
+        assert_eq!(
+            (none.onset_to_first_degradation_s, none.back_to_t0_s),
+            (None, None)
+        );
+        let stuck = tier_figures(&c[..2], 40.0, 100.0);
+        assert_eq!(stuck.back_to_t0_s, None);
+        assert_eq!(stuck.flaps, 0);
+        // Back at T0 before the overload ended: 0.
+        assert_eq!(
+            tier_figures(&[ch(50.0, 0, 1), ch(80.0, 1, 0)], 40.0, 100.0).back_to_t0_s,
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn phases_place_the_onset_where_the_ramp_crosses_capacity() {
+        let p = Phases {
+            warmup_s: 30.0,
+            ramp_s: 12.0,
+            hold_s: 60.0,
+            recovery_s: 60.0,
+            base_ratio: 0.6,
+            overload_factor: 3.0,
+        };
+        assert!((p.onset_s() - 32.0).abs() < 1e-9);
+        assert_eq!(p.end_s(), 102.0);
+        assert_eq!(p.total_s(), 162.0);
+        let shape = LoadShape {
+            duration: Duration::from_secs(162),
+            profile: p.profile(),
+            ..LoadShape::default()
+        };
+        assert!((shape.factor(Duration::from_secs_f64(32.0)) - 1.0).abs() < 1e-9);
+        assert_eq!(shape.factor(Duration::from_secs(70)), 3.0);
+        assert_eq!(shape.factor(Duration::from_secs(120)), 0.6);
+    }
+
+    #[test]
+    fn counters_are_summed_from_the_exposition() {
+        let text = "# HELP x\nvllm:generation_tokens_total{model_name=\"a\"} 120\nvllm:generation_tokens_total{model_name=\"b\"} 5\nbrownout_serving_abandoned_tokens_total{model_name=\"a\"} 7\nbrownout_serving_abandoned_requests_total 2\nother 9\n";
+        let c = parse_counters(text);
+        assert_eq!(
+            (c.generated, c.abandoned_tokens, c.abandoned_requests),
+            (125.0, 7.0, 2.0)
+        );
+    }
+
+    #[test]
+    fn configurations_parse_and_deploy_as_documented() {
+        assert_eq!(
+            Setup::parse_list("loop_on, baseline,loop_on").unwrap(),
+            vec![Setup::LoopOn, Setup::Baseline]
+        );
+        assert!(Setup::parse_list("vllm").is_err());
+        assert!(Setup::parse_list(" ").is_err());
+        let b = Setup::Baseline.world_options("tiny-random");
+        assert_eq!(b.engine.scheduling_policy, SchedulingPolicy::Fcfs);
+        assert_eq!(b.engine.critical_reserve_ratio, 0.0);
+        assert!(b.dry_run);
+        let off = Setup::LoopOff.world_options("tiny-random");
+        assert_eq!(off.engine.scheduling_policy, SchedulingPolicy::Priority);
+        assert!(off.dry_run);
+        assert!(!Setup::LoopOn.world_options("tiny-random").dry_run);
+    }
 }

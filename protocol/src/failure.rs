@@ -25,11 +25,14 @@ pub enum Category {
     StateConflict,
     RateLimited,
     Degraded,
+    /// An agent going in circles: the control plane saw the same tool-call fingerprint repeat
+    /// in one trace or conversation (docs/AGENTS.md). Only inferred from an explicit `category`.
+    AgentLoop,
     Other,
 }
 
 impl Category {
-    pub const ALL: [Category; 10] = [
+    pub const ALL: [Category; 11] = [
         Category::TimeoutResource,
         Category::TimeoutNetwork,
         Category::ModelError,
@@ -39,6 +42,7 @@ impl Category {
         Category::StateConflict,
         Category::RateLimited,
         Category::Degraded,
+        Category::AgentLoop,
         Category::Other,
     ];
 
@@ -53,6 +57,7 @@ impl Category {
             Category::StateConflict => "state_conflict",
             Category::RateLimited => "rate_limited",
             Category::Degraded => "degraded",
+            Category::AgentLoop => "agent_loop",
             Category::Other => "other",
         }
     }
@@ -259,7 +264,22 @@ fn de_ts<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     }
 }
 
+/// The attribute that marks a failure event as a deliberate refusal (docs/PROTOCOL.md
+/// "Deliberate outcomes"): `"true"` on every event the serving tier sends for a request it refused
+/// on purpose.
+pub const DELIBERATE_ATTR: &str = "deliberate";
+
 impl FailureEvent {
+    /// True when the event records a request refused on purpose (shed, feature disabled,
+    /// drained, per-user cap, loop kill, tool breaker, throttled): attribute `deliberate` (or
+    /// `brownout.deliberate`) is `"true"`. Such an event is a degradation outcome, not a failure:
+    /// control planes count it neither as an SLO error nor as a failure pattern.
+    pub fn is_deliberate(&self) -> bool {
+        [DELIBERATE_ATTR, "brownout.deliberate"]
+            .iter()
+            .any(|k| self.attributes.get(*k).is_some_and(|v| v == "true"))
+    }
+
     /// Parses one NDJSON line.
     ///
     /// # Errors
@@ -484,6 +504,12 @@ mod tests {
         assert!(e.is_err(), "unknown field still refused");
         let e = FailureEvent::parse_line(line(r#","category":"martian""#).as_bytes()).unwrap();
         assert_eq!(e.category, Category::Other);
+        let e = FailureEvent::parse_line(line(r#","category":"agent_loop""#).as_bytes()).unwrap();
+        assert_eq!(e.category, Category::AgentLoop);
+        assert_eq!(Category::parse("agent_loop"), Some(Category::AgentLoop));
+        for c in Category::ALL {
+            assert_eq!(Category::parse(c.as_str()), Some(c));
+        }
     }
 
     #[test]

@@ -93,6 +93,11 @@ impl RedisKeys {
     pub fn operator_override(&self) -> String {
         self.key("override")
     }
+
+    /// The operator's per-instance actions (sealed JSON map: instance id → action).
+    pub fn instance_overrides(&self) -> String {
+        self.key("instance_overrides")
+    }
 }
 
 /// The `notify` payload: `"<epoch>:<version>"`.

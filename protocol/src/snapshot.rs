@@ -74,6 +74,27 @@ pub struct EngineStats {
     pub ttft_p50_s: f64,
     #[serde(default)]
     pub ttft_p99_s: f64,
+    /// p99 of the time requests waited in the engine's queue over the agent's window (vLLM's
+    /// `vllm:request_queue_time_seconds`; 0 when the engine does not export it).
+    #[serde(default)]
+    pub queue_wait_p99_s: f64,
+    /// The serving tier's `--instance-id` (the key of the command's `instances`), when the
+    /// engine reports it (the bundled tier's `/debug/kv`). Empty: the control plane addresses
+    /// the engine as `<host>/<id>` (see [`AgentSnapshot::instance_key`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instance_id: String,
+    /// The engine's configured `max_num_seqs` (before any command lowers it), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configured_max_num_seqs: Option<u32>,
+    /// Requests answered since the engine started (finished or refused; the bundled tier's
+    /// `brownout_serving_requests_total`, else the count of `vllm:e2e_request_latency_seconds`).
+    /// The control plane differentiates it into the arrival rate.
+    #[serde(default)]
+    pub requests_answered_total: u64,
+    /// Requests completed by the engine since it started (the count of
+    /// `vllm:e2e_request_latency_seconds`): differentiated into the measured capacity.
+    #[serde(default)]
+    pub requests_completed_total: u64,
 }
 
 /// What one agent reports each interval.
@@ -116,6 +137,17 @@ impl AgentSnapshot {
             .map(|e| e.kv.usage_ratio)
             .fold(0.0, f64::max)
     }
+    /// The id the control plane addresses `engine` by in a command's `instances`: the serving
+    /// tier's own `--instance-id` when the agent learned it, else `<host>/<engine id>` (so a
+    /// serving tier started with `--instance-id <host>/<engine id>` matches either way).
+    pub fn instance_key(&self, engine: &EngineStats) -> String {
+        if engine.instance_id.is_empty() {
+            format!("{}/{}", self.host, engine.id)
+        } else {
+            engine.instance_id.clone()
+        }
+    }
+
     /// Total waiting requests over engines.
     pub fn queue_depth(&self) -> u64 {
         self.engines.iter().map(|e| e.num_requests_waiting).sum()

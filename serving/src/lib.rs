@@ -13,6 +13,9 @@
 //!    │
 //!  kvcache/ (pure: block pool, prefix cache, block tables, fragmentation ratios)
 //! ```
+//!
+//! With `--upstream URL`, upstream/ takes the place of scheduler/ and model/: the same api
+//! shapes and gate, then forwarding to any OpenAI-compatible engine (docs/UPSTREAM.md).
 
 pub mod api;
 pub mod control;
@@ -22,3 +25,4 @@ pub mod metrics;
 pub mod model;
 pub mod scheduler;
 pub mod telemetry;
+pub mod upstream;

@@ -6,6 +6,9 @@
 //! brownout-serve bench kv        replay a long-tailed trace through paged and contiguous KV
 //! brownout-serve bench model     decode tokens/s at batch 1/8/32 on each route, TTFT, memory
 //! brownout-serve bench gate      per-user table memory under millions of distinct users
+//! brownout-serve bench upstream  latency and CPU the --upstream proxy adds to an upstream
+//! brownout-serve --upstream http://vllm:8000 [--upstream fallback=URL] [--upstream-model ROUTE=NAME]
+//!                                the gate and commands in front of any OpenAI-compatible engine
 //! brownout-serve fetch-model     download SmolLM2-135M-Instruct into the local model cache
 //! ```
 
@@ -15,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use brownout_serving::api::{self, ModelChoice, ServeOptions};
 use brownout_serving::control::{self, ControlHandle, FeatureCatalog, SubscriberConfig};
-use brownout_serving::gate::GateConfig;
+use brownout_serving::gate::{GateConfig, RouteChoice};
 use brownout_serving::kvcache::sim::{long_tailed_trace, replay};
 use brownout_serving::kvcache::{AllocMode, BlockPool};
 use brownout_serving::telemetry::{Telemetry, TelemetryConfig};
@@ -56,6 +59,34 @@ enum BenchWhat {
     /// Memory of the admission gate's per-user table under millions of distinct users (resident
     /// set size at checkpoints), against an unbounded per-user map with `--peer`.
     Gate(BenchGateArgs),
+    /// Latency (p50/p99) and CPU per 1,000 requests the `--upstream` proxy adds, against calling
+    /// the upstream directly, in one run (it starts the upstream and the proxy itself).
+    Upstream(BenchUpstreamArgs),
+}
+
+#[derive(Args, Debug)]
+struct BenchUpstreamArgs {
+    /// Requests per path (direct, proxied) and mode, sent alternately one at a time.
+    #[arg(long, default_value_t = 2000)]
+    requests: usize,
+    #[arg(long, default_value_t = 100)]
+    warmup: usize,
+    /// `--model` of the upstream brownout-serve this run starts.
+    #[arg(long, default_value = "toy")]
+    upstream_model: String,
+    /// Use this running upstream instead (any OpenAI-compatible server).
+    #[arg(long)]
+    upstream_url: Option<String>,
+    /// The running upstream's pid, to measure its CPU too.
+    #[arg(long)]
+    upstream_pid: Option<u32>,
+    #[arg(long, default_value_t = 16)]
+    max_tokens: u32,
+    /// plain, stream (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "plain,stream")]
+    modes: Vec<String>,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -180,6 +211,36 @@ struct ServeArgs {
     /// Users the per-user table tracks (bounded LRU).
     #[arg(long, default_value_t = 16_384)]
     max_tracked_users: usize,
+    /// Forward to this OpenAI-compatible server instead of running the bundled engine:
+    /// `URL` or `ROUTE=URL` (route primary or fallback), repeatable (docs/UPSTREAM.md).
+    #[arg(long = "upstream", value_name = "[ROUTE=]URL", value_parser = parse_upstream)]
+    upstreams: Vec<(RouteChoice, String)>,
+    /// The model name sent upstream on a route (`ROUTE=NAME`, repeatable); else the first
+    /// model the route's upstream lists at /v1/models.
+    #[arg(long = "upstream-model", value_name = "ROUTE=NAME", value_parser = parse_upstream_model)]
+    upstream_models: Vec<(RouteChoice, String)>,
+    /// Requests in flight to the upstreams at most (the critical reserve is a share of them;
+    /// limits.max_num_seqs and the instance entry's max_num_seqs lower it).
+    #[arg(long, default_value_t = 64)]
+    upstream_max_concurrency: usize,
+    #[arg(long, default_value_t = 2000)]
+    upstream_connect_timeout_ms: u64,
+    /// Longest silence while reading an upstream answer (streams included).
+    #[arg(long, default_value_t = 60)]
+    upstream_read_timeout_secs: u64,
+    #[arg(long, default_value_t = 1000)]
+    upstream_health_interval_ms: u64,
+    /// Sent upstream as `Authorization: Bearer` (else the client's Authorization is passed on).
+    #[arg(long, env = "BROWNOUT_UPSTREAM_API_KEY", hide_env_values = true)]
+    upstream_api_key: Option<String>,
+}
+
+fn parse_upstream(s: &str) -> Result<(RouteChoice, String), String> {
+    brownout_serving::upstream::parse_upstream_arg(s)
+}
+
+fn parse_upstream_model(s: &str) -> Result<(RouteChoice, String), String> {
+    brownout_serving::upstream::parse_model_arg(s)
 }
 
 fn parse_mode(s: &str) -> anyhow::Result<AllocMode> {
@@ -202,6 +263,9 @@ fn main() -> anyhow::Result<()> {
         Some(Cmd::Bench {
             what: BenchWhat::Gate(a),
         }) => bench_gate(&a),
+        Some(Cmd::Bench {
+            what: BenchWhat::Upstream(a),
+        }) => bench_upstream(&a),
         Some(Cmd::FetchModel) => {
             let path = brownout_serving::model::fetch_model()?;
             println!("{}", path.display());
@@ -283,6 +347,9 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         }
     };
     let telemetry = Telemetry::start(TelemetryConfig::from_env("brownout-serve"));
+    if !a.upstreams.is_empty() {
+        return serve_upstream(a, handle, telemetry, instance).await;
+    }
     let state = api::build_state(&opts, handle.clone(), telemetry.clone()).await?;
     let _ = handle.metrics().register(&state.metrics().registry);
     let addr: SocketAddr = format!("{}:{}", a.host, a.port)
@@ -308,6 +375,84 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     .context("server")?;
     // Flush buffered spans; the exporter may block, so off the async workers.
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    Ok(())
+}
+
+/// `--upstream`: the gate and the command subscriber in front of an OpenAI-compatible server.
+async fn serve_upstream(
+    a: ServeArgs,
+    handle: ControlHandle,
+    telemetry: Telemetry,
+    instance: String,
+) -> anyhow::Result<()> {
+    use brownout_serving::upstream::{ProxyOptions, build_proxy, run_proxy};
+    let opts = ProxyOptions {
+        upstreams: a.upstreams.clone(),
+        models: a.upstream_models.clone(),
+        served_model_name: a.served_model_name.clone(),
+        max_concurrency: a.upstream_max_concurrency,
+        critical_reserve_ratio: a.critical_reserve_ratio,
+        max_queue_wait: Duration::from_secs(a.max_queue_wait_secs),
+        connect_timeout: Duration::from_millis(a.upstream_connect_timeout_ms.max(1)),
+        read_timeout: Duration::from_secs(a.upstream_read_timeout_secs.max(1)),
+        health_interval: Duration::from_millis(a.upstream_health_interval_ms.max(10)),
+        max_body_bytes: a.max_body_bytes,
+        api_key: a.upstream_api_key.clone(),
+        gate: GateConfig {
+            user_concurrency: a.user_concurrency,
+            max_tracked_users: a.max_tracked_users.max(1),
+            ..GateConfig::default()
+        },
+        ..ProxyOptions::default()
+    };
+    let state = build_proxy(opts, handle.clone(), telemetry.clone()).await?;
+    let _ = handle.metrics().register(&state.metrics().registry);
+    let addr: SocketAddr = format!("{}:{}", a.host, a.port)
+        .parse()
+        .context("--host/--port")?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    tracing::info!(
+        %addr, model = state.model_name(), instance = %instance,
+        upstreams = ?a.upstreams, max_concurrency = a.upstream_max_concurrency,
+        critical_reserve_ratio = a.critical_reserve_ratio, "proxying"
+    );
+    let features = control::http::router(handle, FeatureCatalog::seed_default());
+    run_proxy(state, Some(features), listener, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .context("server")?;
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    Ok(())
+}
+
+fn bench_upstream(a: &BenchUpstreamArgs) -> anyhow::Result<()> {
+    use brownout_serving::upstream::bench::{BenchUpstreamSpec, bench_upstream, to_markdown};
+    let spec = BenchUpstreamSpec {
+        requests: a.requests,
+        warmup: a.warmup,
+        upstream_model: a.upstream_model.clone(),
+        upstream_url: a.upstream_url.clone(),
+        upstream_pid: a.upstream_pid,
+        max_tokens: a.max_tokens,
+        modes: a.modes.clone(),
+    };
+    // Two workers: the client of one request at a time needs no more.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    let report = rt.block_on(bench_upstream(&spec, &mut |l| {
+        eprintln!("[bench upstream] {l}")
+    }))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{}", to_markdown(&report));
+    }
     Ok(())
 }
 

@@ -71,7 +71,8 @@ pub struct Metrics {
     pub ttft: HistogramVec,
     pub itl: HistogramVec,
     pub e2e: HistogramVec,
-    /// `vllm:request_queue_time_seconds`: arrival to first scheduled.
+    /// `vllm:request_queue_time_seconds`: arrival to first scheduled (the upstream proxy: time
+    /// in its own concurrency queue).
     pub queue_time: HistogramVec,
     /// `vllm:request_prefill_time_seconds`: first scheduled to first token.
     pub prefill_time: HistogramVec,

@@ -687,6 +687,10 @@ async fn health_models_and_debug_kv() {
         (Some("paged"), Some(256), Some(16))
     );
     assert!(v["sequences"].is_array());
+    assert!(
+        v["instance_id"].is_string(),
+        "the id a gpu-agent reports to the control plane: {v}"
+    );
     let (s, _, raw) = call(&app, "GET", "/nope", &[], Body::empty()).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert_eq!(

@@ -175,6 +175,7 @@ fn failure_query(p: FailureParams, now_ms: u64) -> Result<FailureQuery, ApiError
         pattern: nonempty(p.pattern),
         limit,
         cursor,
+        deliberate: None,
     })
 }
 

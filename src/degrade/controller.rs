@@ -15,10 +15,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use brownout_protocol::{AgentSnapshot, Command, FeatureState, Limits, Reason, Shed, Tier};
+use brownout_protocol::{
+    AgentSnapshot, Command, FeatureState, InstanceEntry, Limits, Reason, Shed, Tier,
+};
 use serde::{Deserialize, Serialize};
 
 use super::policy::{Condition, Policy, Signal};
+pub use super::stopbleed::{InstanceAction, InstanceOverride};
+use super::stopbleed::{StopBleedState, TierContext};
 
 /// One SLO alert's state, as the SLO engine reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -64,6 +68,8 @@ pub struct Inputs {
     pub alertmanager_firing: BTreeSet<String>,
     pub new_patterns: Vec<PatternRate>,
     pub operator_override: Option<Override>,
+    /// Operator per-instance actions by instance id.
+    pub instance_overrides: BTreeMap<String, InstanceOverride>,
 }
 
 /// Which input crossed which threshold.
@@ -115,6 +121,12 @@ pub struct Decision {
     pub shed: Option<Shed>,
     /// When a step down is next possible (unix ms), if the tier is clear now.
     pub step_down_at_ms: Option<u64>,
+    /// The command's `instances` (per-instance stop-bleed, operator actions, the ramp's `"*"`).
+    #[serde(default)]
+    pub instances: BTreeMap<String, InstanceEntry>,
+    /// Why each entry is there, plus watches and detected retry waves.
+    #[serde(default)]
+    pub instance_actions: Vec<InstanceAction>,
 }
 
 impl Decision {
@@ -139,7 +151,7 @@ impl Decision {
             model_route: self.model_route.clone(),
             limits: self.limits.clone(),
             shed: self.shed.clone(),
-            instances: BTreeMap::new(),
+            instances: self.instances.clone(),
             abort: Vec::new(),
             extra: BTreeMap::new(),
         }
@@ -152,6 +164,7 @@ impl Decision {
             && self.features == other.features
             && self.model_route == other.model_route
             && self.limits == other.limits
+            && self.instances == other.instances
             && self
                 .shed
                 .as_ref()
@@ -185,6 +198,11 @@ pub struct Controller {
     /// Recent values per signal (and per SLO burn rate) for the recovery trend.
     trend: BTreeMap<String, VecDeque<(u64, f64)>>,
     override_active: bool,
+    /// Per engine (instance key): recent (ms, TTFT p99, queue-wait p99), for `p99_jump`.
+    latency: BTreeMap<String, VecDeque<(u64, f64, f64)>>,
+    /// The longest `p99_jump` window of the policy.
+    jump_window_ms: u64,
+    stop_bleed: StopBleedState,
 }
 
 impl Controller {
@@ -194,6 +212,16 @@ impl Controller {
             vec![CondState::default(); policy.tiers[1].enter.len()],
             vec![CondState::default(); policy.tiers[2].enter.len()],
         ];
+        let jump_window_ms = policy
+            .tiers
+            .iter()
+            .flat_map(|t| &t.enter)
+            .filter_map(|c| match c {
+                Condition::Jump { window_ms, .. } => Some(*window_ms),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
         Controller {
             policy,
             tier: Tier::T0,
@@ -201,6 +229,9 @@ impl Controller {
             clear_since: None,
             trend: BTreeMap::new(),
             override_active: false,
+            latency: BTreeMap::new(),
+            jump_window_ms,
+            stop_bleed: StopBleedState::default(),
         }
     }
 
@@ -235,7 +266,76 @@ impl Controller {
                 .iter()
                 .map(|p| p.per_min)
                 .fold(0.0, f64::max),
+            Signal::TtftP99 => fresh
+                .flat_map(|s| s.engines.iter().filter(|e| e.up))
+                .map(|e| e.ttft_p99_s)
+                .filter(|v| v.is_finite())
+                .fold(0.0, f64::max),
+            Signal::QueueWaitP99 => fresh
+                .flat_map(|s| s.engines.iter().filter(|e| e.up))
+                .map(|e| e.queue_wait_p99_s)
+                .filter(|v| v.is_finite())
+                .fold(0.0, f64::max),
         }
+    }
+
+    /// Records each fresh engine's latency p99s (for `p99_jump`).
+    fn record_latency(&mut self, inputs: &Inputs) {
+        if self.jump_window_ms == 0 {
+            return;
+        }
+        let now = inputs.now_ms;
+        for s in inputs
+            .snapshots
+            .iter()
+            .filter(|s| now.saturating_sub(s.ts_ms) <= self.policy.snapshot_stale_ms)
+        {
+            for e in s.engines.iter().filter(|e| e.up) {
+                let q = self.latency.entry(s.instance_key(e)).or_default();
+                q.push_back((now, e.ttft_p99_s, e.queue_wait_p99_s));
+            }
+        }
+        let window = self.jump_window_ms;
+        self.latency.retain(|_, q| {
+            while q
+                .front()
+                .is_some_and(|(t, _, _)| now.saturating_sub(*t) > window)
+            {
+                q.pop_front();
+            }
+            while q.len() > 4096 {
+                q.pop_front();
+            }
+            q.back().is_some_and(|(t, _, _)| *t == now)
+        });
+    }
+
+    /// The highest ratio, over engines, of `signal` now to its lowest non-zero value over the
+    /// last `window_ms`, counting only engines at or above `min_value` now.
+    fn jump_ratio(&self, signal: Signal, window_ms: u64, min_value: f64, now: u64) -> f64 {
+        let pick = |t: &(u64, f64, f64)| {
+            if signal == Signal::TtftP99 { t.1 } else { t.2 }
+        };
+        let mut best: f64 = 0.0;
+        for q in self.latency.values() {
+            let Some(last) = q.back().filter(|t| t.0 == now) else {
+                continue;
+            };
+            let cur = pick(last);
+            if !(cur.is_finite() && cur >= min_value) {
+                continue;
+            }
+            let low = q
+                .iter()
+                .filter(|t| t.0 < now && now.saturating_sub(t.0) <= window_ms)
+                .map(pick)
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .fold(f64::INFINITY, f64::min);
+            if low.is_finite() {
+                best = best.max(cur / low);
+            }
+        }
+        best
     }
 
     /// One evaluation.
@@ -246,6 +346,7 @@ impl Controller {
             .map(|s| (*s, self.signal_value(*s, inputs)))
             .collect();
         self.record_trend(now, &values, inputs);
+        self.record_latency(inputs);
 
         // 1. Update every condition's latch.
         for (ti, tp) in self.policy.tiers.iter().enumerate() {
@@ -289,6 +390,28 @@ impl Controller {
                         } else {
                             st.latched_since = None;
                         }
+                    }
+                    Condition::Jump { .. } => {}
+                }
+            }
+        }
+        // Rate-of-change conditions (they need `&self` for the latency history).
+        for ti in 0..3 {
+            for ci in 0..self.policy.tiers[ti].enter.len() {
+                if let Condition::Jump {
+                    signal,
+                    factor,
+                    window_ms,
+                    min_value,
+                } = self.policy.tiers[ti].enter[ci].clone()
+                {
+                    let ratio = self.jump_ratio(signal, window_ms, min_value, now);
+                    let st = &mut self.conds[ti][ci];
+                    st.value = Some(ratio);
+                    if ratio >= factor {
+                        st.latched_since.get_or_insert(now);
+                    } else {
+                        st.latched_since = None;
                     }
                 }
             }
@@ -347,6 +470,18 @@ impl Controller {
             }
         }
 
+        let t2_max = (self.tier >= Tier::T2).then_some(self.policy.t2.max_num_seqs);
+        let sb = self.stop_bleed.step(
+            &self.policy,
+            now,
+            &inputs.snapshots,
+            &inputs.instance_overrides,
+            TierContext {
+                t3: self.tier == Tier::T3,
+                left_t3: previous == Tier::T3 && self.tier < Tier::T3,
+                t2_max_num_seqs: t2_max,
+            },
+        );
         let reasons = self.crossings(inputs);
         let reason = match &operator_reason {
             Some(o) => Reason {
@@ -362,14 +497,27 @@ impl Controller {
             }
             _ => None,
         };
-        self.decision(
+        let mut d = self.decision(
             inputs,
             previous,
             transition,
             reasons,
             reason,
             step_down_at_ms,
-        )
+        );
+        d.instances = sb.instances;
+        d.instance_actions = sb.actions;
+        d
+    }
+
+    /// The measured capacity the admission ramp starts from (requests/s, all instances).
+    pub fn capacity_rps(&self) -> f64 {
+        self.stop_bleed.capacity_rps()
+    }
+
+    /// The per-second arrival-rate series the retry-wave detector looks at.
+    pub fn arrival_series(&self) -> Vec<f64> {
+        self.stop_bleed.arrival_series()
     }
 
     fn record_trend(&mut self, now: u64, values: &BTreeMap<Signal, f64>, inputs: &Inputs) {
@@ -455,7 +603,7 @@ impl Controller {
                         _ => return cap,
                     }
                 }
-                Condition::Alertmanager { .. } => return cap,
+                Condition::Alertmanager { .. } | Condition::Jump { .. } => return cap,
             };
             let est = match self.slope(&key) {
                 Some(s) if s < 0.0 => {
@@ -491,6 +639,7 @@ impl Controller {
                         .map(|a| a.threshold)
                         .filter(|t| *t > 0.0),
                     Condition::Alertmanager { .. } => None,
+                    Condition::Jump { factor, .. } => Some(*factor),
                 };
                 out.push(Crossing {
                     tier,
@@ -608,6 +757,8 @@ impl Controller {
             limits,
             shed,
             step_down_at_ms,
+            instances: BTreeMap::new(),
+            instance_actions: Vec::new(),
         }
     }
 }

@@ -10,7 +10,10 @@ use brownout_protocol::{Ack, AgentSnapshot, Command, Tier};
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde::{Deserialize, Serialize};
 
-use super::controller::{Crossing, Decision, Inputs, Override, PatternRate, SloAlert, Transition};
+use super::controller::{
+    Crossing, Decision, Inputs, InstanceAction, InstanceOverride, Override, PatternRate, SloAlert,
+    Transition,
+};
 use super::http::AlertmanagerWebhook;
 use super::policy::Policy;
 use super::redis::AckEntry;
@@ -58,6 +61,10 @@ pub struct DecisionRecord {
     pub dry_run: bool,
     /// `(epoch, version)` of the command that carried it, once published.
     pub published: Option<(u64, u64)>,
+    /// Per-instance actions in force with this decision (stop-bleed, operator, ramp, retry
+    /// waves).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instance_actions: Vec<InstanceAction>,
 }
 
 /// One serving instance's ack, as shown by the API.
@@ -74,6 +81,22 @@ pub struct AckView {
     pub behind: bool,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// Which `instances` entries the instance applied (`own`, `*`, `own+*`), when any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<String>,
+}
+
+/// One per-instance action with its ack, in `GET /api/v1/degrade`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceActionView {
+    #[serde(flatten)]
+    pub action: InstanceAction,
+    /// The entry the command in force carries for it (`None` for watches and retry waves).
+    pub entry: Option<brownout_protocol::InstanceEntry>,
+    /// `applied` (the instance acked the command in force with this entry), `pending`, or
+    /// `unknown_instance` (no ack from that id: no serving tier answers to it). For `"*"`:
+    /// `applied` once every acking instance applied it.
+    pub ack: String,
 }
 
 /// `GET /api/v1/degrade`.
@@ -107,6 +130,10 @@ pub struct Unacked {
     pub commands: u64,
     /// What to check, for the log and the UI.
     pub hint: String,
+    /// Per-instance actions in force and their acks.
+    pub instances: Vec<InstanceActionView>,
+    /// Operator per-instance actions by instance id (active ones).
+    pub instance_overrides: BTreeMap<String, InstanceOverride>,
 }
 
 /// Metrics of the component (`brownout_degradation_*`).
@@ -117,6 +144,13 @@ pub struct DegradeMetrics {
     pub publish_seconds: Histogram,
     pub ack_lag_seconds: prometheus::GaugeVec,
     pub unacked_commands: IntGaugeVec,
+    /// Per-instance actions in force by action (`halve`, `drain`, `operator`, `ramp`, `watch`,
+    /// `recovery_storm`).
+    pub instance_actions: IntGaugeVec,
+    /// Retry waves detected (counted once per wave).
+    pub recovery_storms_total: prometheus::IntCounter,
+    /// The `"*"` entry's `admit_rps` while the admission ramp runs (0 otherwise).
+    pub admit_rps: prometheus::Gauge,
 }
 
 impl DegradeMetrics {
@@ -165,6 +199,24 @@ impl DegradeMetrics {
                 &["cluster"],
             )
             .expect("valid metric"),
+            instance_actions: IntGaugeVec::new(
+                Opts::new(
+                    "brownout_degrade_instance_actions",
+                    "Per-instance actions in force, by action (halve, drain, operator, ramp, watch, recovery_storm).",
+                ),
+                &["cluster", "action"],
+            )
+            .expect("valid metric"),
+            recovery_storms_total: prometheus::IntCounter::new(
+                "brownout_degrade_recovery_storms_total",
+                "Retry waves (recovery storms) detected in the arrival rate.",
+            )
+            .expect("valid metric"),
+            admit_rps: prometheus::Gauge::new(
+                "brownout_degrade_admit_rps",
+                "Admission rate per instance of the ramp after T3 (0 when no ramp runs).",
+            )
+            .expect("valid metric"),
         }
     }
 
@@ -174,6 +226,9 @@ impl DegradeMetrics {
         r.register(Box::new(self.publish_seconds.clone()))?;
         r.register(Box::new(self.ack_lag_seconds.clone()))?;
         r.register(Box::new(self.unacked_commands.clone()))?;
+        r.register(Box::new(self.instance_actions.clone()))?;
+        r.register(Box::new(self.recovery_storms_total.clone()))?;
+        r.register(Box::new(self.admit_rps.clone()))?;
         Ok(())
     }
 }
@@ -205,6 +260,10 @@ pub(super) struct Shared {
     /// version → issued_at_ms of commands this replica published (bounded).
     issued: VecDeque<(u64, u64)>,
     unacked: Option<Unacked>,
+    /// Operator per-instance actions (`POST /api/v1/degrade/instances/{id}`).
+    pub(super) instance_overrides: BTreeMap<String, InstanceOverride>,
+    /// Per-instance override changes not yet written to Redis.
+    pub(super) instance_overrides_dirty: bool,
 }
 
 struct Inner {
@@ -212,9 +271,10 @@ struct Inner {
     shared: Mutex<Shared>,
     metrics: DegradeMetrics,
     hook: Mutex<Option<PersistHook>>,
-    /// Wakes the controller loop when the operator override changes, so that it is decided
-    /// and published at once rather than at the next evaluation tick.
-    override_changed: tokio::sync::Notify,
+    /// Loop kills and tool breakers merged into every command (`crate::agents`).
+    agents: std::sync::OnceLock<Arc<crate::agents::AgentGuards>>,
+    /// Wakes the controller loop for an evaluation and publish now (operator actions).
+    wake: tokio::sync::Notify,
 }
 
 /// Shared handle on the degradation component. Cheap to clone.
@@ -258,7 +318,8 @@ impl DegradeHandle {
                 shared: Mutex::new(Shared::default()),
                 metrics,
                 hook: Mutex::new(None),
-                override_changed: tokio::sync::Notify::new(),
+                agents: std::sync::OnceLock::new(),
+                wake: tokio::sync::Notify::new(),
             }),
         })
     }
@@ -287,6 +348,17 @@ impl DegradeHandle {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(hook));
     }
 
+    /// Installs the agent guards whose breakers and loop kills every command carries (once;
+    /// a second call is ignored).
+    pub fn set_agent_guards(&self, guards: Arc<crate::agents::AgentGuards>) {
+        let _ = self.inner.agents.set(guards);
+    }
+
+    /// The agent guards, when installed.
+    pub fn agent_guards(&self) -> Option<&Arc<crate::agents::AgentGuards>> {
+        self.inner.agents.get()
+    }
+
     /// Latest snapshot of a host (from `POST /v1/agents/snapshot`).
     pub fn push_snapshot(&self, s: AgentSnapshot) {
         self.lock().snapshots.insert(s.host.clone(), s);
@@ -309,7 +381,8 @@ impl DegradeHandle {
             s.operator_override = Some(o.clone());
             s.override_to_share = Some(Some(o));
         }
-        self.inner.override_changed.notify_one();
+        // Decided and published at once, not at the next evaluation tick.
+        self.inner.wake.notify_one();
     }
 
     /// Removes the pin; returns whether there was one.
@@ -319,15 +392,8 @@ impl DegradeHandle {
             s.override_to_share = Some(None);
             s.operator_override.take().is_some()
         };
-        self.inner.override_changed.notify_one();
+        self.inner.wake.notify_one();
         had
-    }
-
-    /// Resolves when [`set_override`](Self::set_override) or
-    /// [`clear_override`](Self::clear_override) was called since the last wait (the controller
-    /// loop evaluates and publishes then, without waiting for its tick).
-    pub async fn override_changed(&self) {
-        self.inner.override_changed.notified().await;
     }
 
     /// Everything the controller looks at, now.
@@ -346,6 +412,12 @@ impl DegradeHandle {
             alertmanager_firing,
             new_patterns: s.patterns.clone(),
             operator_override: s.operator_override.clone().filter(|o| o.until_ms > now_ms),
+            instance_overrides: s
+                .instance_overrides
+                .iter()
+                .filter(|(_, o)| o.until_ms > now_ms)
+                .map(|(k, o)| (k.clone(), o.clone()))
+                .collect(),
         }
     }
 
@@ -420,6 +492,7 @@ impl DegradeHandle {
 
     /// The status the operator API shows.
     pub fn status(&self) -> DegradeStatus {
+        let now = brownout_protocol::now_ms();
         let s = self.lock();
         DegradeStatus {
             cluster: self.inner.cfg.cluster.clone(),
@@ -433,6 +506,13 @@ impl DegradeHandle {
             decisions: s.history.iter().rev().cloned().collect(),
             acks: s.acks.clone(),
             unacked: s.unacked.clone(),
+            instances: instance_views(s.last.as_ref(), s.command.as_ref(), &s.acks),
+            instance_overrides: s
+                .instance_overrides
+                .iter()
+                .filter(|(_, o)| o.until_ms > now)
+                .map(|(k, o)| (k.clone(), o.clone()))
+                .collect(),
         }
     }
 
@@ -463,8 +543,23 @@ impl DegradeHandle {
                     prev.tier != d.tier
                         || triggers(&prev.reasons) != triggers(&d.reasons)
                         || prev.reason.trigger != d.reason.trigger
+                        || action_keys(&prev.instance_actions) != action_keys(&d.instance_actions)
+                        || prev.instances != d.instances
                 }
             };
+            let new_storm = d
+                .instance_actions
+                .iter()
+                .any(|a| a.action == "recovery_storm")
+                && !s.last.as_ref().is_some_and(|p| {
+                    p.instance_actions
+                        .iter()
+                        .any(|a| a.action == "recovery_storm")
+                });
+            if new_storm {
+                self.inner.metrics.recovery_storms_total.inc();
+            }
+            self.set_action_metrics(d);
             s.last = Some(d.clone());
             if !changed {
                 return false;
@@ -479,6 +574,7 @@ impl DegradeHandle {
                 reasons: d.reasons.clone(),
                 dry_run,
                 published: None,
+                instance_actions: d.instance_actions.clone(),
             };
             s.history.push_back(rec.clone());
             while s.history.len() > self.inner.cfg.policy.decision_history {
@@ -541,7 +637,7 @@ impl DegradeHandle {
                         epoch,
                         version,
                         applied_at_ms,
-                        ..
+                        entry,
                     }) => {
                         let lag_ms = s
                             .issued
@@ -558,6 +654,7 @@ impl DegradeHandle {
                             lag_ms,
                             behind: cur.is_some_and(|c| (epoch, version) < c),
                             reason: String::new(),
+                            entry: entry.and_then(|e| e.as_str()).map(str::to_string),
                         }
                     }
                     AckEntry::Ok(Ack::Refused {
@@ -574,6 +671,7 @@ impl DegradeHandle {
                         lag_ms: None,
                         behind: true,
                         reason,
+                        entry: None,
                     },
                     AckEntry::Malformed(raw) => AckView {
                         instance,
@@ -584,6 +682,7 @@ impl DegradeHandle {
                         lag_ms: None,
                         behind: true,
                         reason: raw,
+                        entry: None,
                     },
                     AckEntry::Unverified { raw, reason } => AckView {
                         instance,
@@ -594,6 +693,7 @@ impl DegradeHandle {
                         lag_ms: None,
                         behind: true,
                         reason: format!("{reason}: {raw}"),
+                        entry: None,
                     },
                 };
                 views.push(v);
@@ -662,6 +762,117 @@ impl DegradeHandle {
             .set(next.as_ref().map_or(0, |u| u.commands as i64));
         s.unacked = next;
     }
+}
+
+impl DegradeHandle {
+    /// Pins fields of one instance's `instances` entry until `o.until_ms` and wakes the
+    /// controller so the command goes out now, not at the next interval.
+    pub fn set_instance_override(&self, instance: &str, o: InstanceOverride) {
+        {
+            let mut s = self.lock();
+            s.instance_overrides.insert(instance.to_string(), o);
+            s.instance_overrides_dirty = true;
+        }
+        self.inner.wake.notify_one();
+    }
+
+    /// Ends the operator's action on `instance`; returns whether there was one.
+    pub fn clear_instance_override(&self, instance: &str) -> bool {
+        let removed = {
+            let mut s = self.lock();
+            let r = s.instance_overrides.remove(instance).is_some();
+            s.instance_overrides_dirty = true;
+            r
+        };
+        self.inner.wake.notify_one();
+        removed
+    }
+
+    /// The operator per-instance actions (active or not yet expired from memory).
+    pub fn instance_overrides(&self) -> BTreeMap<String, InstanceOverride> {
+        self.lock().instance_overrides.clone()
+    }
+
+    /// Resolves when someone asked for an evaluation now ([`Self::set_override`],
+    /// [`Self::clear_override`], [`Self::set_instance_override`]).
+    pub(super) async fn woken(&self) {
+        self.inner.wake.notified().await;
+    }
+
+    fn set_action_metrics(&self, d: &Decision) {
+        let m = &self.inner.metrics;
+        let cluster = self.inner.cfg.cluster.as_str();
+        for action in [
+            "watch",
+            "halve",
+            "drain",
+            "operator",
+            "ramp",
+            "recovery_storm",
+        ] {
+            let n = d
+                .instance_actions
+                .iter()
+                .filter(|a| a.action == action)
+                .count();
+            m.instance_actions
+                .with_label_values(&[cluster, action])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        m.admit_rps.set(
+            d.instances
+                .get(brownout_protocol::ALL_INSTANCES)
+                .and_then(|e| e.admit_rps)
+                .unwrap_or(0.0),
+        );
+    }
+}
+
+/// The per-instance actions of the last decision with the entry in force and its ack.
+fn instance_views(
+    last: Option<&Decision>,
+    command: Option<&Command>,
+    acks: &[AckView],
+) -> Vec<InstanceActionView> {
+    let Some(d) = last else { return Vec::new() };
+    let cur = command.map(Command::order_key);
+    d.instance_actions
+        .iter()
+        .map(|a| {
+            let entry = command
+                .and_then(|c| c.instances.get(&a.instance))
+                .cloned()
+                .filter(|_| !matches!(a.action.as_str(), "watch" | "recovery_storm"));
+            let applied = |v: &AckView, want: &str| {
+                v.status == "applied"
+                    && cur.is_some_and(|c| (v.epoch, v.version) >= c)
+                    && v.entry.as_deref().is_some_and(|e| e.contains(want))
+            };
+            let ack = if entry.is_none() {
+                "-".to_string()
+            } else if a.instance == brownout_protocol::ALL_INSTANCES {
+                let ok = !acks.is_empty() && acks.iter().all(|v| applied(v, "*"));
+                String::from(if ok { "applied" } else { "pending" })
+            } else {
+                match acks.iter().find(|v| v.instance == a.instance) {
+                    None => "unknown_instance".into(),
+                    Some(v) if applied(v, "own") => "applied".into(),
+                    Some(_) => "pending".into(),
+                }
+            };
+            InstanceActionView {
+                action: a.clone(),
+                entry,
+                ack,
+            }
+        })
+        .collect()
+}
+
+fn action_keys(a: &[InstanceAction]) -> Vec<(&str, &str)> {
+    a.iter()
+        .map(|x| (x.instance.as_str(), x.action.as_str()))
+        .collect()
 }
 
 fn triggers(r: &[Crossing]) -> Vec<(Tier, &str, &str)> {

@@ -1,17 +1,18 @@
 //! The degradation component's HTTP routes: the Alertmanager webhook (`POST /v1/alertmanager`)
-//! and the operator API (`GET /api/v1/degrade`, `POST|DELETE /api/v1/degrade/override`). Auth
+//! and the operator API (`GET /api/v1/degrade`, `POST|DELETE /api/v1/degrade/override`,
+//! `POST|DELETE /api/v1/degrade/instances/{instance_id}`). Auth
 //! is the composition root's ([`crate::auth::require_degrade_role`]).
 
 use std::collections::BTreeMap;
 
-use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use brownout_protocol::{Tier, now_ms};
 use serde::Deserialize;
 
-use super::controller::Override;
+use super::controller::{InstanceOverride, Override};
 use super::handle::{DegradeHandle, DegradeStatus};
 pub use crate::error::ApiError;
 
@@ -65,6 +66,102 @@ pub struct OverrideRequest {
 
 const MAX_OVERRIDE_SECS: u64 = 7 * 24 * 3600;
 
+/// `POST /api/v1/degrade/instances/{instance_id}` body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceOverrideRequest {
+    #[serde(default)]
+    pub max_num_seqs: Option<u32>,
+    #[serde(default)]
+    pub drain: Option<bool>,
+    pub duration_secs: u64,
+    pub reason: String,
+}
+
+/// At most this many operator per-instance actions at once.
+pub const MAX_INSTANCE_OVERRIDES: usize = 1024;
+
+/// The checks the serving tier applies to its own `--instance-id`.
+fn check_instance_id(id: &str) -> Result<(), ApiError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id.bytes().all(|b| b.is_ascii_graphic())
+        && id != brownout_protocol::ALL_INSTANCES;
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(
+            "invalid_instance",
+            "instance_id must be 1-128 visible ASCII characters and not `*`",
+        ))
+    }
+}
+
+async fn post_instance(
+    State(h): State<DegradeHandle>,
+    Path(instance): Path<String>,
+    body: Result<Json<InstanceOverrideRequest>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    check_instance_id(&instance)?;
+    let Json(req) = body?;
+    if req.max_num_seqs.is_none() && req.drain.is_none() {
+        return Err(ApiError::bad_request(
+            "empty_action",
+            "give max_num_seqs, drain, or both",
+        ));
+    }
+    if req.max_num_seqs == Some(0) {
+        return Err(ApiError::bad_request(
+            "invalid_max_num_seqs",
+            "max_num_seqs must be at least 1 (use drain to stop default traffic)",
+        ));
+    }
+    if req.duration_secs == 0 || req.duration_secs > MAX_OVERRIDE_SECS {
+        return Err(ApiError::bad_request(
+            "invalid_duration",
+            format!("duration_secs must be between 1 and {MAX_OVERRIDE_SECS}"),
+        ));
+    }
+    let reason = req.reason.trim();
+    if reason.is_empty() || reason.len() > 512 {
+        return Err(ApiError::bad_request(
+            "invalid_reason",
+            "reason must be 1-512 characters",
+        ));
+    }
+    let now = now_ms();
+    let existing = h.instance_overrides();
+    let active = existing.iter().filter(|(_, o)| o.until_ms > now).count();
+    if !existing.contains_key(&instance) && active >= MAX_INSTANCE_OVERRIDES {
+        return Err(ApiError::bad_request(
+            "too_many_instance_actions",
+            format!("at most {MAX_INSTANCE_OVERRIDES} operator instance actions at once"),
+        ));
+    }
+    let o = InstanceOverride {
+        max_num_seqs: req.max_num_seqs,
+        drain: req.drain,
+        until_ms: now + req.duration_secs * 1000,
+        reason: reason.to_string(),
+        set_at_ms: now,
+    };
+    tracing::info!(instance = %instance, max_num_seqs = ?o.max_num_seqs, drain = ?o.drain, until_ms = o.until_ms, reason = %o.reason, "operator instance action set");
+    h.set_instance_override(&instance, o.clone());
+    Ok(Json(serde_json::json!({"instance": instance, "action": o})))
+}
+
+async fn delete_instance(
+    State(h): State<DegradeHandle>,
+    Path(instance): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    check_instance_id(&instance)?;
+    let removed = h.clear_instance_override(&instance);
+    tracing::info!(instance = %instance, removed, "operator instance action cleared");
+    Ok(Json(
+        serde_json::json!({"instance": instance, "removed": removed}),
+    ))
+}
+
 async fn post_alertmanager(
     State(h): State<DegradeHandle>,
     body: Result<Json<AlertmanagerWebhook>, JsonRejection>,
@@ -116,7 +213,9 @@ async fn get_status(State(h): State<DegradeHandle>) -> Json<DegradeStatus> {
     Json(h.status())
 }
 
-/// `POST /v1/alertmanager`, `POST|DELETE /api/v1/degrade/override`, `GET /api/v1/degrade`.
+/// `POST /v1/alertmanager`, `POST|DELETE /api/v1/degrade/override`, `GET /api/v1/degrade`,
+/// `POST|DELETE /api/v1/degrade/instances/{instance_id}` (the id may contain `/`, e.g.
+/// `gpu-3/engine-0`, written as is or as `%2F`).
 /// The composition root puts them behind [`crate::auth::require_degrade_role`].
 pub fn router(handle: DegradeHandle) -> Router {
     Router::new()
@@ -125,6 +224,10 @@ pub fn router(handle: DegradeHandle) -> Router {
         .route(
             "/api/v1/degrade/override",
             post(post_override).delete(delete_override),
+        )
+        .route(
+            "/api/v1/degrade/instances/{*instance_id}",
+            post(post_instance).delete(delete_instance),
         )
         .with_state(handle)
 }

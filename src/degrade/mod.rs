@@ -15,6 +15,7 @@
 //!
 //! - [`policy`]: the YAML policy, validated;
 //! - [`controller`]: the pure state machine;
+//! - [`stopbleed`]: per-instance actions, the admission ramp after T3, retry-wave detection;
 //! - [`redis`]: leader lease, fenced publisher, acks reader;
 //! - [`bus`]: the in-process transport;
 //! - [`handle`]: [`DegradeHandle`], the shared state (inputs, decisions, command, acks) and
@@ -30,10 +31,12 @@ pub mod http;
 pub mod policy;
 pub mod redis;
 pub mod run;
+pub mod stopbleed;
 
 pub use bus::InProcBus;
 pub use controller::{
-    Controller, Crossing, Decision, Inputs, Override, PatternRate, SloAlert, Transition,
+    Controller, Crossing, Decision, Inputs, InstanceAction, InstanceOverride, Override,
+    PatternRate, SloAlert, Transition,
 };
 pub use handle::{
     AckView, DecisionRecord, DegradeConfig, DegradeHandle, DegradeStatus, UNACKED_WARN_MS, Unacked,

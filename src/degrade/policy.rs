@@ -54,6 +54,106 @@ struct RawPolicy {
     dry_run: bool,
     features: Vec<RawFeature>,
     tiers: RawTiers,
+    /// Loop kills and tool breakers (docs/AGENTS.md); defaulted when absent.
+    #[serde(default)]
+    agents: Option<crate::agents::policy::RawAgents>,
+    #[serde(default)]
+    instances: Option<RawInstances>,
+    #[serde(default)]
+    admission_ramp: Option<RawRamp>,
+    #[serde(default)]
+    recovery_storm: Option<RawStorm>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInstances {
+    kv_usage: RawInstanceKv,
+    #[serde(default = "default_max_num_seqs")]
+    default_max_num_seqs: u32,
+    #[serde(default = "default_forget")]
+    forget_after_secs: u64,
+}
+
+fn default_max_num_seqs() -> u32 {
+    256
+}
+fn default_forget() -> u64 {
+    600
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInstanceKv {
+    watch_above_ratio: f64,
+    watch_for_secs: u64,
+    halve_above_ratio: f64,
+    halve_for_secs: u64,
+    drain_after_secs: u64,
+    exit_below_ratio: f64,
+    hold_down_secs: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRamp {
+    #[serde(default = "default_ramp_start")]
+    start_ratio: f64,
+    #[serde(default = "default_ramp_step")]
+    step_ratio: f64,
+    #[serde(default = "default_ramp_interval")]
+    step_interval_secs: u64,
+    #[serde(default = "default_capacity_window")]
+    capacity_window_secs: u64,
+    #[serde(default = "default_min_capacity")]
+    min_capacity_rps: f64,
+}
+
+fn default_ramp_start() -> f64 {
+    0.7
+}
+fn default_ramp_step() -> f64 {
+    0.1
+}
+fn default_ramp_interval() -> u64 {
+    10
+}
+fn default_capacity_window() -> u64 {
+    300
+}
+fn default_min_capacity() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStorm {
+    #[serde(default = "default_periods")]
+    periods_secs: Vec<u64>,
+    #[serde(default = "default_storm_window")]
+    window_secs: u64,
+    #[serde(default = "default_min_acf")]
+    min_autocorrelation: f64,
+    #[serde(default = "default_min_rate")]
+    min_rate_rps: f64,
+    #[serde(default = "default_storm_after")]
+    watch_after_t3_secs: u64,
+}
+
+fn default_periods() -> Vec<u64> {
+    vec![8, 16]
+}
+fn default_storm_window() -> u64 {
+    64
+}
+fn default_min_acf() -> f64 {
+    0.5
+}
+fn default_min_rate() -> f64 {
+    1.0
+}
+fn default_storm_after() -> u64 {
+    300
 }
 
 fn default_eval_ms() -> u64 {
@@ -111,6 +211,9 @@ struct RawCondition {
     slo_alert: Option<RawSloAlert>,
     alertmanager: Option<RawAlert>,
     new_pattern: Option<RawPattern>,
+    ttft_p99: Option<RawSecs>,
+    queue_wait_p99: Option<RawSecs>,
+    p99_jump: Option<RawJump>,
 }
 
 enum OneCondition {
@@ -121,6 +224,9 @@ enum OneCondition {
     SloAlert(RawSloAlert),
     Alertmanager(RawAlert),
     NewPattern(RawPattern),
+    TtftP99(RawSecs),
+    QueueWaitP99(RawSecs),
+    Jump(RawJump),
 }
 
 impl RawCondition {
@@ -147,10 +253,19 @@ impl RawCondition {
         if let Some(x) = self.new_pattern {
             v.push(OneCondition::NewPattern(x));
         }
+        if let Some(x) = self.ttft_p99 {
+            v.push(OneCondition::TtftP99(x));
+        }
+        if let Some(x) = self.queue_wait_p99 {
+            v.push(OneCondition::QueueWaitP99(x));
+        }
+        if let Some(x) = self.p99_jump {
+            v.push(OneCondition::Jump(x));
+        }
         if v.len() != 1 {
             return Err(invalid(
                 field,
-                "must hold exactly one of gpu_util, kv_usage, vram, queue_depth, slo_alert, alertmanager, new_pattern",
+                "must hold exactly one of gpu_util, kv_usage, vram, queue_depth, slo_alert, alertmanager, new_pattern, ttft_p99, queue_wait_p99, p99_jump",
             ));
         }
         Ok(v.remove(0))
@@ -173,6 +288,29 @@ struct RawCount {
     exit_below: u64,
     #[serde(default)]
     for_secs: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecs {
+    above_secs: f64,
+    exit_below_secs: f64,
+    #[serde(default)]
+    for_secs: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJump {
+    signal: String,
+    #[serde(default = "default_factor")]
+    factor: f64,
+    window_secs: u64,
+    min_secs: f64,
+}
+
+fn default_factor() -> f64 {
+    2.0
 }
 
 #[derive(Debug, Deserialize)]
@@ -239,6 +377,10 @@ pub enum Signal {
     QueueDepth,
     /// Highest rate (per minute) among new failure patterns.
     NewPatternRate,
+    /// Highest TTFT p99 (seconds) over fresh engines that are up.
+    TtftP99,
+    /// Highest queue-wait p99 (seconds) over fresh engines that are up.
+    QueueWaitP99,
 }
 
 impl Signal {
@@ -250,15 +392,28 @@ impl Signal {
             Signal::Vram => "vram",
             Signal::QueueDepth => "queue_depth",
             Signal::NewPatternRate => "new_pattern",
+            Signal::TtftP99 => "ttft_p99",
+            Signal::QueueWaitP99 => "queue_wait_p99",
         }
     }
-    pub const ALL: [Signal; 5] = [
+    pub const ALL: [Signal; 7] = [
         Signal::GpuUtil,
         Signal::KvUsage,
         Signal::Vram,
         Signal::QueueDepth,
         Signal::NewPatternRate,
+        Signal::TtftP99,
+        Signal::QueueWaitP99,
     ];
+
+    /// The per-engine latency signals a `p99_jump` may watch.
+    pub fn parse_latency(s: &str) -> Option<Signal> {
+        match s {
+            "ttft_p99" => Some(Signal::TtftP99),
+            "queue_wait_p99" => Some(Signal::QueueWaitP99),
+            _ => None,
+        }
+    }
 }
 
 /// One enter condition of a tier. Its exit is built in: a threshold below its own enter level,
@@ -276,6 +431,16 @@ pub enum Condition {
     SloAlert { slo: String, severity: String },
     /// An Alertmanager alert with this `alertname` is firing.
     Alertmanager { alertname: String },
+    /// Rate of change: on some engine, `signal` now is at least `factor` × its lowest non-zero
+    /// value over the last `window_ms`, and at least `min_value`. Latched while that holds (the
+    /// window slides past the jump, so it unlatches by itself; the tier's hold-down and the
+    /// level conditions keep the tier while the overload lasts).
+    Jump {
+        signal: Signal,
+        factor: f64,
+        window_ms: u64,
+        min_value: f64,
+    },
 }
 
 impl Condition {
@@ -285,6 +450,7 @@ impl Condition {
             Condition::Threshold { signal, .. } => signal.trigger(),
             Condition::SloAlert { .. } => "slo_burn",
             Condition::Alertmanager { .. } => "alertmanager",
+            Condition::Jump { .. } => "p99_jump",
         }
     }
 
@@ -305,6 +471,16 @@ impl Condition {
             Condition::Alertmanager { alertname } => {
                 format!("Alertmanager alert {alertname} firing")
             }
+            Condition::Jump {
+                signal,
+                factor,
+                window_ms,
+                min_value,
+            } => format!(
+                "{} x{factor} within {}s on an engine (to at least {min_value})",
+                signal.trigger(),
+                window_ms / 1000
+            ),
         }
     }
 }
@@ -345,6 +521,61 @@ pub struct T3Params {
     pub recovery_eta_max_ms: u64,
 }
 
+/// Per-instance stop-bleed on KV usage (seed figures: watch above 85 % for 2 min, halve
+/// `max_num_seqs` above 92 % for 1 min, drain when still above 92 % a minute later).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceKvPolicy {
+    pub watch_above: f64,
+    pub watch_for_ms: u64,
+    pub halve_above: f64,
+    pub halve_for_ms: u64,
+    /// After halving, still above `halve_above` for this long: drain.
+    pub drain_after_ms: u64,
+    pub exit_below: f64,
+    /// Each action (drain, then the halving) is restored after the signal stays below
+    /// `exit_below` this long.
+    pub hold_down_ms: u64,
+}
+
+/// Per-instance conditions (`instances`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstancePolicy {
+    pub kv: InstanceKvPolicy,
+    /// The `max_num_seqs` halved when an engine does not report its configured value.
+    pub default_max_num_seqs: u32,
+    /// An instance without a fresh snapshot this long is forgotten (its actions end).
+    pub forget_after_ms: u64,
+}
+
+/// The admission ramp after T3 (`admission_ramp`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RampPolicy {
+    /// Share of the measured capacity admitted when T3 ends.
+    pub start_ratio: f64,
+    /// Added to the share every `step_interval_ms` until it reaches 1 (then the ramp ends).
+    pub step_ratio: f64,
+    pub step_interval_ms: u64,
+    /// Capacity: the highest completion rate measured over this window.
+    pub capacity_window_ms: u64,
+    /// No ramp when the measured capacity is below this (nothing measured).
+    pub min_capacity_rps: f64,
+}
+
+/// Retry-wave detection on the arrival rate (`recovery_storm`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StormPolicy {
+    /// Backoff periods looked for (seconds).
+    pub periods_secs: Vec<u64>,
+    /// Length of the arrivals series (seconds, 1 s bins).
+    pub window_secs: u64,
+    /// Normalised autocorrelation at a period at or above which a storm is declared.
+    pub min_autocorrelation: f64,
+    /// Mean arrival rate below which nothing is declared.
+    pub min_rate_rps: f64,
+    /// Watched while T3 is in force, during a ramp, and this long after T3 ends.
+    pub watch_after_t3_ms: u64,
+}
+
 /// A validated policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
@@ -364,6 +595,14 @@ pub struct Policy {
     pub tiers: [TierPolicy; 3],
     pub t2: T2Params,
     pub t3: T3Params,
+    /// Loop kills and tool breakers (`agents:`, docs/AGENTS.md).
+    pub agents: crate::agents::AgentsPolicy,
+    /// Per-instance conditions; `None`: no per-instance actions (operator ones still apply).
+    pub instances: Option<InstancePolicy>,
+    /// `None`: admission opens at once when T3 ends.
+    pub ramp: Option<RampPolicy>,
+    /// `None`: no retry-wave detection.
+    pub storm: Option<StormPolicy>,
 }
 
 impl Policy {
@@ -433,6 +672,8 @@ fn check_ratio(field: &str, v: f64) -> Result<(), PolicyError> {
 }
 
 fn validate(raw: RawPolicy) -> Result<Policy, PolicyError> {
+    let agents = crate::agents::AgentsPolicy::validate(raw.agents.unwrap_or_default())
+        .map_err(|e| invalid(format!("agents.{}", e.field), e.reason))?;
     if !(50..=60_000).contains(&raw.evaluate_interval_ms) {
         return Err(invalid(
             "evaluate_interval_ms",
@@ -587,6 +828,10 @@ fn validate(raw: RawPolicy) -> Result<Policy, PolicyError> {
         ));
     }
 
+    let instances = raw.instances.map(validate_instances).transpose()?;
+    let ramp = raw.admission_ramp.map(validate_ramp).transpose()?;
+    let storm = raw.recovery_storm.map(validate_storm).transpose()?;
+
     Ok(Policy {
         evaluate_interval: Duration::from_millis(raw.evaluate_interval_ms),
         command_lease_ms: raw.command_lease_ms,
@@ -607,6 +852,149 @@ fn validate(raw: RawPolicy) -> Result<Policy, PolicyError> {
             jitter_ratio: t3p.jitter_ratio,
             recovery_eta_max_ms: t3p.recovery_eta_max_secs * 1000,
         },
+        agents,
+        instances,
+        ramp,
+        storm,
+    })
+}
+
+fn validate_instances(r: RawInstances) -> Result<InstancePolicy, PolicyError> {
+    let k = &r.kv_usage;
+    let f = "instances.kv_usage";
+    check_ratio(&format!("{f}.watch_above_ratio"), k.watch_above_ratio)?;
+    check_ratio(&format!("{f}.halve_above_ratio"), k.halve_above_ratio)?;
+    check_ratio(&format!("{f}.exit_below_ratio"), k.exit_below_ratio)?;
+    if k.halve_above_ratio < k.watch_above_ratio {
+        return Err(invalid(
+            format!("{f}.halve_above_ratio"),
+            "must be at least watch_above_ratio",
+        ));
+    }
+    if k.exit_below_ratio >= k.watch_above_ratio {
+        return Err(invalid(
+            format!("{f}.exit_below_ratio"),
+            "must be below watch_above_ratio (hysteresis)",
+        ));
+    }
+    for (name, v) in [
+        ("watch_for_secs", k.watch_for_secs),
+        ("halve_for_secs", k.halve_for_secs),
+        ("drain_after_secs", k.drain_after_secs),
+        ("hold_down_secs", k.hold_down_secs),
+    ] {
+        if v > 86_400 {
+            return Err(invalid(format!("{f}.{name}"), "must be at most 86400"));
+        }
+    }
+    if r.default_max_num_seqs < 2 {
+        return Err(invalid(
+            "instances.default_max_num_seqs",
+            "must be at least 2 (it is halved)",
+        ));
+    }
+    if r.forget_after_secs == 0 {
+        return Err(invalid("instances.forget_after_secs", "must be positive"));
+    }
+    Ok(InstancePolicy {
+        kv: InstanceKvPolicy {
+            watch_above: k.watch_above_ratio,
+            watch_for_ms: k.watch_for_secs * 1000,
+            halve_above: k.halve_above_ratio,
+            halve_for_ms: k.halve_for_secs * 1000,
+            drain_after_ms: k.drain_after_secs * 1000,
+            exit_below: k.exit_below_ratio,
+            hold_down_ms: k.hold_down_secs * 1000,
+        },
+        default_max_num_seqs: r.default_max_num_seqs,
+        forget_after_ms: r.forget_after_secs * 1000,
+    })
+}
+
+fn validate_ramp(r: RawRamp) -> Result<RampPolicy, PolicyError> {
+    let f = "admission_ramp";
+    if !(r.start_ratio.is_finite() && r.start_ratio > 0.0 && r.start_ratio < 1.0) {
+        return Err(invalid(
+            format!("{f}.start_ratio"),
+            "must be above 0 and below 1",
+        ));
+    }
+    if !(r.step_ratio.is_finite() && r.step_ratio > 0.0 && r.step_ratio <= 1.0) {
+        return Err(invalid(
+            format!("{f}.step_ratio"),
+            "must be above 0 and at most 1",
+        ));
+    }
+    if r.step_interval_secs == 0 || r.step_interval_secs > 3600 {
+        return Err(invalid(
+            format!("{f}.step_interval_secs"),
+            "must be between 1 and 3600",
+        ));
+    }
+    if r.capacity_window_secs < 10 || r.capacity_window_secs > 86_400 {
+        return Err(invalid(
+            format!("{f}.capacity_window_secs"),
+            "must be between 10 and 86400",
+        ));
+    }
+    if !(r.min_capacity_rps.is_finite() && r.min_capacity_rps >= 0.0) {
+        return Err(invalid(
+            format!("{f}.min_capacity_rps"),
+            "must be a non-negative number",
+        ));
+    }
+    Ok(RampPolicy {
+        start_ratio: r.start_ratio,
+        step_ratio: r.step_ratio,
+        step_interval_ms: r.step_interval_secs * 1000,
+        capacity_window_ms: r.capacity_window_secs * 1000,
+        min_capacity_rps: r.min_capacity_rps,
+    })
+}
+
+fn validate_storm(r: RawStorm) -> Result<StormPolicy, PolicyError> {
+    let f = "recovery_storm";
+    if r.periods_secs.is_empty() || r.periods_secs.len() > 8 {
+        return Err(invalid(
+            format!("{f}.periods_secs"),
+            "must list 1-8 periods",
+        ));
+    }
+    if !(16..=600).contains(&r.window_secs) {
+        return Err(invalid(
+            format!("{f}.window_secs"),
+            "must be between 16 and 600",
+        ));
+    }
+    for p in &r.periods_secs {
+        if *p < 2 || p * 2 > r.window_secs {
+            return Err(invalid(
+                format!("{f}.periods_secs"),
+                format!("{p} must be at least 2 and at most half of window_secs"),
+            ));
+        }
+    }
+    if !(r.min_autocorrelation.is_finite()
+        && r.min_autocorrelation > 0.0
+        && r.min_autocorrelation < 1.0)
+    {
+        return Err(invalid(
+            format!("{f}.min_autocorrelation"),
+            "must be above 0 and below 1",
+        ));
+    }
+    if !(r.min_rate_rps.is_finite() && r.min_rate_rps >= 0.0) {
+        return Err(invalid(
+            format!("{f}.min_rate_rps"),
+            "must be a non-negative number",
+        ));
+    }
+    Ok(StormPolicy {
+        periods_secs: r.periods_secs,
+        window_secs: r.window_secs,
+        min_autocorrelation: r.min_autocorrelation,
+        min_rate_rps: r.min_rate_rps,
+        watch_after_t3_ms: r.watch_after_t3_secs * 1000,
     })
 }
 
@@ -641,6 +1029,24 @@ fn validate_tier(
                 signal,
                 above: r.above_ratio,
                 exit_below: r.exit_below_ratio,
+                for_ms: r.for_secs * 1000,
+            })
+        };
+        let secs = |signal: Signal, r: RawSecs, name: &str| -> Result<Condition, PolicyError> {
+            let ok = r.above_secs.is_finite()
+                && r.above_secs > 0.0
+                && r.exit_below_secs.is_finite()
+                && r.exit_below_secs >= 0.0;
+            if !ok || r.exit_below_secs >= r.above_secs {
+                return Err(invalid(
+                    format!("{f}.{name}"),
+                    "above_secs must be positive and exit_below_secs below it (hysteresis)",
+                ));
+            }
+            Ok(Condition::Threshold {
+                signal,
+                above: r.above_secs,
+                exit_below: r.exit_below_secs,
                 for_ms: r.for_secs * 1000,
             })
         };
@@ -686,6 +1092,35 @@ fn validate_tier(
                 }
                 Condition::Alertmanager {
                     alertname: a.alertname,
+                }
+            }
+            OneCondition::TtftP99(r) => secs(Signal::TtftP99, r, "ttft_p99")?,
+            OneCondition::QueueWaitP99(r) => secs(Signal::QueueWaitP99, r, "queue_wait_p99")?,
+            OneCondition::Jump(j) => {
+                let g = format!("{f}.p99_jump");
+                let signal = Signal::parse_latency(&j.signal).ok_or_else(|| {
+                    invalid(
+                        format!("{g}.signal"),
+                        format!("{:?} is not ttft_p99 or queue_wait_p99", j.signal),
+                    )
+                })?;
+                if !(j.factor.is_finite() && j.factor > 1.0) {
+                    return Err(invalid(format!("{g}.factor"), "must be above 1"));
+                }
+                if !(2..=600).contains(&j.window_secs) {
+                    return Err(invalid(
+                        format!("{g}.window_secs"),
+                        "must be between 2 and 600",
+                    ));
+                }
+                if !(j.min_secs.is_finite() && j.min_secs > 0.0) {
+                    return Err(invalid(format!("{g}.min_secs"), "must be positive"));
+                }
+                Condition::Jump {
+                    signal,
+                    factor: j.factor,
+                    window_ms: j.window_secs * 1000,
+                    min_value: j.min_secs,
                 }
             }
             OneCondition::NewPattern(p) => {

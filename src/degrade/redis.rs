@@ -11,7 +11,7 @@ use brownout_protocol::{Ack, AckVerifyError, Command, RedisKeys, SignedCommand};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
 
-use super::controller::Override;
+use super::controller::{InstanceOverride, Override};
 
 /// Why a Redis operation of the control plane failed.
 #[derive(Debug, thiserror::Error)]
@@ -370,6 +370,56 @@ impl RedisBus {
             Ok(json) => Ok(serde_json::from_str::<Option<Override>>(json).ok()),
             Err(e) => {
                 tracing::warn!(error = %e, key = %self.keys.operator_override(), "degrade: ignoring an operator override that is not sealed with the command key");
+                Ok(None)
+            }
+        }
+    }
+
+    fn instance_overrides_domain(&self) -> String {
+        format!("brownout-instance-overrides:{}", self.keys.cluster())
+    }
+
+    /// Stores the operator's per-instance actions for every replica (sealed like the override;
+    /// expired entries dropped). The key lives until the last action ends (an empty map: a week,
+    /// so that "none" and "lost with Redis's data" can be told apart).
+    ///
+    /// # Errors
+    /// Redis errors and timeouts.
+    pub async fn put_instance_overrides(
+        &mut self,
+        map: &BTreeMap<String, InstanceOverride>,
+        now_ms: u64,
+    ) -> Result<(), RedisBusError> {
+        let k = self.keys.instance_overrides();
+        let live: BTreeMap<&String, &InstanceOverride> =
+            map.iter().filter(|(_, o)| o.until_ms > now_ms).collect();
+        let px = live
+            .values()
+            .map(|o| o.until_ms - now_ms)
+            .max()
+            .unwrap_or(7 * 24 * 3600 * 1000);
+        let json = serde_json::to_string(&live).expect("instance overrides always serialise");
+        let sealed =
+            brownout_protocol::seal(&self.hmac_key, &self.instance_overrides_domain(), &json);
+        let _: () = timed(self.op_timeout, self.conn.pset_ex(k, sealed, px)).await?;
+        Ok(())
+    }
+
+    /// The shared per-instance actions: `None` when absent (or not sealed with the command key),
+    /// else the map (possibly empty).
+    ///
+    /// # Errors
+    /// Redis errors and timeouts.
+    pub async fn get_instance_overrides(
+        &mut self,
+    ) -> Result<Option<BTreeMap<String, InstanceOverride>>, RedisBusError> {
+        let k = self.keys.instance_overrides();
+        let v: Option<String> = timed(self.op_timeout, self.conn.get(k)).await?;
+        let Some(v) = v else { return Ok(None) };
+        match brownout_protocol::unseal(&self.hmac_key, &self.instance_overrides_domain(), &v) {
+            Ok(json) => Ok(serde_json::from_str(json).ok()),
+            Err(e) => {
+                tracing::warn!(error = %e, key = %self.keys.instance_overrides(), "degrade: ignoring instance actions not sealed with the command key");
                 Ok(None)
             }
         }

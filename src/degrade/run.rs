@@ -9,6 +9,7 @@ use super::bus::InProcBus;
 use super::controller::{Controller, Decision};
 use super::handle::{DegradeConfig, DegradeHandle};
 use super::redis::{AckEntry, PublishOutcome, RedisBus, RedisBusError};
+use crate::agents::CommandPart;
 
 /// How commands leave the controller.
 #[derive(Debug, Clone)]
@@ -22,17 +23,45 @@ pub enum Transport {
 /// What the last publish looked like, to decide when the next is due.
 struct LastPublish {
     decision: Decision,
+    /// What the agent guards added to it.
+    agents: CommandPart,
     issued_at_ms: u64,
     epoch: u64,
 }
 
-fn due(last: Option<&LastPublish>, d: &Decision, epoch: u64, now: u64, lease_ms: u64) -> bool {
+fn due(
+    last: Option<&LastPublish>,
+    d: &Decision,
+    agents: &CommandPart,
+    epoch: u64,
+    now: u64,
+    lease_ms: u64,
+) -> bool {
     match last {
         None => true,
         Some(l) => {
-            l.epoch != epoch || !l.decision.same_effect(d) || now >= l.issued_at_ms + lease_ms / 3
+            l.epoch != epoch
+                || !l.decision.same_effect(d)
+                || l.agents != *agents
+                || now >= l.issued_at_ms + lease_ms / 3
         }
     }
+}
+
+/// The command a decision publishes, with the agent guards' breakers and loop kills merged in
+/// (the one merge point, docs/AGENTS.md).
+fn build_command(
+    d: &Decision,
+    agents: &CommandPart,
+    cluster: &str,
+    epoch: u64,
+    version: u64,
+    now: u64,
+    lease_ms: u64,
+) -> brownout_protocol::Command {
+    let mut cmd = d.to_command(cluster, epoch, version, now, lease_ms);
+    agents.apply(&mut cmd);
+    cmd
 }
 
 /// Runs the controller until `shutdown` resolves: evaluates every policy interval, records
@@ -62,23 +91,27 @@ pub async fn run_controller(
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tick.tick() => {}
-            // An operator override is decided and published now, not at the next tick.
-            () = handle.override_changed() => {}
+            // An operator instance action: decide and publish now, not at the next interval.
+            () = handle.woken() => {}
         }
         let now = now_ms();
         let mut decision = controller.step(&handle.inputs(now));
         handle.record(&decision);
+        let agents = handle
+            .agent_guards()
+            .map(|g| g.command_part(now))
+            .unwrap_or_default();
         if cfg.policy.dry_run {
             continue;
         }
         match &transport {
-            Transport::InProc(bus) => inproc.round(bus, &handle, &decision, now),
+            Transport::InProc(bus) => inproc.round(bus, &handle, &decision, &agents, now),
             Transport::Redis { url } => {
                 if !redis.connect(url, &cfg).await {
                     continue;
                 }
                 if let Err(e) = redis
-                    .round(&handle, &mut controller, &mut decision, now)
+                    .round(&handle, &mut controller, &mut decision, &agents, now)
                     .await
                 {
                     tracing::warn!(error = %e, "degrade: redis round failed; retrying next interval");
@@ -108,16 +141,32 @@ impl Default for InProcPublisher {
 }
 
 impl InProcPublisher {
-    fn round(&mut self, bus: &InProcBus, handle: &DegradeHandle, decision: &Decision, now: u64) {
+    fn round(
+        &mut self,
+        bus: &InProcBus,
+        handle: &DegradeHandle,
+        decision: &Decision,
+        agents: &CommandPart,
+        now: u64,
+    ) {
         let cfg = handle.config();
         let lease_ms = cfg.policy.command_lease_ms;
-        if due(self.last.as_ref(), decision, 1, now, lease_ms) {
-            let cmd = decision.to_command(&cfg.cluster, 1, self.next_version, now, lease_ms);
+        if due(self.last.as_ref(), decision, agents, 1, now, lease_ms) {
+            let cmd = build_command(
+                decision,
+                agents,
+                &cfg.cluster,
+                1,
+                self.next_version,
+                now,
+                lease_ms,
+            );
             self.next_version += 1;
             bus.publish(SignedCommand::sign(&cmd, &cfg.hmac_key));
             handle.published(&cmd, None);
             self.last = Some(LastPublish {
                 decision: decision.clone(),
+                agents: agents.clone(),
                 issued_at_ms: now,
                 epoch: 1,
             });
@@ -192,6 +241,7 @@ impl Publisher {
         handle: &DegradeHandle,
         controller: &mut Controller,
         decision: &mut Decision,
+        agents: &CommandPart,
         now: u64,
     ) -> Result<(), RedisBusError> {
         let Some(b) = self.bus.as_mut() else {
@@ -223,6 +273,36 @@ impl Publisher {
                 let mut s = handle.lock();
                 if s.override_to_share.is_none() && s.operator_override != shared {
                     s.operator_override = shared;
+                    drop(s);
+                    *decision = controller.step(&handle.inputs(now));
+                    handle.record(decision);
+                }
+            }
+        }
+        // The operator's per-instance actions, shared the same way.
+        let dirty = {
+            let mut s = handle.lock();
+            std::mem::take(&mut s.instance_overrides_dirty).then(|| s.instance_overrides.clone())
+        };
+        if let Some(map) = dirty
+            && let Err(e) = b.put_instance_overrides(&map, now).await
+        {
+            handle.lock().instance_overrides_dirty = true;
+            return Err(e);
+        }
+        match b.get_instance_overrides().await? {
+            None => {
+                let mut s = handle.lock();
+                if s.instance_overrides.values().any(|o| o.until_ms > now) {
+                    s.instance_overrides_dirty = true;
+                }
+            }
+            Some(mut shared) => {
+                shared.retain(|_, o| o.until_ms > now);
+                let mut s = handle.lock();
+                s.instance_overrides.retain(|_, o| o.until_ms > now);
+                if !s.instance_overrides_dirty && s.instance_overrides != shared {
+                    s.instance_overrides = shared;
                     drop(s);
                     *decision = controller.step(&handle.inputs(now));
                     handle.record(decision);
@@ -270,12 +350,12 @@ impl Publisher {
             }
         }
         let Some(e) = self.epoch else { return Ok(()) };
-        if due(self.last.as_ref(), decision, e, now, lease_ms) {
+        if due(self.last.as_ref(), decision, agents, e, now, lease_ms) {
             let d = decision.clone();
             let cluster = cfg.cluster.clone();
             let out = b
                 .publish(e, self.next_version, &cfg.hmac_key, |v| {
-                    d.to_command(&cluster, e, v, now, lease_ms)
+                    build_command(&d, agents, &cluster, e, v, now, lease_ms)
                 })
                 .await?;
             match out {
@@ -287,6 +367,7 @@ impl Publisher {
                     handle.published(&command, Some(elapsed));
                     self.last = Some(LastPublish {
                         decision: d,
+                        agents: agents.clone(),
                         issued_at_ms: now,
                         epoch: e,
                     });

@@ -47,6 +47,8 @@ pub struct IngestState {
     pub pipeline: Pipeline,
     /// Assigns pattern ids to failures at ingest; `None` leaves them empty.
     pub tagger: Option<Arc<dyn FailureTagger>>,
+    /// Sees every accepted span (the agent guards, [`crate::agents`]); `None`: nobody.
+    pub span_observer: Option<Arc<dyn SpanObserver>>,
     /// Every accepted failure, live (lossy for slow subscribers: `broadcast`).
     pub failures_tx: broadcast::Sender<Arc<FailureRow>>,
     /// Every accepted request span (roots and server spans), live, one message per ingest batch
@@ -70,6 +72,13 @@ impl IngestState {
 /// without it, `pattern` stays empty). Must be fast: it runs on the request path.
 pub trait FailureTagger: Send + Sync + 'static {
     fn tag(&self, event: &FailureEvent) -> String;
+}
+
+/// Sees the spans of every accepted request, once, before they are stored; the failure events it
+/// returns are stored (tagged, counted, published) with them. Must be fast: it runs on the
+/// request path.
+pub trait SpanObserver: Send + Sync + 'static {
+    fn observe(&self, spans: &[SpanRow]) -> Vec<FailureEvent>;
 }
 
 /// Rows from one request, before tagging.
@@ -107,6 +116,7 @@ pub fn accept_reserved(
     rows: Accepted,
     reservation: pipeline::Reservation,
 ) -> Result<(), SubmitError> {
+    let mut rows = rows;
     let items = rows.spans.len() + rows.logs.len() + rows.failures.len() + rows.snapshots.len();
     if let Err(e) = state.tenants.check(tenant, items) {
         let reason = match e {
@@ -115,6 +125,11 @@ pub fn accept_reserved(
         };
         state.metrics.reject_n(reason, items as u64);
         return Err(e.into());
+    }
+    if let Some(o) = &state.span_observer
+        && !rows.spans.is_empty()
+    {
+        rows.failures.extend(o.observe(&rows.spans));
     }
     let tagger = state.tagger.clone();
     let failures: Vec<FailureRow> = rows

@@ -198,6 +198,7 @@ impl App {
             tenants,
             pipeline,
             tagger: None,
+            span_observer: None,
             failures_tx,
             spans_tx,
         };
@@ -225,6 +226,11 @@ impl App {
     /// Installs a failure tagger (before [`App::run`]).
     pub fn set_tagger(&mut self, tagger: Arc<dyn FailureTagger>) {
         self.state.ingest.tagger = Some(tagger);
+    }
+
+    /// Installs the span observer (the agent guards; before [`App::run`]).
+    pub fn set_span_observer(&mut self, observer: Arc<dyn crate::ingest::SpanObserver>) {
+        self.state.ingest.span_observer = Some(observer);
     }
 
     /// Serves until `shutdown` resolves, then drains.

@@ -15,7 +15,8 @@ use crate::ingest::IngestState;
 use crate::ingest::hosts::{HostRegistry, HostState};
 use crate::patterns::feed::PatternsRx;
 use crate::slo::eval::Observation;
-use crate::slo::task::SloHandle;
+use crate::slo::task::{SloHandle, SloReport};
+use crate::store::SpanRow;
 
 /// Every accepted failure and request span becomes an SLO observation, until `shutdown`.
 pub async fn feed_slo(
@@ -42,15 +43,7 @@ pub async fn feed_slo(
             s = spans.recv() => match s {
                 Ok(batch) => {
                     for span in batch.iter().filter(|s| s.is_request) {
-                        let end_ms = (span.start_us + span.duration_us) / 1000;
-                        let attr = |k: &str| span.attributes.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-                        slo.record(&Observation::from_span(
-                            &span.service,
-                            end_ms,
-                            span.duration_us as f64 / 1000.0,
-                            span.status == crate::store::STATUS_ERROR,
-                            attr,
-                        ));
+                        slo.record(&span_observation(span));
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => tracing::warn!(missed = n, "SLO feeder fell behind on spans"),
@@ -58,6 +51,25 @@ pub async fn feed_slo(
             },
         }
     }
+}
+
+/// A stored request span as an SLO observation: its end, its duration, ERROR status as bad, and
+/// `brownout.deliberate = true` as a refusal on purpose (counted for no SLI).
+pub fn span_observation(span: &SpanRow) -> Observation<'_> {
+    let end_ms = (span.start_us + span.duration_us) / 1000;
+    let attr = |k: &str| {
+        span.attributes
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+    };
+    Observation::from_span(
+        &span.service,
+        end_ms,
+        span.duration_us as f64 / 1000.0,
+        span.status == crate::store::STATUS_ERROR,
+        attr,
+    )
 }
 
 /// What [`feed_controller`] reads and writes.
@@ -105,7 +117,7 @@ pub async fn feed_controller(
                 degrade.push_snapshot(h.snapshot);
             }
         }
-        degrade.set_slo_alerts(slo_alerts(&slo));
+        degrade.set_slo_alerts(slo_alerts(&slo.latest()));
         // The feed clusters; here only its latest ranking is read, when it changed.
         if patterns.has_changed().unwrap_or(false) {
             let fresh: Vec<PatternRate> = patterns
@@ -122,9 +134,8 @@ pub async fn feed_controller(
     }
 }
 
-/// The alert pairs of the latest SLO report, as the controller's inputs.
-fn slo_alerts(slo: &SloHandle) -> Vec<SloAlert> {
-    let report = slo.latest();
+/// The alert pairs of an SLO report, as the controller's inputs.
+pub fn slo_alerts(report: &SloReport) -> Vec<SloAlert> {
     report
         .slos
         .iter()

@@ -5,9 +5,12 @@
 //!   extendable) and [`build`] → [`Report`] (pure).
 //! - [`svg`]: budget burn-down and pattern-trend charts as inline SVG (pure).
 //! - [`render`]: HTML (self-contained, prints), Markdown, JSON (tera templates in templates/).
+//! - [`export`]: the TOP-3 roadmap items for trackers: a CSV for Jira, Markdown issue bodies
+//!   for GitHub.
 //! - [`store`]: [`WeekData`] from the server's store, `/reports/{week}`, the weekly task.
 //! - this file: `brownout report` and [`synth_week`] (WeekData from `patterns synth` data).
 
+pub mod export;
 pub mod model;
 pub mod render;
 pub mod store;
@@ -31,8 +34,12 @@ pub struct ReportArgs {
     week: String,
     #[arg(long, default_value = "prod")]
     cluster: String,
+    /// html, md, json; or the roadmap items for a tracker: jira-csv, github-md.
     #[arg(long, value_enum, default_value_t = Format::Html)]
     format: Format,
+    /// With --format github-md: only this roadmap item's issue body (1–3).
+    #[arg(long)]
+    item: Option<usize>,
     /// Output file (default stdout).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -126,6 +133,11 @@ pub fn synth_week(week: &str, cluster: &str, seed: u64, lines: usize) -> anyhow:
         budget_spent_ratio: this.len() as f64 / allowed,
         last_week_budget_spent_ratio: last.len() as f64 / allowed,
         remaining_by_day: remaining,
+        burn_rate: None,
+        period_days: None,
+        history_days: None,
+        runs_out_ms: None,
+        refused: 0,
     }];
     // Episodes: runs of hours above 3× the median hourly failures.
     let mut hourly = vec![0u64; 7 * 24];
@@ -152,6 +164,8 @@ pub fn synth_week(week: &str, cluster: &str, seed: u64, lines: usize) -> anyhow:
                 max_tier: tier,
                 trigger: "slo_burn".into(),
                 detail: format!("{peak} failures/h against a median of {median}"),
+                steps: Vec::new(),
+                refused: Vec::new(),
             });
         }
         h += 1;
@@ -163,6 +177,8 @@ pub fn synth_week(week: &str, cluster: &str, seed: u64, lines: usize) -> anyhow:
         slos,
         episodes,
         patterns,
+        as_of_ms: None,
+        refusals: Vec::new(),
     })
 }
 
@@ -196,7 +212,13 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
         playbook = playbook.extended_by(Playbook::parse(&p.display().to_string(), &text)?);
     }
-    let out = render(&build(&data, &playbook), args.format)?;
+    let report = build(&data, &playbook);
+    let out = match (args.format, args.item) {
+        (Format::GithubMd, Some(n)) => export::github_md(&report, Some(n))
+            .with_context(|| format!("--item {n}: the report has no roadmap item {n}"))?,
+        (_, Some(_)) => anyhow::bail!("--item goes with --format github-md"),
+        (f, None) => render(&report, f)?,
+    };
     match &args.out {
         Some(p) => std::fs::write(p, out).with_context(|| format!("writing {}", p.display()))?,
         None => print!("{out}"),

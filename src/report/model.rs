@@ -19,6 +19,34 @@ pub struct WeekData {
     pub episodes: Vec<Episode>,
     #[serde(default)]
     pub patterns: Vec<PatternWeek>,
+    /// The report's "now" for a week still running (unix ms): days after it are not reached
+    /// yet. Absent for a finished week.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub as_of_ms: Option<u64>,
+    /// Requests brownout refused on purpose this week, by outcome (docs/SLO.md "Deliberate
+    /// refusals"): its degradation cost, never ranked as failures.
+    #[serde(default)]
+    pub refusals: Vec<RefusalCount>,
+}
+
+/// Deliberate refusals of one outcome (`feature_disabled`, `shed`, …).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefusalCount {
+    pub outcome: String,
+    pub count: u64,
+    /// The features refused, most refused first (at most 8).
+    #[serde(default)]
+    pub features: Vec<String>,
+}
+
+/// One tier change inside an episode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierStep {
+    pub at_ms: u64,
+    pub tier: u8,
+    pub trigger: String,
 }
 
 /// One SLO over the week.
@@ -31,9 +59,27 @@ pub struct SloWeek {
     /// Share of the period's error budget spent this week (1.0 = all of it).
     pub budget_spent_ratio: f64,
     pub last_week_budget_spent_ratio: f64,
-    /// Budget remaining at the end of each day of the week (7 values, 1.0 = untouched).
+    /// Budget remaining at the end of each day of the week (1.0 = untouched), one value per
+    /// day reached so far (7 for a finished week).
     #[serde(default)]
     pub remaining_by_day: Vec<f64>,
+    /// This week's burn rate (error ratio / (1 − objective)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burn_rate: Option<f64>,
+    /// Length of the SLO's period in days.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period_days: Option<f64>,
+    /// How many days of data the week's figures come from, when that is less than the week
+    /// (a fresh install, the demo): the budget figures are projected from them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_days: Option<f64>,
+    /// When the period's budget runs out at this week's burn rate (unix ms); absent when it
+    /// lasts the period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs_out_ms: Option<u64>,
+    /// Requests of this SLO refused on purpose this week: not in its SLI.
+    #[serde(default)]
+    pub refused: u64,
 }
 
 /// One degradation episode (time in a tier above T0).
@@ -47,6 +93,12 @@ pub struct Episode {
     pub trigger: String,
     #[serde(default)]
     pub detail: String,
+    /// Every tier change of the episode, in order (the first is the raise from T0).
+    #[serde(default)]
+    pub steps: Vec<TierStep>,
+    /// What it cost: the requests refused on purpose while it lasted.
+    #[serde(default)]
+    pub refused: Vec<RefusalCount>,
 }
 
 /// One failure pattern over the week.
@@ -236,6 +288,11 @@ pub struct EpisodeRow {
     pub max_tier: u8,
     pub trigger: String,
     pub detail: String,
+    /// The tiers it went through with their time (`T2 1 min (operator) → T1 2 min (queue_depth)`).
+    pub tiers: String,
+    /// What it cost (`disabled 498 calls of image_generation, pdf_analysis; shed 12 calls`), or
+    /// empty.
+    pub cost: String,
     /// Left offset and width on the week's timeline, in percent.
     pub left_pct: f64,
     pub width_pct: f64,
@@ -249,6 +306,14 @@ pub struct SloRow {
     pub spent_pct: String,
     pub last_week_pct: String,
     pub delta: String,
+    /// `12.3×`, or `—` when unknown.
+    pub burn_rate: String,
+    /// When the budget runs out at this week's rate (`Tue 2026-12-08`), or `not within the
+    /// period`.
+    pub runs_out: String,
+    /// `projected from 5 min of data`, or empty for a full week.
+    pub history_note: String,
+    pub refused: u64,
 }
 
 /// Everything every format renders.
@@ -265,6 +330,10 @@ pub struct Report {
     pub top: Vec<TopPattern>,
     pub new_patterns: Vec<PatternWeek>,
     pub roadmap: Vec<RoadmapItem>,
+    /// Requests refused on purpose this week, by outcome.
+    pub refusals: Vec<RefusalCount>,
+    /// The same as a sentence, or empty.
+    pub refusals_text: String,
     /// Inline SVG (built from numbers and escaped text only).
     pub burn_chart_svg: String,
     pub trend_chart_svg: String,
@@ -288,6 +357,81 @@ fn fmt_duration(ms: u64) -> String {
 
 fn pct(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
+}
+
+fn fmt_day(ms: u64) -> String {
+    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms as i64)
+        .map_or_else(String::new, |t| t.format("%a %Y-%m-%d").to_string())
+}
+
+/// A span of data, in words: `5 min`, `3 h 10 min`, `2.5 days`.
+fn fmt_history(days: f64) -> String {
+    let ms = (days * 86_400_000.0).round().max(0.0) as u64;
+    if days >= 1.0 {
+        format!("{days:.1} days")
+    } else {
+        fmt_duration(ms.max(60_000))
+    }
+}
+
+/// What the refusals of an outcome did, as a verb.
+fn refusal_verb(outcome: &str) -> &'static str {
+    match outcome {
+        "feature_disabled" => "disabled",
+        "tool_disabled" => "disabled tools in",
+        "shed" => "shed",
+        "drained" => "drained",
+        "user_cap" => "capped per user",
+        "loop_abort" => "aborted agent loops in",
+        "throttled" => "throttled",
+        _ => "refused",
+    }
+}
+
+/// `disabled 498 calls of image_generation, pdf_analysis; shed 12 calls of trip_planner`.
+pub fn refusals_sentence(r: &[RefusalCount]) -> String {
+    r.iter()
+        .filter(|c| c.count > 0)
+        .map(|c| {
+            let calls = if c.count == 1 { "call" } else { "calls" };
+            if c.features.is_empty() {
+                format!("{} {} {calls}", refusal_verb(&c.outcome), c.count)
+            } else {
+                format!(
+                    "{} {} {calls} of {}",
+                    refusal_verb(&c.outcome),
+                    c.count,
+                    c.features.join(", ")
+                )
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// `T2 1 min (operator) → T1 2 min (queue_depth)`: each step with the time until the next (or
+/// the episode's end).
+fn tiers_text(e: &Episode) -> String {
+    if e.steps.is_empty() {
+        return format!(
+            "T{} {} ({})",
+            e.max_tier,
+            fmt_duration(e.end_ms.saturating_sub(e.start_ms)),
+            e.trigger
+        );
+    }
+    let mut parts = Vec::new();
+    for (i, st) in e.steps.iter().enumerate() {
+        let until = e.steps.get(i + 1).map_or(e.end_ms, |n| n.at_ms);
+        let from = st.at_ms.max(e.start_ms);
+        parts.push(format!(
+            "T{} {} ({})",
+            st.tier,
+            fmt_duration(until.saturating_sub(from)),
+            st.trigger
+        ));
+    }
+    parts.join(" \u{2192} ")
 }
 
 fn trend(now: u64, before: u64, new: bool) -> String {
@@ -353,6 +497,18 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
                 "{:+.1} pp",
                 (s.budget_spent_ratio - s.last_week_budget_spent_ratio) * 100.0
             ),
+            burn_rate: s
+                .burn_rate
+                .map_or_else(|| "\u{2014}".into(), |b| format!("{b:.1}\u{d7}")),
+            runs_out: match (s.runs_out_ms, s.burn_rate) {
+                (Some(t), _) => fmt_day(t),
+                (None, Some(_)) => "not within the period".into(),
+                (None, None) => "\u{2014}".into(),
+            },
+            history_note: s.history_days.map_or_else(String::new, |d| {
+                format!("projected from {} of data", fmt_history(d))
+            }),
+            refused: s.refused,
         })
         .collect();
     let mut episodes_sorted = data.episodes.clone();
@@ -374,12 +530,17 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
                 max_tier: e.max_tier,
                 trigger: e.trigger.clone(),
                 detail: e.detail.clone(),
+                tiers: tiers_text(e),
+                cost: refusals_sentence(&e.refused),
                 left_pct: (left * 10.0).round() / 10.0,
                 width_pct: (width * 10.0).round() / 10.0,
             }
         })
         .collect();
-    let empty = data.slos.is_empty() && data.episodes.is_empty() && data.patterns.is_empty();
+    let empty = data.slos.is_empty()
+        && data.episodes.is_empty()
+        && data.patterns.is_empty()
+        && data.refusals.is_empty();
     let summary = if empty {
         format!(
             "No data was recorded for {} on cluster {}: no SLO budgets, no degradation episodes and no failures.",
@@ -388,12 +549,32 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
     } else {
         let mut s = String::new();
         for slo in &data.slos {
+            let period = slo
+                .period_days
+                .map_or_else(String::new, |d| format!("{d:.0}-day "));
             s.push_str(&format!(
-                "{} spent {} of its error budget ({} the week before). ",
+                "{} spent {} of its {period}error budget ({} the week before)",
                 slo.name,
                 pct(slo.budget_spent_ratio),
                 pct(slo.last_week_budget_spent_ratio)
             ));
+            if let Some(b) = slo.burn_rate {
+                s.push_str(&format!(", burning at {b:.1}\u{d7}"));
+                match slo.runs_out_ms {
+                    Some(t) => s.push_str(&format!(
+                        "; at this rate the budget runs out on {}",
+                        fmt_day(t)
+                    )),
+                    None => s.push_str("; at this rate the budget lasts the period"),
+                }
+            }
+            if let Some(d) = slo.history_days {
+                s.push_str(&format!(
+                    " (only {} of data so far: projected from it)",
+                    fmt_history(d)
+                ));
+            }
+            s.push_str(". ");
         }
         let total_ms: u64 = data
             .episodes
@@ -409,6 +590,13 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
                 fmt_duration(data.episodes.iter().map(|e| e.end_ms.saturating_sub(e.start_ms)).max().unwrap_or(0)),
                 data.episodes.iter().map(|e| e.max_tier).max().unwrap_or(0)
             )),
+        }
+        let refused: u64 = data.refusals.iter().map(|r| r.count).sum();
+        if refused > 0 {
+            s.push_str(&format!(
+                "brownout refused {refused} requests on purpose ({}): the cost of degrading, not failures, so they are not ranked below. ",
+                refusals_sentence(&data.refusals)
+            ));
         }
         let failures: u64 = data.patterns.iter().map(|p| p.count).sum();
         if let Some(t) = top.first() {
@@ -436,5 +624,7 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
         top,
         new_patterns,
         roadmap,
+        refusals_text: refusals_sentence(&data.refusals),
+        refusals: data.refusals.clone(),
     }
 }

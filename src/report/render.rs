@@ -11,6 +11,10 @@ pub enum Format {
     Html,
     Md,
     Json,
+    /// The TOP-3 roadmap items as a CSV for Jira's importer ([`super::export::jira_csv`]).
+    JiraCsv,
+    /// The TOP-3 roadmap items as GitHub issue bodies ([`super::export::github_md`]).
+    GithubMd,
 }
 
 /// Why rendering failed (a template bug; the data cannot cause it).
@@ -24,7 +28,7 @@ pub enum RenderError {
 
 /// Escapes text for a Markdown table cell or paragraph: HTML specials and the characters that
 /// would break a table or start markup.
-fn md_escape(s: &str) -> String {
+pub(crate) fn md_escape(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -44,7 +48,7 @@ fn md_escape(s: &str) -> String {
 }
 
 /// Text inside an inline code span: no backticks, no pipes, no newlines.
-fn code_escape(s: &str) -> String {
+pub(crate) fn code_escape(s: &str) -> String {
     s.chars()
         .map(|c| match c {
             '`' => '\'',
@@ -85,6 +89,8 @@ fn engine() -> Result<tera::Tera, tera::Error> {
 pub fn render(report: &Report, format: Format) -> Result<String, RenderError> {
     match format {
         Format::Json => Ok(serde_json::to_string_pretty(report)? + "\n"),
+        Format::JiraCsv => Ok(super::export::jira_csv(report)),
+        Format::GithubMd => Ok(super::export::github_md(report, None).unwrap_or_default()),
         Format::Html | Format::Md => {
             let mut ctx = tera::Context::new();
             ctx.insert("r", report);

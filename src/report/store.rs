@@ -4,14 +4,19 @@
 //! the [`WeekData`] JSON) once it is over.
 //!
 //! Approximations (docs/REPORT.md):
-//! - SLO budget: the spent ratio is `bad_week / ((1 − objective) × total_week × period_days / 7)`,
-//!   i.e. the week's traffic is assumed to repeat over the SLO's whole period (a calendar month
-//!   counts as 30 days). Requests are spans with `is_request`; `bad = total − good`. Latency SLIs
-//!   use the span's duration against the threshold, so a TTFT SLO is over-counted (an upper
-//!   bound). Time-sliced budgeting is counted like occurrences.
+//! - SLO budget: the spent ratio is `burn_week × covered / period`, where `covered` is the time
+//!   the week's data spans (the week so far; from the first request when there was none before)
+//!   — i.e. the period's traffic is taken to continue at the rate of what was seen (a calendar
+//!   month counts as 30 days). For a whole week that is `bad_week / ((1 − objective) ×
+//!   total_week × period_days / 7)`. Requests are spans with `is_request`; `bad = total − good`;
+//!   requests refused on purpose are in neither (counted as `refused`). Latency SLIs use the
+//!   span's duration against the threshold, so a TTFT SLO is over-counted (an upper bound).
+//!   Time-sliced budgeting is counted like occurrences.
 //! - Patterns: the week's and the previous week's failures (at most [`MAX_FAILURES`] in all,
-//!   newest kept) go through a fresh [`PatternEngine`]; `budget_impact` is the share of the week's
-//!   failures.
+//!   newest kept) — deliberate refusals excluded — go through a fresh [`PatternEngine`];
+//!   `budget_impact` is the share of the week's failures.
+//! - Refusals: the week's deliberate failure events, by outcome, for the week and for each
+//!   episode (its cost).
 //! - Episodes: stored degradation decisions (not dry-run), a span from the first raise above T0
 //!   to the return to T0, clipped to the week (an episode still open ends now or at the week's
 //!   end).
@@ -26,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 use brownout_protocol::now_ms;
 use chrono::Datelike as _;
 
-use super::model::{Episode, PatternWeek, Playbook, SloWeek, WeekData};
+use super::model::{Episode, PatternWeek, Playbook, RefusalCount, SloWeek, TierStep, WeekData};
 use super::render::{Format, render};
 use crate::degrade::DecisionRecord;
 use crate::error::{ApiError, Path, Query};
@@ -67,6 +72,7 @@ async fn read_failures(
     store: &dyn Store,
     since_ms: u64,
     until_ms: u64,
+    deliberate: bool,
 ) -> anyhow::Result<Vec<FailureRow>> {
     let mut out = Vec::new();
     let mut cursor: Option<FailureCursor> = None;
@@ -76,6 +82,7 @@ async fn read_failures(
             until_ms,
             limit: 10_000.min(MAX_FAILURES - out.len()).max(1),
             cursor: cursor.clone(),
+            deliberate: Some(deliberate),
             ..FailureQuery::default()
         };
         let page = store.failures(&q).await.context("reading failures")?;
@@ -100,10 +107,50 @@ fn period_days(p: Period) -> f64 {
     p.nominal_secs() as f64 / 86_400.0
 }
 
+/// The first minute with requests of `spec` in `[since_ms, until_ms)`.
+async fn first_request_ms(
+    store: &dyn Store,
+    spec: &SloSpec,
+    since_ms: u64,
+    until_ms: u64,
+) -> anyhow::Result<Option<u64>> {
+    let q = CountQuery {
+        since_ms,
+        until_ms,
+        bucket_ms: 60_000,
+        service: Some(spec.service.clone()),
+        latency_threshold_ms: None,
+    };
+    let rows = store.request_counts(&q).await?;
+    Ok(rows
+        .iter()
+        .filter(|r| selected(spec, r) && r.total + r.refused > 0)
+        .map(|r| r.bucket_ms)
+        .min())
+}
+
+fn selected(spec: &SloSpec, r: &crate::store::RequestCount) -> bool {
+    if r.service != spec.service {
+        return false;
+    }
+    if let Some(f) = &spec.selector.feature
+        && &r.feature != f
+    {
+        return false;
+    }
+    spec.selector.criticality.is_empty()
+        || spec
+            .selector
+            .criticality
+            .iter()
+            .any(|c| c.as_str() == r.criticality)
+}
+
 async fn slo_week(
     store: &dyn Store,
     spec: &SloSpec,
     start_ms: u64,
+    as_of_ms: u64,
 ) -> anyhow::Result<Option<SloWeek>> {
     let latency_threshold_ms = match spec.sli.kind {
         SliKind::Latency { threshold_ms, .. } => Some(threshold_ms.max(0.0).floor() as u64),
@@ -122,22 +169,9 @@ async fn slo_week(
         .with_context(|| format!("request counts of {}", spec.name))?;
     // Per day, -7..7: (bad, total).
     let mut days = [(0u64, 0u64); 14];
+    let mut refused = 0u64;
     for r in rows {
-        if r.service != spec.service {
-            continue;
-        }
-        if let Some(f) = &spec.selector.feature
-            && &r.feature != f
-        {
-            continue;
-        }
-        if !spec.selector.criticality.is_empty()
-            && !spec
-                .selector
-                .criticality
-                .iter()
-                .any(|c| c.as_str() == r.criticality)
-        {
+        if !selected(spec, &r) {
             continue;
         }
         let Some(d) = r
@@ -150,36 +184,123 @@ async fn slo_week(
         if d < 14 {
             days[d].0 += r.total.saturating_sub(r.good);
             days[d].1 += r.total;
+            if d >= 7 {
+                refused += r.refused;
+            }
         }
     }
     let (last, this) = days.split_at(7);
     let sum = |s: &[(u64, u64)]| s.iter().fold((0u64, 0u64), |a, d| (a.0 + d.0, a.1 + d.1));
     let (bad, total) = sum(this);
     let (last_bad, last_total) = sum(last);
-    if total == 0 && last_total == 0 {
+    if total == 0 && last_total == 0 && refused == 0 {
         return Ok(None);
     }
-    let scale = spec.error_budget_ratio() * period_days(spec.period) / 7.0;
-    let ratio = |bad: u64, total: u64| {
+    let period_days = period_days(spec.period);
+    let budget = spec.error_budget_ratio();
+    // The time this week's figures cover: the week so far, from its first request when the
+    // week before had none (a fresh install sees minutes, not a week).
+    let end = as_of_ms.clamp(start_ms, start_ms + WEEK_MS);
+    let mut covered_from = start_ms;
+    if last_total == 0 {
+        let first_day = this.iter().position(|d| d.1 > 0).unwrap_or(0) as u64;
+        let day_start = start_ms + first_day * DAY_MS;
+        if let Some(f) = first_request_ms(store, spec, day_start, day_start + DAY_MS).await? {
+            covered_from = f.max(start_ms);
+        }
+    }
+    // At least a minute, so that a first event does not divide by zero.
+    let covered_days = (end.saturating_sub(covered_from).max(60_000)) as f64 / DAY_MS as f64;
+    let burn = |bad: u64, total: u64| {
         if total == 0 {
             0.0
         } else {
-            bad as f64 / (scale * total as f64)
+            bad as f64 / total as f64 / budget
         }
     };
-    let mut remaining_by_day = Vec::with_capacity(7);
+    // Share of the period's budget: the burn rate × the time it lasted / the period.
+    let spent =
+        |bad: u64, total: u64, days: f64| burn(bad, total) * days.min(period_days) / period_days;
+    let budget_spent_ratio = spent(bad, total, covered_days);
+    // Days reached so far (the week's last day included once the week is over).
+    let days_reached = (end.saturating_sub(start_ms)).div_ceil(DAY_MS).clamp(1, 7) as usize;
+    let mut remaining_by_day = Vec::with_capacity(days_reached);
     let mut cum = 0u64;
-    for d in this {
+    for d in &this[..days_reached] {
         cum += d.0;
-        remaining_by_day.push((1.0 - ratio(cum, total)).max(0.0));
+        // Each day's cumulative bad events against the period's projected budget.
+        let share = if total == 0 {
+            0.0
+        } else {
+            cum as f64 / bad.max(1) as f64
+        };
+        remaining_by_day.push((1.0 - budget_spent_ratio * share.min(1.0)).max(0.0));
     }
+    let this_burn = burn(bad, total);
+    // At this week's rate, counting from the start of this week's data, with what last week
+    // spent already gone when the period reaches back over it.
+    let last_spent = if period_days > 7.0 {
+        spent(last_bad, last_total, 7.0)
+    } else {
+        0.0
+    };
+    let left_at_start = (1.0 - last_spent).max(0.0);
+    let runs_out_ms = (this_burn > 0.0)
+        .then(|| left_at_start * period_days / this_burn * DAY_MS as f64)
+        .filter(|d| *d < period_days * DAY_MS as f64)
+        .map(|d| covered_from + d as u64);
     Ok(Some(SloWeek {
         name: spec.name.clone(),
         objective: spec.objective_ratio,
-        budget_spent_ratio: ratio(bad, total),
-        last_week_budget_spent_ratio: ratio(last_bad, last_total),
+        budget_spent_ratio,
+        last_week_budget_spent_ratio: spent(last_bad, last_total, 7.0),
         remaining_by_day,
+        burn_rate: Some((this_burn * 1000.0).round() / 1000.0),
+        period_days: Some(period_days),
+        // No data before this week: the history is what this week holds, shorter than the
+        // period; say so.
+        history_days: (last_total == 0 && covered_days < period_days).then_some(covered_days),
+        runs_out_ms,
+        refused,
     }))
+}
+
+/// Deliberate failures, by outcome: counts and the most refused features.
+pub fn refusal_counts<'a>(rows: impl Iterator<Item = &'a FailureRow>) -> Vec<RefusalCount> {
+    use std::collections::BTreeMap;
+    let mut by: BTreeMap<String, (u64, BTreeMap<String, u64>)> = BTreeMap::new();
+    for r in rows {
+        let outcome = r
+            .event
+            .attributes
+            .get("outcome")
+            .cloned()
+            .filter(|o| !o.is_empty())
+            .unwrap_or_else(|| r.event.error_type.clone());
+        let e = by.entry(outcome).or_default();
+        e.0 += 1;
+        if !r.event.feature.is_empty() {
+            *e.1.entry(r.event.feature.clone()).or_default() += 1;
+        }
+    }
+    let mut out: Vec<RefusalCount> = by
+        .into_iter()
+        .map(|(outcome, (count, features))| {
+            let mut f: Vec<(String, u64)> = features.into_iter().collect();
+            f.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            RefusalCount {
+                outcome,
+                count,
+                features: f.into_iter().take(8).map(|(n, _)| n).collect(),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then_with(|| a.outcome.cmp(&b.outcome))
+    });
+    out
 }
 
 /// Degradation episodes of `[start_ms, start_ms + 7 d)` from stored decisions.
@@ -199,8 +320,22 @@ pub fn episodes_from_decisions(
     for d in ds {
         let tier = u8::from(d.tier);
         if tier > 0 {
+            let step = TierStep {
+                at_ms: d.at_ms,
+                tier,
+                trigger: d.trigger.clone(),
+            };
             match &mut open {
-                Some(e) => e.max_tier = e.max_tier.max(tier),
+                Some(e) => {
+                    e.max_tier = e.max_tier.max(tier);
+                    // A change of tier, or of what holds it, is a step.
+                    if e.steps
+                        .last()
+                        .is_none_or(|l| l.tier != tier || l.trigger != d.trigger)
+                    {
+                        e.steps.push(step);
+                    }
+                }
                 None => {
                     open = Some(Episode {
                         start_ms: d.at_ms,
@@ -208,6 +343,8 @@ pub fn episodes_from_decisions(
                         max_tier: tier,
                         trigger: d.trigger.clone(),
                         detail: d.detail.clone(),
+                        steps: vec![step],
+                        refused: Vec::new(),
                     });
                 }
             }
@@ -241,10 +378,26 @@ pub async fn week_data(
     week: &str,
     cluster: &str,
 ) -> anyhow::Result<WeekData> {
+    week_data_at(store, slos, week, cluster, now_ms()).await
+}
+
+/// [`week_data`] as of `now` (a week still running is cut there).
+///
+/// # Errors
+/// A malformed week, or a store that does not answer.
+pub async fn week_data_at(
+    store: &dyn Store,
+    slos: &[SloSpec],
+    week: &str,
+    cluster: &str,
+    now: u64,
+) -> anyhow::Result<WeekData> {
     let start_ms = super::week_start_ms(week)?;
     let end_ms = start_ms + WEEK_MS;
+    let as_of_ms = (now < end_ms).then_some(now.max(start_ms));
 
-    let mut failures = read_failures(store, start_ms.saturating_sub(WEEK_MS), end_ms).await?;
+    let mut failures =
+        read_failures(store, start_ms.saturating_sub(WEEK_MS), end_ms, false).await?;
     failures.sort_by(|a, b| {
         a.event
             .ts_ms
@@ -255,15 +408,24 @@ pub async fn week_data(
     for f in &failures {
         engine.observe(&f.event);
     }
+    let days_reached = as_of_ms.map_or(7, |t| {
+        (t.saturating_sub(start_ms) / DAY_MS + 1).clamp(1, 7) as usize
+    });
     let patterns: Vec<PatternWeek> = engine
         .patterns(start_ms, end_ms)
         .iter()
-        .map(|p| PatternWeek::from_pattern(p, start_ms))
+        .map(|p| {
+            let mut w = PatternWeek::from_pattern(p, start_ms);
+            // Days not reached yet are not drawn.
+            w.daily.truncate(days_reached);
+            w
+        })
         .collect();
+    let refused_rows = read_failures(store, start_ms, end_ms, true).await?;
 
     let mut slo_weeks = Vec::new();
     for spec in slos {
-        if let Some(s) = slo_week(store, spec, start_ms).await? {
+        if let Some(s) = slo_week(store, spec, start_ms, as_of_ms.unwrap_or(end_ms)).await? {
             slo_weeks.push(s);
         }
     }
@@ -276,7 +438,17 @@ pub async fn week_data(
         .into_iter()
         .filter_map(|d| serde_json::from_value::<DecisionRecord>(d.value).ok())
         .collect();
-    let episodes = episodes_from_decisions(&decisions, start_ms, now_ms());
+    let mut episodes = episodes_from_decisions(&decisions, start_ms, now);
+    for e in &mut episodes {
+        // A refusal belongs to the episode it happened in (plus the command's propagation:
+        // a few seconds after the return to T0 the serving tiers may still refuse).
+        let until = e.end_ms + 5_000;
+        e.refused = refusal_counts(
+            refused_rows
+                .iter()
+                .filter(|r| r.event.ts_ms >= e.start_ms && r.event.ts_ms < until),
+        );
+    }
 
     Ok(WeekData {
         week: week.to_string(),
@@ -285,6 +457,8 @@ pub async fn week_data(
         slos: slo_weeks,
         episodes,
         patterns,
+        as_of_ms,
+        refusals: refusal_counts(refused_rows.iter()),
     })
 }
 
@@ -349,6 +523,11 @@ struct FormatQuery {
     format: Option<String>,
 }
 
+#[derive(serde::Deserialize)]
+struct ItemQuery {
+    item: Option<String>,
+}
+
 fn bad_request(msg: String) -> Response {
     ApiError::bad_request("bad_parameter", msg).into_response()
 }
@@ -369,11 +548,52 @@ pub fn router(store: Arc<dyn Store>, slos: Arc<Vec<SloSpec>>, cluster: String) -
     Router::new()
         .route("/reports", axum::routing::get(index))
         .route("/reports/{week}", axum::routing::get(report))
+        .route("/reports/{week}/export.csv", axum::routing::get(export_csv))
+        .route("/reports/{week}/export.md", axum::routing::get(export_md))
         .with_state(ReportState {
             store,
             slos,
             cluster,
         })
+}
+
+/// The built report of a week (`current`, `last` or `2026-W48`): the stored one for a past week
+/// when there is one, else built from the store.
+async fn load_report(st: &ReportState, week: &str) -> Result<super::Report, Response> {
+    let week = match week {
+        "current" => current_week(),
+        "last" => last_week(),
+        w => w.to_string(),
+    };
+    let start_ms = match super::week_start_ms(&week) {
+        Ok(s) => s,
+        Err(e) => {
+            return Err(bad_request(format!(
+                "{e:#}; use a week like 2026-W48, current or last"
+            )));
+        }
+    };
+    // Past weeks: the stored report when there is one.
+    let mut data = None;
+    if start_ms + WEEK_MS <= now_ms() {
+        match st
+            .store
+            .get_doc(REPORT_KIND, &report_key(&st.cluster, &week))
+            .await
+        {
+            Ok(Some(doc)) => data = serde_json::from_value::<WeekData>(doc.value).ok(),
+            Ok(None) => {}
+            Err(e) => return Err(unavailable(&e.into())),
+        }
+    }
+    let data = match data {
+        Some(d) => d,
+        None => match week_data(st.store.as_ref(), &st.slos, &week, &st.cluster).await {
+            Ok(d) => d,
+            Err(e) => return Err(unavailable(&e)),
+        },
+    };
+    Ok(super::build(&data, &Playbook::bundled()))
 }
 
 async fn report(
@@ -390,36 +610,11 @@ async fn report(
         "json" => Format::Json,
         _ => return bad_request("format must be html, md or json".into()),
     };
-    let week = match week.as_str() {
-        "current" => current_week(),
-        "last" => last_week(),
-        w => w.to_string(),
+    let report = match load_report(&st, &week).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
     };
-    let start_ms = match super::week_start_ms(&week) {
-        Ok(s) => s,
-        Err(e) => return bad_request(format!("{e:#}; use a week like 2026-W48, current or last")),
-    };
-    // Past weeks: the stored report when there is one.
-    let mut data = None;
-    if start_ms + WEEK_MS <= now_ms() {
-        match st
-            .store
-            .get_doc(REPORT_KIND, &report_key(&st.cluster, &week))
-            .await
-        {
-            Ok(Some(doc)) => data = serde_json::from_value::<WeekData>(doc.value).ok(),
-            Ok(None) => {}
-            Err(e) => return unavailable(&e.into()),
-        }
-    }
-    let data = match data {
-        Some(d) => d,
-        None => match week_data(st.store.as_ref(), &st.slos, &week, &st.cluster).await {
-            Ok(d) => d,
-            Err(e) => return unavailable(&e),
-        },
-    };
-    let body = match render(&super::build(&data, &Playbook::bundled()), format) {
+    let body = match render(&report, format) {
         Ok(b) => b,
         Err(e) => {
             return ApiError::internal("the report could not be rendered", &e).into_response();
@@ -427,10 +622,71 @@ async fn report(
     };
     let ct = match format {
         Format::Html => "text/html; charset=utf-8",
-        Format::Md => "text/markdown; charset=utf-8",
+        Format::Md | Format::GithubMd => "text/markdown; charset=utf-8",
         Format::Json => "application/json",
+        Format::JiraCsv => "text/csv; charset=utf-8",
     };
     ([(header::CONTENT_TYPE, ct)], body).into_response()
+}
+
+/// `GET /reports/{week}/export.csv`: the roadmap items as a CSV for Jira's importer.
+async fn export_csv(State(st): State<ReportState>, Path(week): Path<String>) -> Response {
+    let report = match load_report(&st, &week).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let disposition = format!(
+        "attachment; filename=\"brownout-roadmap-{}.csv\"",
+        report
+            .week
+            .replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_")
+    );
+    (
+        [
+            (header::CONTENT_TYPE, "text/csv; charset=utf-8".to_string()),
+            (header::CONTENT_DISPOSITION, disposition),
+        ],
+        super::export::jira_csv(&report),
+    )
+        .into_response()
+}
+
+/// `GET /reports/{week}/export.md[?item=N]`: the roadmap items as GitHub issue bodies (all of
+/// them under their titles, or item `N`'s body alone).
+async fn export_md(
+    State(st): State<ReportState>,
+    Path(week): Path<String>,
+    q: Result<Query<ItemQuery>, ApiError>,
+) -> Response {
+    let Ok(Query(q)) = q else {
+        return bad_request("bad query; use ?item=1|2|3".into());
+    };
+    let item = match q.item.as_deref().map(str::parse::<usize>) {
+        None => None,
+        Some(Ok(n)) if (1..=3).contains(&n) => Some(n),
+        Some(_) => return bad_request("query parameter `item` must be 1, 2 or 3".into()),
+    };
+    let report = match load_report(&st, &week).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    match super::export::github_md(&report, item) {
+        Some(body) => (
+            [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
+            body,
+        )
+            .into_response(),
+        None => ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "roadmap_item_not_found",
+            format!(
+                "the report of {} has no roadmap item {}",
+                report.week,
+                item.unwrap_or(0)
+            ),
+        )
+        .into_response(),
+    }
 }
 
 fn escape(s: &str) -> String {

@@ -173,6 +173,7 @@ pub fn run(n_slos: usize, n_events: u64, span_ms: u64) -> BenchReport {
                 Criticality::Sheddable,
             ][(r >> 20) as usize % 3],
             ok: (r >> 24) % 1000 >= 2,
+            deliberate: false,
             latency_ms: Some(((r >> 32) % 4000) as f64),
             ttft_ms: Some(((r >> 44) % 2600) as f64),
         };

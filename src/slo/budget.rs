@@ -172,6 +172,24 @@ pub fn budget_remaining_ratio(period_counts: Counts, objective_ratio: f64) -> f6
     1.0 - burn_rate(period_counts, objective_ratio)
 }
 
+/// Share of the whole period's budget that `history_ms` of events (`period_counts`, all inside
+/// the period) have spent: the period's burn rate × history / period. With a full history this
+/// is `1 − budget_remaining_ratio`; with minutes of history it is what those minutes cost, not
+/// the period's burn rate (a fresh install at 50× has spent 50 × 5 min / 28 d = 0.6 %, not
+/// 4 900 %). The period's traffic is taken to continue at the history's rate.
+pub fn budget_spent_ratio(
+    period_counts: Counts,
+    objective_ratio: f64,
+    history_ms: u64,
+    period_ms: u64,
+) -> f64 {
+    if period_ms == 0 || period_counts.total == 0 {
+        return 0.0;
+    }
+    let covered = history_ms.min(period_ms) as f64 / period_ms as f64;
+    burn_rate(period_counts, objective_ratio) * covered
+}
+
 /// Time-weighted budget left: the budget is `(1 − objective)` of all the period's slices, so
 /// every bad slice spends `1 / ((1 − objective) · slices_in_period)` of it.
 pub fn timeslice_budget_remaining_ratio(

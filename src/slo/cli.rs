@@ -139,6 +139,8 @@ pub struct EventLine {
     pub feature: String,
     pub criticality: Criticality,
     pub ok: bool,
+    /// Refused on purpose (docs/SLO.md "Deliberate refusals").
+    pub deliberate: bool,
     pub latency_ms: Option<f64>,
     pub ttft_ms: Option<f64>,
 }
@@ -152,6 +154,7 @@ impl EventLine {
             feature: &self.feature,
             criticality: self.criticality,
             ok: self.ok,
+            deliberate: self.deliberate,
             latency_ms: self.latency_ms,
             ttft_ms: self.ttft_ms,
         }
@@ -170,6 +173,8 @@ struct RawRequestLine {
     #[serde(default)]
     criticality: Option<String>,
     ok: bool,
+    #[serde(default)]
+    deliberate: bool,
     #[serde(default)]
     latency_ms: Option<f64>,
     #[serde(default)]
@@ -220,6 +225,7 @@ pub fn parse_events(text: &str) -> anyhow::Result<Vec<EventLine>> {
                 feature: r.feature,
                 criticality,
                 ok: r.ok,
+                deliberate: r.deliberate,
                 latency_ms: r.latency_ms,
                 ttft_ms: r.ttft_ms,
             });
@@ -234,6 +240,7 @@ pub fn parse_events(text: &str) -> anyhow::Result<Vec<EventLine>> {
                 feature: ev.feature.clone(),
                 criticality: o.criticality,
                 ok: false,
+                deliberate: o.deliberate,
                 latency_ms: o.latency_ms,
                 ttft_ms: None,
             });

@@ -42,6 +42,11 @@ pub struct Observation<'a> {
     pub criticality: Criticality,
     /// False for a span with status ERROR or a failure event.
     pub ok: bool,
+    /// A request brownout refused on purpose (a deliberate outcome: shed, feature disabled,
+    /// drained, per-user cap, loop kill, tool breaker, throttled). Counted for no SLI, neither
+    /// good nor bad, and reported apart ([`SloStatus::refused`]; docs/SLO.md "Deliberate
+    /// refusals").
+    pub deliberate: bool,
     /// End-to-end latency, when known.
     pub latency_ms: Option<f64>,
     /// Time to first token, when known.
@@ -52,7 +57,8 @@ impl<'a> Observation<'a> {
     /// A failure event is one bad event. It is an agent task when its attribute `kind` (or
     /// `brownout.kind`) is `agent_task`, or its `error_type` starts with `Agent`
     /// (`AgentExecutionFailed`); otherwise a request. Its `latency_ms` counts as end-to-end
-    /// latency when > 0.
+    /// latency when > 0. One marked deliberate ([`FailureEvent::is_deliberate`]) is a refusal,
+    /// not a bad event.
     pub fn from_failure(ev: &'a FailureEvent) -> Observation<'a> {
         let kind_attr = ev
             .attributes
@@ -71,6 +77,7 @@ impl<'a> Observation<'a> {
             feature: &ev.feature,
             criticality: ev.criticality,
             ok: false,
+            deliberate: ev.is_deliberate(),
             latency_ms: (ev.latency_ms > 0.0).then_some(ev.latency_ms),
             ttft_ms: None,
         }
@@ -79,8 +86,9 @@ impl<'a> Observation<'a> {
     /// A finished server span. `attr` looks up span attributes by name: `brownout.feature` /
     /// `feature`, `brownout.criticality` / `criticality`, `brownout.kind` (`request` or
     /// `agent_task`), and the time to first token as `brownout.ttft_s` / `ttft_s` (seconds,
-    /// what the serving tier exports) or `brownout.ttft_ms` / `ttft_ms`. `ts_ms` is the span's
-    /// end, `duration_ms` its length (the end-to-end latency).
+    /// what the serving tier exports) or `brownout.ttft_ms` / `ttft_ms`, and `brownout.deliberate`
+    /// / `deliberate` (`true` on a request refused on purpose). `ts_ms` is the span's end,
+    /// `duration_ms` its length (the end-to-end latency).
     pub fn from_span(
         service: &'a str,
         ts_ms: u64,
@@ -109,6 +117,7 @@ impl<'a> Observation<'a> {
                 .and_then(Criticality::parse)
                 .unwrap_or_default(),
             ok: !is_error,
+            deliberate: get("brownout.deliberate", "deliberate") == Some("true"),
             latency_ms: Some(duration_ms).filter(|d| d.is_finite() && *d >= 0.0),
             ttft_ms,
         }
@@ -155,12 +164,29 @@ pub struct SloStatus {
     pub objective: f64,
     /// `28d` or `calendar_month`.
     pub period: String,
+    /// The period's length (a calendar month: this month's).
+    #[serde(default)]
+    pub period_secs: u64,
     /// Events (or slices) good / total over the period so far.
     pub period_events: Counts,
-    /// 1 = untouched, 0 = spent, negative = overspent.
+    /// How much of the period the evaluator has seen, from its first event for this SLO (or
+    /// the period's start) to now: at most the period. The budget figures below are about this
+    /// history; while it is shorter than the period they are projections from it.
+    #[serde(default)]
+    pub history_secs: u64,
+    /// Share of the whole period's error budget spent by the history: the period's burn rate ×
+    /// history / period (occurrences; the period's traffic is taken to continue at the
+    /// history's rate), or bad slices over the period's slice budget (timeslices). 0 untouched,
+    /// 1 all of it, above 1 overspent.
+    #[serde(default)]
+    pub budget_spent_ratio: f64,
+    /// `1 − budget_spent_ratio`: 1 = untouched, 0 = spent, negative = overspent.
     pub budget_remaining_ratio: f64,
-    /// At the 1 h burn rate; `None` when nothing burns.
+    /// Until the rest of the budget is spent at the 1 h burn rate; `None` when nothing burns.
     pub time_to_exhaustion_secs: Option<f64>,
+    /// Requests that matched this SLO but that brownout refused on purpose: not in the SLI.
+    #[serde(default)]
+    pub refused: RefusedCounts,
     /// Every window any alert pair uses, shortest first.
     pub burn_rates: Vec<WindowBurn>,
     pub alerts: Vec<AlertStatus>,
@@ -178,6 +204,39 @@ impl SloStatus {
     /// The alerts firing now.
     pub fn firing(&self) -> impl Iterator<Item = &AlertStatus> {
         self.alerts.iter().filter(|a| a.state.is_firing())
+    }
+}
+
+/// Deliberate refusals counted for one SLO (requests it would otherwise have counted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RefusedCounts {
+    /// Over the budget period (hour-aligned).
+    pub period: u64,
+    /// Over the last hour (minute-aligned).
+    pub last_1h: u64,
+}
+
+/// Refusals per SLO: 1 h buckets over the period, 1 min buckets over the last hour (a few KiB).
+#[derive(Debug)]
+struct RefusedRings {
+    hourly: super::ring::Ring,
+    minutely: super::ring::Ring,
+}
+
+impl RefusedRings {
+    fn new(period_ms: u64) -> RefusedRings {
+        RefusedRings {
+            hourly: super::ring::Ring::new(3_600_000, period_ms),
+            minutely: super::ring::Ring::new(60_000, 3_600_000),
+        }
+    }
+    fn add(&mut self, ts_ms: u64) -> bool {
+        let a = self.hourly.add(ts_ms, 0, 1);
+        let b = self.minutely.add(ts_ms, 0, 1);
+        a || b
+    }
+    fn heap_bytes(&self) -> usize {
+        self.hourly.heap_bytes() + self.minutely.heap_bytes()
     }
 }
 
@@ -235,6 +294,9 @@ struct SloState {
     windows: Vec<u64>,
     rings: Rings,
     slicer: Option<Slicer>,
+    refused: RefusedRings,
+    /// Timestamp of the first event (counted or refused) seen for this SLO.
+    first_ms: Option<u64>,
 }
 
 /// Counters about what the evaluator was fed.
@@ -336,6 +398,8 @@ impl Evaluator {
             windows,
             rings: Rings::new(period_ms),
             slicer,
+            refused: RefusedRings::new(period_ms),
+            first_ms: None,
         });
         SloId(id)
     }
@@ -360,7 +424,10 @@ impl Evaluator {
     }
     /// Memory held by the counters.
     pub fn heap_bytes(&self) -> usize {
-        self.slos.iter().map(|s| s.rings.heap_bytes()).sum()
+        self.slos
+            .iter()
+            .map(|s| s.rings.heap_bytes() + s.refused.heap_bytes())
+            .sum()
     }
 
     /// Counts an event for every SLO it belongs to; returns how many. Events are expected
@@ -376,6 +443,17 @@ impl Evaluator {
         let mut n = 0;
         for &id in ids {
             let slo = &mut self.slos[id as usize];
+            if obs.deliberate {
+                // A refusal on purpose: reported apart, never good or bad for the SLI.
+                if matches_selector(&slo.spec, obs) && classify_kind(&slo.spec, obs) {
+                    if slo.refused.add(obs.ts_ms) {
+                        note_first(slo, obs.ts_ms);
+                    } else {
+                        self.stats.dropped_late += 1;
+                    }
+                }
+                continue;
+            }
             if let Some(good) = classify(&slo.spec, obs) {
                 if add_to(slo, obs.ts_ms, u64::from(good), 1) {
                     n += 1;
@@ -413,29 +491,45 @@ impl Evaluator {
     }
 }
 
+fn note_first(slo: &mut SloState, ts_ms: u64) {
+    slo.first_ms = Some(slo.first_ms.map_or(ts_ms, |f| f.min(ts_ms)));
+}
+
 fn add_to(slo: &mut SloState, ts_ms: u64, good: u64, n: u64) -> bool {
-    match &mut slo.slicer {
+    let ok = match &mut slo.slicer {
         None => slo.rings.add(ts_ms, good, n),
         Some(slicer) => slicer.add(ts_ms, good, n, &mut slo.rings),
+    };
+    if ok {
+        note_first(slo, ts_ms);
+    }
+    ok
+}
+
+/// Service, feature and criticality selectors.
+fn matches_selector(spec: &SloSpec, obs: &Observation<'_>) -> bool {
+    obs.service == spec.service
+        && spec
+            .selector
+            .feature
+            .as_deref()
+            .is_none_or(|f| obs.feature == f)
+        && (spec.selector.criticality.is_empty()
+            || spec.selector.criticality.contains(&obs.criticality))
+}
+
+/// Whether the SLI kind takes this kind of event (requests or agent tasks).
+fn classify_kind(spec: &SloSpec, obs: &Observation<'_>) -> bool {
+    match spec.sli.kind {
+        SliKind::TaskSuccess => obs.kind == EventKind::AgentTask,
+        SliKind::Availability | SliKind::Latency { .. } => obs.kind == EventKind::Request,
     }
 }
 
-/// Whether an observation counts for an SLO, and if so whether it is good.
+/// Whether an observation counts for an SLO, and if so whether it is good. A deliberate
+/// refusal counts for none (`None`).
 pub fn classify(spec: &SloSpec, obs: &Observation<'_>) -> Option<bool> {
-    if obs.service != spec.service {
-        return None;
-    }
-    if spec
-        .selector
-        .feature
-        .as_deref()
-        .is_some_and(|f| obs.feature != f)
-    {
-        return None;
-    }
-    if !spec.selector.criticality.is_empty()
-        && !spec.selector.criticality.contains(&obs.criticality)
-    {
+    if obs.deliberate || !matches_selector(spec, obs) {
         return None;
     }
     match spec.sli.kind {
@@ -502,14 +596,26 @@ fn evaluate_one(s: &mut SloState, now_ms: u64) -> SloStatus {
             (s.rings.since(start, now_ms), len)
         }
     };
-    let budget_remaining_ratio = match slice_ms {
-        None => budget::budget_remaining_ratio(period_counts, objective),
-        Some(slice) => budget::timeslice_budget_remaining_ratio(
-            period_counts.bad(),
-            period_ms / slice,
-            objective,
-        ),
+    // The history: from the first event (or the period's start, when that is later) to now.
+    let period_start = match s.spec.period {
+        Period::Rolling { .. } => now_ms.saturating_sub(period_ms),
+        Period::CalendarMonth => budget::calendar_month_ms(now_ms).0,
     };
+    let history_ms = s
+        .first_ms
+        .map_or(0, |f| now_ms.saturating_sub(f.max(period_start)))
+        .min(period_ms);
+    let budget_spent_ratio = match slice_ms {
+        None => budget::budget_spent_ratio(period_counts, objective, history_ms, period_ms),
+        Some(slice) => {
+            1.0 - budget::timeslice_budget_remaining_ratio(
+                period_counts.bad(),
+                period_ms / slice,
+                objective,
+            )
+        }
+    };
+    let budget_remaining_ratio = 1.0 - budget_spent_ratio;
     let burn_1h = burn_rates
         .iter()
         .find(|w| w.window_secs == 3_600)
@@ -555,9 +661,19 @@ fn evaluate_one(s: &mut SloState, now_ms: u64) -> SloStatus {
         service: s.spec.service.clone(),
         objective,
         period: s.spec.period.label(),
+        period_secs: period_ms / 1000,
         period_events: period_counts,
+        history_secs: history_ms / 1000,
+        budget_spent_ratio: budget::round6(budget_spent_ratio),
         budget_remaining_ratio: budget::round6(budget_remaining_ratio),
         time_to_exhaustion_secs: time_to_exhaustion_secs.map(|t| t.round()),
+        refused: RefusedCounts {
+            period: match s.spec.period {
+                Period::Rolling { .. } => s.refused.hourly.sum(now_ms, period_ms).total,
+                Period::CalendarMonth => s.refused.hourly.sum_since(period_start, now_ms).total,
+            },
+            last_1h: s.refused.minutely.sum(now_ms, 3_600_000).total,
+        },
         burn_rates,
         alerts,
         evaluated_at_ms: now_ms,

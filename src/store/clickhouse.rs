@@ -208,6 +208,43 @@ impl ClickHouseStore {
         Ok(())
     }
 
+    /// Deliberate refusals (docs/SLO.md "Deliberate refusals"): a `deliberate UInt8` column on
+    /// spans and failures whose DEFAULT reads the attribute arrays, so rows of older parts get
+    /// it computed on read and inserts (which name their columns) need no change. 18.16 has no
+    /// `ADD COLUMN IF NOT EXISTS`: `system.columns` is asked first.
+    async fn add_deliberate_columns(&self) -> Result<(), StoreError> {
+        for (table, expr) in [
+            (
+                &self.spans,
+                "attr_values[indexOf(attr_keys, 'brownout.deliberate')] = 'true'",
+            ),
+            (
+                &self.failures,
+                "attr_values[indexOf(attr_keys, 'deliberate')] = 'true' \
+                 OR attr_values[indexOf(attr_keys, 'brownout.deliberate')] = 'true'",
+            ),
+        ] {
+            let n: u64 = self
+                .client
+                .query(
+                    "SELECT count() FROM system.columns WHERE database = ? AND table = ? AND name = 'deliberate'",
+                )
+                .bind(self.database.as_str())
+                .bind(table.as_str())
+                .fetch_one()
+                .await?;
+            if n == 0 {
+                self.client
+                    .query(&format!(
+                        "ALTER TABLE {table} ADD COLUMN deliberate UInt8 DEFAULT {expr}"
+                    ))
+                    .execute()
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn ensure_migrated(&self) -> Result<(), StoreError> {
         if !self.migrated.load(std::sync::atomic::Ordering::Acquire) {
             self.migrate().await?;
@@ -434,6 +471,7 @@ impl Store for ClickHouseStore {
             for q in ddl {
                 self.client.query(&q).execute().await?;
             }
+            self.add_deliberate_columns().await?;
             self.migrated
                 .store(true, std::sync::atomic::Ordering::Release);
             Ok(())
@@ -485,6 +523,13 @@ impl Store for ClickHouseStore {
                     strings.push(v.clone());
                 }
             }
+            if let Some(d) = q.deliberate {
+                sql.push_str(if d {
+                    " AND deliberate = 1"
+                } else {
+                    " AND deliberate = 0"
+                });
+            }
             let cursor: Option<&FailureCursor> = q.cursor.as_ref();
             if cursor.is_some() {
                 sql.push_str(" AND (ts_ms < ? OR (ts_ms = ? AND id < ?))");
@@ -526,6 +571,7 @@ impl Store for ClickHouseStore {
                 criticality: String,
                 good: u64,
                 total: u64,
+                refused: u64,
             }
             let bucket_us = q.bucket_ms.saturating_mul(1000);
             let threshold_us = q
@@ -533,7 +579,8 @@ impl Store for ClickHouseStore {
                 .map_or(u64::MAX, |t| t.saturating_mul(1000));
             let mut sql = format!(
                 "SELECT intDiv(intDiv(start_us, ?) * ?, 1000) AS b, service, feature, criticality, \
-                 toUInt64(countIf(status != 2 AND duration_us <= ?)) AS good, toUInt64(count()) AS total \
+                 toUInt64(countIf(deliberate = 0 AND status != 2 AND duration_us <= ?)) AS good, \
+                 toUInt64(countIf(deliberate = 0)) AS total, toUInt64(countIf(deliberate = 1)) AS refused \
                  FROM {} WHERE is_request = 1 AND ts >= toDateTime(?) AND ts <= toDateTime(?) \
                  AND start_us >= ? AND start_us < ?",
                 self.spans
@@ -565,6 +612,7 @@ impl Store for ClickHouseStore {
                     criticality: r.criticality,
                     good: r.good,
                     total: r.total,
+                    refused: r.refused,
                 })
                 .collect())
         })

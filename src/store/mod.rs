@@ -177,6 +177,9 @@ pub struct FailureQuery {
     pub feature: Option<String>,
     pub criticality: Option<String>,
     pub pattern: Option<String>,
+    /// `Some(false)`: only real failures; `Some(true)`: only deliberate refusals (attribute
+    /// `deliberate = "true"`, docs/SLO.md "Deliberate refusals"); `None`: both.
+    pub deliberate: Option<bool>,
     /// Page size (1..=10_000).
     pub limit: usize,
     /// Continue after this position (from a previous page).
@@ -226,7 +229,8 @@ pub struct CountQuery {
 }
 
 /// Good and total requests (spans with `is_request`) in one bucket for one
-/// service/feature/criticality.
+/// service/feature/criticality. Requests refused on purpose (span attribute
+/// `brownout.deliberate = true`) are in neither `good` nor `total` but in `refused`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestCount {
     /// Bucket start, unix ms.
@@ -236,6 +240,8 @@ pub struct RequestCount {
     pub criticality: String,
     pub good: u64,
     pub total: u64,
+    #[serde(default)]
+    pub refused: u64,
 }
 
 /// A stored JSON document (pattern templates, degradation decisions, reports…).

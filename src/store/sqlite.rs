@@ -52,6 +52,41 @@ CREATE TABLE IF NOT EXISTS docs (
 );
 "#;
 
+/// Deliberate refusals (docs/SLO.md "Deliberate refusals"), as virtual generated columns read from
+/// the stored attributes: existing rows of an older database get them without a rewrite, and the
+/// positional inserts stay as they are (generated columns take no value).
+const DELIBERATE_COLUMNS: [(&str, &str); 2] = [
+    (
+        "spans",
+        "ALTER TABLE spans ADD COLUMN deliberate INTEGER GENERATED ALWAYS AS \
+         (coalesce(json_extract(attrs, '$.\"brownout.deliberate\"'), '') = 'true') VIRTUAL",
+    ),
+    (
+        "failures",
+        "ALTER TABLE failures ADD COLUMN deliberate INTEGER GENERATED ALWAYS AS \
+         (coalesce(json_extract(attrs, '$.deliberate'), '') = 'true' \
+          OR coalesce(json_extract(attrs, '$.\"brownout.deliberate\"'), '') = 'true') VIRTUAL",
+    ),
+];
+
+/// Creates the tables, then adds the columns a database made by an older version lacks.
+fn migrate_schema(c: &Connection) -> Result<(), rusqlite::Error> {
+    c.execute_batch(SCHEMA)?;
+    for (table, ddl) in DELIBERATE_COLUMNS {
+        let has: bool = c.query_row(
+            &format!(
+                "SELECT count(*) FROM pragma_table_xinfo('{table}') WHERE name = 'deliberate'"
+            ),
+            [],
+            |r| r.get::<_, i64>(0).map(|n| n > 0),
+        )?;
+        if !has {
+            c.execute_batch(ddl)?;
+        }
+    }
+    Ok(())
+}
+
 /// The embedded SQLite store.
 pub struct SqliteStore {
     writer: Arc<Mutex<Connection>>,
@@ -73,7 +108,7 @@ impl SqliteStore {
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         let w = Connection::open(path)?;
         configure(&w)?;
-        w.execute_batch(SCHEMA)?;
+        migrate_schema(&w)?;
         let r = Connection::open(path)?;
         configure(&r)?;
         Ok(SqliteStore {
@@ -248,7 +283,7 @@ impl Store for SqliteStore {
     }
 
     fn migrate(&self) -> StoreFuture<'_, ()> {
-        SqliteStore::with(&self.writer, |c| Ok(c.execute_batch(SCHEMA)?))
+        SqliteStore::with(&self.writer, |c| Ok(migrate_schema(c)?))
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {
@@ -302,6 +337,13 @@ impl Store for SqliteStore {
                     args.push(v.clone().into());
                 }
             }
+            if let Some(d) = q.deliberate {
+                sql.push_str(if d {
+                    " AND deliberate = 1"
+                } else {
+                    " AND deliberate = 0"
+                });
+            }
             if let Some(cur) = &q.cursor {
                 sql.push_str(" AND (ts_ms < ? OR (ts_ms = ? AND id < ?))");
                 args.push(i(cur.ts_ms).into());
@@ -334,7 +376,8 @@ impl Store for SqliteStore {
                 .unwrap_or(i64::MAX);
             let mut sql = String::from(
                 "SELECT (start_us / ?1) * ?1 / 1000 AS b, service, feature, criticality,
-                        SUM(CASE WHEN status != 2 AND duration_us <= ?2 THEN 1 ELSE 0 END), COUNT(*)
+                        SUM(CASE WHEN deliberate = 0 AND status != 2 AND duration_us <= ?2 THEN 1 ELSE 0 END),
+                        SUM(CASE WHEN deliberate = 0 THEN 1 ELSE 0 END), SUM(deliberate)
                  FROM spans WHERE is_request = 1 AND start_us >= ?3 AND start_us < ?4",
             );
             let mut args: Vec<rusqlite::types::Value> = vec![
@@ -358,6 +401,7 @@ impl Store for SqliteStore {
                         criticality: r.get(3)?,
                         good: u(r.get(4)?),
                         total: u(r.get(5)?),
+                        refused: u(r.get(6)?),
                     })
                 })?
                 .collect::<Result<Vec<_>, _>>()?;

@@ -8,7 +8,8 @@
 //!
 //! Pages: `/` overview → `/services/{service}` → `/services/{service}/instances/{instance}` (its
 //! logs) is the three-level drill-down of docs/REQUIREMENTS.md R7.3, one click per level;
-//! `/hosts`, `/hosts/{host}`, `/patterns`, `/slos`, `/degradation`, `/debug/resource` (the console
+//! `/hosts`, `/hosts/{host}`, `/patterns`, `/slos`, `/degradation`, `/agents` (tool breakers and
+//! loop kills), `/debug/resource` (the console
 //! of R7.4). Every view is also served as JSON under `/ui/api/...` (same paths). The only script (`/static/brownout.js`)
 //! polls `/ui/api/overview` to keep the tier badges live, writing text only (`textContent`).
 //!
@@ -69,6 +70,10 @@ const TEMPLATES: &[(&str, &str)] = &[
     (
         "resource.html",
         include_str!("../../templates/web/resource.html"),
+    ),
+    (
+        "agents.html",
+        include_str!("../../templates/web/agents.html"),
     ),
     ("error.html", include_str!("../../templates/web/error.html")),
 ];
@@ -131,6 +136,7 @@ pub fn router(source: Arc<dyn UiDataSource>) -> Router {
         .route("/slos", get(slos))
         .route("/degradation", get(degradation))
         .route("/debug/resource", get(resource))
+        .route("/agents", get(agents))
         .route("/ui/api/overview", get(api_overview))
         .route("/ui/api/hosts", get(api_hosts))
         .route("/ui/api/hosts/{host}", get(api_host))
@@ -143,6 +149,7 @@ pub fn router(source: Arc<dyn UiDataSource>) -> Router {
         .route("/ui/api/slos", get(api_slos))
         .route("/ui/api/degradation", get(api_degradation))
         .route("/ui/api/resource", get(api_resource))
+        .route("/ui/api/agents", get(api_agents))
         .route(
             "/static/brownout.css",
             get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], CSS) }),
@@ -478,7 +485,16 @@ async fn resource(State(st): State<UiState>) -> Page {
     )
 }
 
+async fn agents(State(st): State<UiState>) -> Page {
+    let v = st.source.agents().await?;
+    render(&st, "agents.html", "agents", &v, Value::Null)
+}
+
 // ---- JSON -------------------------------------------------------------------------------------
+
+async fn api_agents(State(st): State<UiState>) -> Result<Json<AgentsView>, ApiError> {
+    st.source.agents().await.map(Json).map_err(ApiError)
+}
 
 async fn api_overview(State(st): State<UiState>) -> Result<Json<OverviewView>, ApiError> {
     st.source.overview().await.map(Json).map_err(ApiError)

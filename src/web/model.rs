@@ -64,7 +64,17 @@ pub trait UiDataSource: Send + Sync + 'static {
     /// `/debug/resource`: the console of docs/REQUIREMENTS.md R7.4 (queues, model load/warm-up, KV
     /// fragmentation).
     fn resource(&self) -> BoxFuture<'_, Result<ResourceView, UiError>>;
+    /// `/agents`: tool circuit breakers and recent loop kills (docs/AGENTS.md). The default is
+    /// an empty view marked disabled (a source without agent guards).
+    fn agents(&self) -> BoxFuture<'_, Result<AgentsView, UiError>> {
+        Box::pin(futures::future::ready(Ok(AgentsView {
+            generated_at_ms: brownout_protocol::now_ms(),
+            ..AgentsView::default()
+        })))
+    }
 }
+
+pub use crate::agents::AgentsView;
 
 /// Where the data comes from, shown in the page header so sample data is never mistaken for
 /// production.
@@ -150,10 +160,16 @@ pub struct SloSummary {
     pub name: String,
     /// E.g. 0.995.
     pub objective_ratio: f64,
-    /// 1 = untouched, 0 = spent, negative = overspent.
+    /// 1 = untouched, 0 = spent, negative = overspent (of the whole period's budget; while the
+    /// history is shorter than the period, projected from it: see `budget_note`).
     pub budget_remaining_ratio: f64,
     pub burn_rates: Vec<BurnRate>,
     pub alert_state: AlertState,
+    /// `from 5m of data in a 28d period`, when the history is shorter than the period; else
+    /// empty.
+    pub budget_note: String,
+    /// Requests refused on purpose in the last hour (not in the SLI).
+    pub refused_1h: u64,
 }
 
 /// Heartbeat state of a host.
@@ -398,6 +414,27 @@ pub struct ClusterDegradation {
     pub window_start_ms: u64,
     pub window_end_ms: u64,
     pub acks: Vec<InstanceAck>,
+    /// Per-instance actions in force (stop-bleed, operator, ramp, retry waves) with their acks.
+    #[serde(default)]
+    pub instance_actions: Vec<InstanceActionRow>,
+    /// Per-instance actions as the decision log recorded them, newest first (bounded).
+    #[serde(default)]
+    pub action_log: Vec<InstanceActionRow>,
+}
+
+/// One per-instance action (docs/DEGRADATION.md "Per-instance actions").
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceActionRow {
+    /// When it started (in force) or when the decision was recorded (log).
+    pub ts_ms: u64,
+    pub instance: String,
+    /// `watch`, `halve`, `drain`, `operator`, `ramp`, `recovery_storm`.
+    pub action: String,
+    pub detail: String,
+    /// The entry's fields in force, e.g. `max_num_seqs 128, drain` (empty for watches).
+    pub entry: String,
+    /// `applied`, `pending`, `unknown_instance` or `-`.
+    pub ack: String,
 }
 
 /// A tier change with its reason.

@@ -406,6 +406,7 @@ fn engine(
         tier: tier.as_u8(),
         ttft_p50_s: 0.28 + 0.05 * seed as f64,
         ttft_p99_s: 1.1 + 0.45 * seed as f64,
+        ..Default::default()
     }
 }
 
@@ -754,6 +755,8 @@ fn build_slos(now: u64, v: &Vocabulary) -> Vec<SloDetail> {
                     name: pick(&v.slos, i),
                     objective_ratio: *obj,
                     budget_remaining_ratio: *left,
+                    budget_note: String::new(),
+                    refused_1h: 0,
                     burn_rates: burns(*fast, *slow),
                     alert_state: *state,
                 },
@@ -908,6 +911,22 @@ fn build_clusters(
                 window_start_ms: window_start,
                 window_end_ms: now,
                 acks,
+                instance_actions: if c == 0 {
+                    vec![InstanceActionRow {
+                        ts_ms: last.ts_ms,
+                        instance: format!("{}/engine-0", pick(&v.hosts, 0)),
+                        action: "halve".into(),
+                        detail: format!(
+                            "kv_usage > 92% for 60s: max_num_seqs 256 -> 128 ({})",
+                            pick(&v.details, 0)
+                        ),
+                        entry: "max_num_seqs 128".into(),
+                        ack: "applied".into(),
+                    }]
+                } else {
+                    Vec::new()
+                },
+                action_log: Vec::new(),
             }
         })
         .collect()

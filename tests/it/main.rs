@@ -10,6 +10,8 @@ mod dashboards_valid;
 mod degrade_override_now;
 mod degrade_policy;
 mod degrade_protocol_doc;
+mod degrade_self_latch;
+mod degrade_stopbleed;
 mod drills;
 mod error_contract;
 mod harness_real_servers;

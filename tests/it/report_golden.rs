@@ -97,6 +97,8 @@ fn an_empty_week_says_so() {
         slos: vec![],
         episodes: vec![],
         patterns: vec![],
+        as_of_ms: None,
+        refusals: vec![],
     };
     let r = build(&data, &Playbook::bundled());
     assert!(r.empty && r.roadmap.is_empty());

@@ -327,6 +327,8 @@ async fn stored_reports_are_served_and_listed_escaped() {
         max_tier: 2,
         trigger: "stored-marker".into(),
         detail: String::new(),
+        steps: vec![],
+        refused: vec![],
     });
     store
         .put_doc(
@@ -483,4 +485,239 @@ async fn cli_reads_the_store_under_the_data_dir() {
     assert_eq!(v["top"][0]["count"], 30);
     assert_eq!(v["episodes"][0]["max_tier"], 3);
     assert_eq!(v["empty"], false);
+}
+
+/// brownout's own refusals beside real failures (docs/SLO.md "Deliberate refusals"): a fresh
+/// install's first ten minutes, with an operator pin of T2 for a minute, then T1 on queue depth.
+/// The refusals are the episode's cost and the SLO's "refused on purpose", never a pattern or a
+/// bad event; the real failures are what is ranked; the budget is projected from ten minutes,
+/// and only Monday is drawn.
+#[tokio::test]
+async fn own_refusals_beside_real_failures_only_the_real_ones_are_ranked() {
+    let (store, _dir) = store().await;
+    const W: &str = "2026-W49";
+    let start = week_start_ms(W).unwrap();
+    let now = start + 10 * 60_000;
+    let slos = brownout::slo::spec::parse_str(
+        "version: brownout/v1\nslos:\n  - name: chat-availability\n    service: chat\n    objective_percent: 99.9\n    period: 28d\n    sli:\n      kind: availability\n",
+        "test.yaml",
+    )
+    .unwrap();
+    let features = [
+        "basic_qa",
+        "pdf_analysis",
+        "image_generation",
+        "simple_tasks",
+    ];
+    // Degraded from 180 s to 300 s: T2 (operator) then T1 (queue depth); both disable
+    // pdf_analysis and image_generation.
+    let degraded = |t: u64| (180..300).contains(&t);
+    let mut b = Batch::new();
+    let (mut refused, mut bad, mut total) = (0u64, 0u64, 0u64);
+    let real = [
+        (
+            Category::TimeoutResource,
+            "request waited 20000 ms in the GPU queue and timed out",
+        ),
+        (
+            Category::ToolUnavailable,
+            "tool web_search timed out after 8000 ms",
+        ),
+        (
+            Category::KvCacheExhausted,
+            "KV cache exhausted: no free blocks for seq 4711",
+        ),
+    ];
+    let mut real_counts = [0u64; 3];
+    for t in 0..600u64 {
+        let ts = start + t * 1000;
+        let feature = features[(t % 4) as usize];
+        let mut s = span(t, ts, false);
+        s.service = "chat".into();
+        s.feature = feature.into();
+        s.attributes
+            .push(("brownout.feature".into(), feature.into()));
+        let mut f = failure(t, ts, String::new(), Category::Other, t % 13);
+        f.event.service = "chat".into();
+        f.event.feature = feature.into();
+        if degraded(t) && (feature == "pdf_analysis" || feature == "image_generation") {
+            // The serving tier's refusal: a span marked deliberate without ERROR status, and a
+            // failure event marked deliberate.
+            s.attributes
+                .push(("brownout.deliberate".into(), "true".into()));
+            s.attributes
+                .push(("brownout.outcome".into(), "feature_disabled".into()));
+            s.duration_us = 300;
+            f.event.category = Category::Degraded;
+            f.event.error_type = "FeatureDisabled".into();
+            f.event.message = format!(
+                "feature {feature} disabled at tier {}",
+                if t < 240 { 2 } else { 1 }
+            );
+            f.event
+                .attributes
+                .insert("deliberate".into(), "true".into());
+            f.event
+                .attributes
+                .insert("outcome".into(), "feature_disabled".into());
+            b.failures.push(f);
+            refused += 1;
+        } else if t % 7 == 3 {
+            // A real failure: an error span and its failure event.
+            let k = (t % 3) as usize;
+            s.status = 2;
+            f.event.category = real[k].0;
+            f.event.message = real[k].1.to_string();
+            b.failures.push(f);
+            real_counts[k] += 1;
+            bad += 1;
+            total += 1;
+        } else {
+            total += 1;
+        }
+        b.spans.push(s);
+    }
+    store.write_batch(&b, WriteMode::Fresh).await.unwrap();
+    for (at, tier, prev, tr, trig) in [
+        (start + 180_000, 2, 0, "override", "operator"),
+        (start + 240_000, 1, 2, "step_down", "queue_depth"),
+        (start + 300_000, 0, 1, "step_down", "recovered"),
+    ] {
+        store
+            .put_doc(
+                "decision",
+                &format!("{at:020}"),
+                &decision(at, tier, prev, tr, trig, false),
+            )
+            .await
+            .unwrap();
+    }
+
+    let data = rstore::week_data_at(store.as_ref(), &slos, W, "c", now)
+        .await
+        .unwrap();
+    // Patterns: the three real failure kinds, nothing of brownout's own.
+    assert_eq!(data.patterns.len(), 3, "{:#?}", data.patterns);
+    assert!(
+        data.patterns.iter().all(|p| !p.label.contains("disabled")),
+        "{:#?}",
+        data.patterns
+    );
+    assert_eq!(
+        data.patterns.iter().map(|p| p.count).sum::<u64>(),
+        real_counts.iter().sum::<u64>()
+    );
+    // Only Monday is reached.
+    assert!(data.patterns.iter().all(|p| p.daily.len() == 1));
+    assert_eq!(data.as_of_ms, Some(now));
+
+    // The refusals: the week's, and the episode's cost.
+    assert_eq!(data.refusals.len(), 1, "{:?}", data.refusals);
+    assert_eq!(
+        (data.refusals[0].outcome.as_str(), data.refusals[0].count),
+        ("feature_disabled", refused)
+    );
+    assert_eq!(
+        data.refusals[0].features,
+        ["image_generation", "pdf_analysis"]
+    );
+    assert_eq!(data.episodes.len(), 1, "{:#?}", data.episodes);
+    let e = &data.episodes[0];
+    assert_eq!(
+        e.steps
+            .iter()
+            .map(|s| (s.tier, s.trigger.as_str()))
+            .collect::<Vec<_>>(),
+        [(2, "operator"), (1, "queue_depth")]
+    );
+    assert_eq!(e.refused[0].count, refused);
+
+    // The SLO: refusals in neither good nor total; ten minutes of history, projected.
+    let s = &data.slos[0];
+    assert_eq!(s.refused, refused);
+    let burn = bad as f64 / total as f64 / 0.001;
+    assert!((s.burn_rate.unwrap() - burn).abs() < 1e-3, "{s:?}");
+    let covered_days = 10.0 / 1440.0;
+    assert!(
+        (s.history_days.unwrap() - covered_days).abs() < 1e-9,
+        "{s:?}"
+    );
+    assert!(
+        (s.budget_spent_ratio - burn * covered_days / 28.0).abs() < 1e-9,
+        "{s:?}"
+    );
+    assert!(
+        s.budget_spent_ratio < 0.1,
+        "not thousands of percent: {s:?}"
+    );
+    // At this rate the whole budget lasts 28 d / burn from the first request.
+    let want_out = start + (28.0 / burn * 86_400_000.0) as u64;
+    assert!(s.runs_out_ms.unwrap().abs_diff(want_out) < 2, "{s:?}");
+    assert_eq!(s.remaining_by_day.len(), 1, "only Monday is drawn");
+
+    // The report ranks the real failures and shows the cost.
+    let r = brownout::report::build(&data, &brownout::report::Playbook::bundled());
+    let mut cats: Vec<&str> = r.top.iter().map(|t| t.pattern.category.as_str()).collect();
+    cats.sort_unstable();
+    assert_eq!(
+        cats,
+        ["kv_cache_exhausted", "timeout_resource", "tool_unavailable"]
+    );
+    assert_eq!(r.roadmap.len(), 3);
+    assert_eq!(
+        r.episodes[0].tiers,
+        "T2 1 min (operator) \u{2192} T1 1 min (queue_depth)"
+    );
+    assert_eq!(
+        r.episodes[0].cost,
+        format!("disabled {refused} calls of image_generation, pdf_analysis")
+    );
+    assert!(r.summary.contains("of data so far"), "{}", r.summary);
+    assert!(!r.summary.contains("disabled at tier"), "{}", r.summary);
+    assert_eq!(r.slos[0].history_note, "projected from 10 min of data");
+
+    // And its export: a header and three issues for Jira, three bodies for GitHub.
+    let csv = brownout::report::export::jira_csv(&r);
+    assert_eq!(csv.matches("\r\n\"").count(), 3, "{csv}");
+    assert!(csv.starts_with("\"Summary\",\"Issue Type\",\"Priority\",\"Labels\""));
+    for n in 1..=3 {
+        let body = brownout::report::export::github_md(&r, Some(n)).unwrap();
+        assert!(
+            body.contains("## Change") && body.contains("- [ ] "),
+            "{body}"
+        );
+    }
+    assert!(brownout::report::export::github_md(&r, Some(4)).is_none());
+}
+
+#[tokio::test]
+async fn exports_are_served_for_a_week() {
+    let (store, _dir) = store().await;
+    fill(store.as_ref()).await;
+    let app = rstore::router(store.clone(), Arc::new(slos()), "c".into());
+    let (st, ct, csv) = get(&app, "/reports/2026-W48/export.csv").await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(ct.starts_with("text/csv"), "{ct}");
+    assert!(
+        csv.starts_with("\"Summary\",") && csv.contains("KV cache overflow"),
+        "{csv}"
+    );
+    let (st, ct, md) = get(&app, "/reports/2026-W48/export.md?item=1").await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(ct.starts_with("text/markdown"), "{ct}");
+    assert!(
+        md.contains("roadmap item 1") && md.contains("KV cache overflow"),
+        "{md}"
+    );
+    let (st, _, all) = get(&app, "/reports/2026-W48/export.md").await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        all.matches("\n# ").count() + usize::from(all.starts_with("# ")),
+        2,
+        "{all}"
+    );
+    let (st, _, _) = get(&app, "/reports/2026-W48/export.md?item=3").await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "two roadmap items only");
+    let (st, _, _) = get(&app, "/reports/2026-W48/export.md?item=x").await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
 }

@@ -41,6 +41,7 @@ fn request(ts_ms: u64, ok: bool) -> Observation<'static> {
         feature: "basic_qa",
         criticality: Criticality::Default,
         ok,
+        deliberate: false,
         latency_ms: Some(300.0),
         ttft_ms: Some(120.0),
     }
@@ -184,10 +185,14 @@ fn one_percent_errors_at_three_nines_is_a_tenfold_burn() {
     assert_eq!(s.burn_rate(21_600), Some(10.0));
     // 10× is above 5.6 (6h/30m page), 2.8 and 0.93 (tickets); below 13.44 and 268.8.
     assert_eq!(firing_windows(s), vec!["6h/30m", "1d/2h", "3d/6h"]);
-    // Three hours of 1% errors: 10× over a 28-day budget… but the period holds only these
-    // three hours, so it is overspent nine times over, with no time left.
-    assert_eq!(s.budget_remaining_ratio, -9.0);
-    assert_eq!(s.time_to_exhaustion_secs, Some(0.0));
+    // Three hours of 1% errors: 10× over a 28-day budget. The history is those three hours
+    // (and the minute since): 10 × 10 859.9 s / 2 419 200 s = 4.489% of the period's budget
+    // spent — not "overspent nine times", which is what 1 − the period's burn rate says.
+    assert_eq!(s.history_secs, 3 * 3_600 + 59);
+    assert_eq!(s.budget_spent_ratio, 0.04489);
+    assert_eq!(s.budget_remaining_ratio, 0.95511);
+    // At 10× the rest lasts 0.95511 × 28 d / 10 ≈ 2.67 days.
+    assert_eq!(s.time_to_exhaustion_secs, Some(231_060.0));
 }
 
 #[test]
@@ -233,12 +238,15 @@ fn budget_and_time_to_exhaustion_by_hand() {
     ev.record_counts(id, now - 5 * 24 * HOUR, 999_500, 1_000_000);
     ev.record_counts(id, now - 30 * MIN, 9_950, 10_000);
     let s = ev.evaluate(now).remove(0);
-    // 550 bad of 1 010 000 = 0.0544554%; at a 0.1% budget that is 54.4554% spent.
+    // 550 bad of 1 010 000 = 0.0544554%: a 0.544554× burn over the period so far. The history
+    // is 5 of the 28 days (the first event), so 0.544554 × 5 / 28 = 9.7242% of the period's
+    // budget is spent.
     assert_eq!(s.period_events.total, 1_010_000);
-    assert_eq!(s.budget_remaining_ratio, 0.455446);
-    // The last hour: 50 bad of 10 000 = 0.5% → 5×. Left: 0.455446 · 28 d / 5 ≈ 220 363 s.
+    assert_eq!(s.history_secs, 5 * 86_400);
+    assert_eq!(s.budget_remaining_ratio, 0.902758);
+    // The last hour: 50 bad of 10 000 = 0.5% → 5×. Left: 0.902758 · 28 d / 5 ≈ 436 790 s.
     assert_eq!(s.burn_rate(3_600), Some(5.0));
-    assert_eq!(s.time_to_exhaustion_secs, Some(220_363.0)); // 0.4554455 · 2 419 200 / 5 = 220 362.8
+    assert_eq!(s.time_to_exhaustion_secs, Some(436_790.0)); // 0.9027581 · 2 419 200 / 5 = 436 790.4
 }
 
 #[test]
@@ -411,8 +419,11 @@ async fn task_evaluates_on_schedule_and_updates_gauges() {
         text.contains("brownout_slo_burn_rate{slo=\"chat-availability\",window=\"1h\"} 19.777159"),
         "{text}"
     );
+    // A 20× burn for the 3 605 s of history: 20 × 3 605 / 2 419 200 = 2.98% of the budget.
     assert!(
-        text.contains("brownout_slo_error_budget_remaining_ratio{slo=\"chat-availability\"} -19"),
+        text.contains(
+            "brownout_slo_error_budget_remaining_ratio{slo=\"chat-availability\"} 0.970197"
+        ),
         "{text}"
     );
     assert!(text.contains("brownout_slo_alert_firing{severity=\"page\",slo=\"chat-availability\",window=\"1h/5m\"} 1"), "{text}");
@@ -581,4 +592,69 @@ proptest::proptest! {
         // The 28-day period holds everything recorded (4 days of events).
         proptest::prop_assert_eq!(s.period_events.total, events.len() as u64);
     }
+}
+
+/// docs/SLO.md "Deliberate refusals": a request refused on purpose is neither good nor bad for
+/// any SLI, and is counted apart. Through both paths: the serving tier's span (attribute
+/// `brownout.deliberate`) and a failure event without a trace id marked `deliberate`.
+#[test]
+fn deliberate_refusals_are_neither_good_nor_bad() {
+    let mut ev = Evaluator::new(availability("chat-availability", "99.9", "28d", 0, ""));
+    // Inside the last hour's minute buckets: the events run to T0 + 2 997 s.
+    let now = T0 + 3_000 * SEC;
+    let attrs = |deliberate: &'static str| {
+        move |k: &str| match k {
+            "brownout.feature" => Some("pdf_analysis"),
+            "brownout.deliberate" => Some(deliberate),
+            _ => None,
+        }
+    };
+    for i in 0..1_000u64 {
+        let ts = T0 + i * 3_000;
+        ev.record(&Observation::from_span(
+            "chat",
+            ts,
+            400.0,
+            false,
+            attrs("false"),
+        ));
+        if i % 2 == 0 {
+            // 500 refusals from the serving tier: no ERROR status, marked deliberate.
+            let o = Observation::from_span("chat", ts, 0.3, false, attrs("true"));
+            assert!(o.deliberate);
+            assert_eq!(classify(&ev.specs().next().unwrap().clone(), &o), None);
+            ev.record(&o);
+        }
+        if i % 10 == 0 {
+            // 100 from a gateway: failure events without a trace id, marked deliberate.
+            let line = format!(
+                r#"{{"ts":{ts},"service":"chat","feature":"pdf_analysis","category":"rate_limited","error_type":"LoadShed","message":"shed at tier 3","attributes":{{"deliberate":"true","outcome":"shed"}}}}"#
+            );
+            let fe = FailureEvent::parse_line(line.as_bytes()).expect("valid failure");
+            assert!(fe.is_deliberate());
+            ev.record(&Observation::from_failure(&fe));
+        }
+    }
+    let s = ev.evaluate(now).remove(0);
+    assert_eq!(
+        (s.period_events.good, s.period_events.total),
+        (1_000, 1_000)
+    );
+    assert_eq!(s.burn_rate(300), Some(0.0));
+    assert_eq!(s.budget_remaining_ratio, 1.0);
+    assert!(s.firing().next().is_none());
+    assert_eq!(
+        (s.refused.period, s.refused.last_1h),
+        (600, 600),
+        "counted apart"
+    );
+    // The same failure event without the mark is one bad event.
+    let line = format!(
+        r#"{{"ts":{},"service":"chat","category":"rate_limited","error_type":"LoadShed","message":"shed"}}"#,
+        now - 1_000
+    );
+    let fe = FailureEvent::parse_line(line.as_bytes()).expect("valid failure");
+    ev.record(&Observation::from_failure(&fe));
+    let s = ev.evaluate(now).remove(0);
+    assert_eq!(s.period_events.bad(), 1);
 }

@@ -332,6 +332,7 @@ async fn request_counts_are_good_over_total(b: &Backend) {
         criticality: crit.into(),
         good,
         total,
+        refused: 0,
     };
     assert_eq!(
         b.store.request_counts(&q).await.unwrap(),
@@ -463,6 +464,168 @@ async fn retention_drops_old_days(b: &Backend) {
     assert_eq!((n.spans, n.failures, n.snapshots), (1, 1, 0));
 }
 
+/// brownout's own refusals (docs/SLO.md "Deliberate refusals"): spans marked
+/// `brownout.deliberate = true` are counted as `refused`, in neither good nor total; failure
+/// events marked `deliberate = "true"` are kept and can be filtered in or out.
+async fn deliberate_refusals_are_kept_apart(b: &Backend) {
+    let mut batch = Batch::new();
+    let mut refused_span = span(7, 1, None, T0 + 1_000, 1, 0, "pdf", "sheddable");
+    refused_span
+        .attributes
+        .push(("brownout.deliberate".into(), "true".into()));
+    let mut served = span(7, 2, None, T0 + 2_000, 100, 1, "pdf", "sheddable");
+    served
+        .attributes
+        .push(("brownout.deliberate".into(), "false".into()));
+    let failed = span(7, 3, None, T0 + 3_000, 100, 2, "pdf", "sheddable");
+    let mut refused_too = span(8, 1, None, T0 + 4_000, 1, 0, "pdf", "sheddable");
+    refused_too
+        .attributes
+        .push(("brownout.deliberate".into(), "true".into()));
+    batch.spans = vec![refused_span, served, failed, refused_too];
+    let mut disabled = failure("d1", T0 + 1_000, "muse", Category::Degraded, "pdf", "");
+    disabled
+        .event
+        .attributes
+        .insert("deliberate".into(), "true".into());
+    disabled
+        .event
+        .attributes
+        .insert("outcome".into(), "feature_disabled".into());
+    let real = failure(
+        "r1",
+        T0 + 3_000,
+        "muse",
+        Category::TimeoutResource,
+        "pdf",
+        "p1",
+    );
+    batch.failures = vec![disabled.clone(), real.clone()];
+    b.store.write_batch(&batch, WriteMode::Fresh).await.unwrap();
+
+    let q = CountQuery {
+        since_ms: T0,
+        until_ms: T0 + 60_000,
+        bucket_ms: 60_000,
+        service: Some("muse".into()),
+        latency_threshold_ms: None,
+    };
+    assert_eq!(
+        b.store.request_counts(&q).await.unwrap(),
+        vec![RequestCount {
+            bucket_ms: T0,
+            service: "muse".into(),
+            feature: "pdf".into(),
+            criticality: "sheddable".into(),
+            good: 1,
+            total: 2,
+            refused: 2,
+        }],
+        "two refusals, one served, one failed"
+    );
+    let fq = |deliberate| FailureQuery {
+        since_ms: T0,
+        until_ms: T0 + 60_000,
+        limit: 100,
+        deliberate,
+        ..FailureQuery::default()
+    };
+    let ids =
+        |p: brownout::store::FailurePage| p.items.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(b.store.failures(&fq(Some(false))).await.unwrap()),
+        ["r1"]
+    );
+    assert_eq!(
+        ids(b.store.failures(&fq(Some(true))).await.unwrap()),
+        ["d1"]
+    );
+    assert_eq!(
+        ids(b.store.failures(&fq(None)).await.unwrap()),
+        ["r1", "d1"]
+    );
+    // The refusal round-trips whole.
+    assert_eq!(
+        b.store.failures(&fq(Some(true))).await.unwrap().items[0],
+        disabled
+    );
+}
+
+/// A database written before the `deliberate` columns existed gets them on open, computed for
+/// the rows it already holds.
+#[tokio::test]
+async fn an_older_sqlite_database_gains_the_deliberate_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.sqlite");
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        // The schema before the columns (as released), with one refusal and one served span.
+        c.execute_batch(
+            "CREATE TABLE batches (id INTEGER PRIMARY KEY, written_ms INTEGER NOT NULL);
+             CREATE TABLE spans (
+               trace_id TEXT NOT NULL, span_id TEXT NOT NULL, parent_span_id TEXT NOT NULL,
+               service TEXT NOT NULL, name TEXT NOT NULL, kind INTEGER NOT NULL,
+               start_us INTEGER NOT NULL, duration_us INTEGER NOT NULL,
+               status INTEGER NOT NULL, status_message TEXT NOT NULL,
+               feature TEXT NOT NULL, criticality TEXT NOT NULL, host TEXT NOT NULL,
+               is_request INTEGER NOT NULL, attrs TEXT NOT NULL, batch_id INTEGER NOT NULL);
+             CREATE TABLE failures (
+               id TEXT NOT NULL, ts_ms INTEGER NOT NULL, service TEXT NOT NULL, host TEXT NOT NULL,
+               request_id TEXT NOT NULL, trace_id TEXT NOT NULL, user_id TEXT NOT NULL, feature TEXT NOT NULL,
+               criticality TEXT NOT NULL, category TEXT NOT NULL, error_type TEXT NOT NULL, message TEXT NOT NULL,
+               latency_ms REAL NOT NULL, pattern TEXT NOT NULL, attrs TEXT NOT NULL, batch_id INTEGER NOT NULL);",
+        )
+        .unwrap();
+        let start_us = (T0 + 1_000) * 1000;
+        for (n, attrs) in [(1, r#"{"brownout.deliberate":"true"}"#), (2, "{}")] {
+            c.execute(
+                "INSERT INTO spans VALUES ('t', ?1, '', 'muse', 'chat', 2, ?2, 1000, 0, '', 'pdf', 'default', 'h', 1, ?3, 1)",
+                rusqlite::params![format!("s{n}"), start_us as i64, attrs],
+            )
+            .unwrap();
+        }
+        c.execute(
+            "INSERT INTO failures VALUES ('f1', ?1, 'muse', 'h', '', '', '', 'pdf', 'default', 'degraded', 'FeatureDisabled', 'feature pdf disabled at tier 1', 0, '', '{\"deliberate\":\"true\"}', 1)",
+            rusqlite::params![(T0 + 1_000) as i64],
+        )
+        .unwrap();
+    }
+    let s = SqliteStore::open(&path).unwrap();
+    s.migrate().await.unwrap();
+    let q = CountQuery {
+        since_ms: T0,
+        until_ms: T0 + 60_000,
+        bucket_ms: 60_000,
+        service: None,
+        latency_threshold_ms: None,
+    };
+    let rows = s.request_counts(&q).await.unwrap();
+    assert_eq!(
+        (rows[0].good, rows[0].total, rows[0].refused),
+        (1, 1, 1),
+        "{rows:?}"
+    );
+    let real = s
+        .failures(&FailureQuery {
+            since_ms: T0,
+            until_ms: T0 + 60_000,
+            limit: 10,
+            deliberate: Some(false),
+            ..FailureQuery::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        real.items.is_empty(),
+        "the old refusal is not a real failure"
+    );
+    // Writing through the store still works with the generated columns in place.
+    let mut b = Batch::new();
+    b.spans = vec![span(9, 1, None, T0 + 5_000, 10, 1, "pdf", "default")];
+    s.write_batch(&b, WriteMode::Fresh).await.unwrap();
+    assert_eq!(s.request_counts(&q).await.unwrap().len(), 1);
+}
+
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {
         mod sqlite_backend {
@@ -484,4 +647,88 @@ both_backends!(
     latest_snapshot_per_host,
     documents_put_get_list,
     retention_drops_old_days,
+    deliberate_refusals_are_kept_apart,
 );
+
+/// ClickHouse tables made before the `deliberate` column get it from `migrate` (an `ALTER …
+/// ADD COLUMN … DEFAULT` after asking `system.columns`); rows already there have it computed
+/// from their attributes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_clickhouse_table_gains_the_deliberate_columns() {
+    let url =
+        std::env::var("CLICKHOUSE_TEST_URL").unwrap_or_else(|_| "http://127.0.0.1:8123".into());
+    let prefix = format!("t{}_", uuid::Uuid::new_v4().simple());
+    let http = brownout::loadgen::http_client().expect("HTTP client");
+    let sql = |q: String| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let r = http.post(&url).body(q.clone()).send().await.unwrap();
+            assert!(r.status().is_success(), "{q}: {}", r.text().await.unwrap());
+        }
+    };
+    // The spans and failures tables as released before the column.
+    sql(format!(
+        "CREATE TABLE {prefix}spans (ts DateTime, start_us UInt64, duration_us UInt64, trace_id String, \
+         span_id String, parent_span_id String, service String, name String, kind UInt8, status UInt8, \
+         status_message String, feature String, criticality String, host String, is_request UInt8, \
+         attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32) \
+         ENGINE = MergeTree() PARTITION BY toYYYYMMDD(ts) ORDER BY (service, ts)"
+    ))
+    .await;
+    sql(format!(
+        "CREATE TABLE {prefix}failures (ts DateTime, ts_ms UInt64, id String, service String, host String, \
+         request_id String, trace_id String, user_id String, feature String, criticality String, \
+         category String, error_type String, message String, latency_ms Float64, pattern String, \
+         attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32) \
+         ENGINE = MergeTree() PARTITION BY toYYYYMMDD(ts) ORDER BY (ts, id)"
+    ))
+    .await;
+    let (secs, us) = ((T0 + 1_000) / 1000, (T0 + 1_000) * 1000);
+    sql(format!(
+        "INSERT INTO {prefix}spans VALUES \
+         ({secs}, {us}, 1000, 't', 's1', '', 'muse', 'chat', 2, 0, '', 'pdf', 'default', 'h', 1, ['brownout.deliberate'], ['true'], 1, 0), \
+         ({secs}, {us}, 1000, 't', 's2', '', 'muse', 'chat', 2, 1, '', 'pdf', 'default', 'h', 1, [], [], 1, 1)"
+    ))
+    .await;
+    sql(format!(
+        "INSERT INTO {prefix}failures VALUES ({secs}, {}, 'f1', 'muse', 'h', '', '', '', 'pdf', 'default', \
+         'degraded', 'FeatureDisabled', 'feature pdf disabled at tier 1', 0, '', ['deliberate'], ['true'], 1, 0)",
+        T0 + 1_000
+    ))
+    .await;
+    let cfg = ClickHouseConfig {
+        url: url.clone(),
+        database: "default".into(),
+        user: None,
+        password: None,
+        table_prefix: prefix.clone(),
+    };
+    let s = Arc::new(ClickHouseStore::new(&cfg));
+    s.migrate().await.unwrap();
+    s.migrate()
+        .await
+        .expect("a second migration finds the columns");
+    let q = CountQuery {
+        since_ms: T0,
+        until_ms: T0 + 60_000,
+        bucket_ms: 60_000,
+        service: None,
+        latency_threshold_ms: None,
+    };
+    let rows = s.request_counts(&q).await.unwrap();
+    assert_eq!(
+        (rows[0].good, rows[0].total, rows[0].refused),
+        (1, 1, 1),
+        "{rows:?}"
+    );
+    let fq = |deliberate| FailureQuery {
+        since_ms: T0,
+        until_ms: T0 + 60_000,
+        limit: 10,
+        deliberate: Some(deliberate),
+        ..FailureQuery::default()
+    };
+    assert!(s.failures(&fq(false)).await.unwrap().items.is_empty());
+    assert_eq!(s.failures(&fq(true)).await.unwrap().items.len(), 1);
+    s.drop_tables().await.expect("drop test tables");
+}

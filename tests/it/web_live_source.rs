@@ -125,6 +125,7 @@ fn snapshot(n: &Names) -> AgentSnapshot {
             tier: 3,
             ttft_p50_s: 0.4,
             ttft_p99_s: 2.6,
+            ..Default::default()
         }],
     }
 }

@@ -452,3 +452,73 @@ async fn empty_live_source_renders_every_page_with_empty_states() {
         );
     }
 }
+
+/// The sample world, except that every engine on `gpu-a100-01` has no block in use.
+struct IdleEngines(SampleDataSource);
+
+impl UiDataSource for IdleEngines {
+    fn overview(&self) -> BoxFuture<'_, Result<web::OverviewView, UiError>> {
+        self.0.overview()
+    }
+    fn hosts(&self) -> BoxFuture<'_, Result<web::HostsView, UiError>> {
+        self.0.hosts()
+    }
+    fn host<'a>(&'a self, h: &'a str) -> BoxFuture<'a, Result<web::HostDetailView, UiError>> {
+        async move {
+            let mut v = self.0.host(h).await?;
+            for e in &mut v.host.snapshot.engines {
+                e.kv.num_blocks_used = 0;
+                // What the engine reports for an empty pool (0 tokens over 0 slots).
+                e.kv.token_occupancy_ratio = 1.0;
+            }
+            Ok(v)
+        }
+        .boxed()
+    }
+    fn service<'a>(&'a self, s: &'a str) -> BoxFuture<'a, Result<web::ServiceView, UiError>> {
+        self.0.service(s)
+    }
+    fn instance<'a>(
+        &'a self,
+        s: &'a str,
+        i: &'a str,
+    ) -> BoxFuture<'a, Result<web::InstanceView, UiError>> {
+        self.0.instance(s, i)
+    }
+    fn patterns(&self) -> BoxFuture<'_, Result<web::PatternsView, UiError>> {
+        self.0.patterns()
+    }
+    fn slos(&self) -> BoxFuture<'_, Result<web::SloView, UiError>> {
+        self.0.slos()
+    }
+    fn degradation(&self) -> BoxFuture<'_, Result<web::DegradationView, UiError>> {
+        self.0.degradation()
+    }
+    fn resource(&self) -> BoxFuture<'_, Result<web::ResourceView, UiError>> {
+        self.0.resource()
+    }
+}
+
+#[tokio::test]
+async fn an_engine_with_no_block_in_use_shows_no_token_occupancy() {
+    let (status, _, busy) = get(demo(), "/hosts/gpu-a100-01").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        !busy.contains("title=\"no blocks in use\""),
+        "the sample engines have blocks in use"
+    );
+    let (status, _, idle) = get(
+        Arc::new(IdleEngines(SampleDataSource::new(NOW_MS))),
+        "/hosts/gpu-a100-01",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        idle.contains("title=\"no blocks in use\""),
+        "an idle engine shows a dash, not 100 %"
+    );
+    assert!(
+        !idle.contains(">100.0%<") && !idle.contains(">100.0 %<"),
+        "no 100 % occupancy for 0 blocks"
+    );
+}

@@ -3,7 +3,10 @@
 //! `cargo test -p brownout-demo --test it [module::]`. `tests/redis_tls.rs` is a binary of its
 //! own: it sets process environment variables, which no other test may see.
 
+mod agents_guards;
+mod bench_overload;
 mod degrade_redis;
+mod degrade_stopbleed;
 mod degrade_ui;
 mod drills;
 mod e2e_world;
@@ -12,3 +15,4 @@ mod fuzz_corpus;
 mod metrics_promtool;
 mod no_ansi;
 mod prometheus_scrape;
+mod report_refusals;

@@ -70,6 +70,24 @@ pub struct EngineReport {
     pub scrape_duration: Duration,
 }
 
+/// Pushes `h` onto a window of cumulative histograms (cleared on a counter reset) and returns
+/// the observations inside the window (everything since start until it holds two scrapes).
+fn slide(window: &mut VecDeque<Histogram>, h: &Histogram, len: usize) -> Option<Histogram> {
+    if let Some(last) = window.back()
+        && h.since(last).is_none()
+    {
+        window.clear();
+    }
+    window.push_back(h.clone());
+    while window.len() > len {
+        window.pop_front();
+    }
+    match window.len() {
+        0 | 1 => window.back().cloned(),
+        _ => window.back().and_then(|b| b.since(&window[0])),
+    }
+}
+
 /// Scrapes one engine and remembers what it needs between scrapes (TTFT window, error counts,
 /// whether `/debug/kv` exists).
 #[derive(Debug)]
@@ -79,6 +97,8 @@ pub struct EngineScraper {
     debug_kv_url: Url,
     /// Cumulative TTFT histograms of the last scrapes, oldest first.
     ttft_window: VecDeque<Histogram>,
+    /// Cumulative queue-time histograms of the last scrapes, oldest first.
+    queue_window: VecDeque<Histogram>,
     ttft_window_len: usize,
     /// `None` until tried; `Some(false)` after a 404, re-tried every `DEBUG_KV_RETRY` scrapes.
     debug_kv_supported: Option<bool>,
@@ -104,6 +124,7 @@ impl EngineScraper {
             debug_kv_url: join("debug/kv"),
             target,
             ttft_window: VecDeque::new(),
+            queue_window: VecDeque::new(),
             ttft_window_len: ttft_window_len.max(2),
             debug_kv_supported: None,
             scrapes_since_debug_kv_probe: 0,
@@ -292,6 +313,20 @@ impl EngineScraper {
         report.stats.num_requests_waiting = m.num_requests_waiting.unwrap_or(0.0).max(0.0) as u64;
         report.stats.num_preemptions_total = m.num_preemptions_total.unwrap_or(0.0).max(0.0) as u64;
         report.stats.tier = m.tier.unwrap_or(0);
+        report.stats.instance_id = d.instance_id.clone().unwrap_or_default();
+        report.stats.configured_max_num_seqs = d.configured_max_num_seqs;
+        report.stats.requests_completed_total = m.completed_total.unwrap_or(0.0).max(0.0) as u64;
+        report.stats.requests_answered_total = m
+            .answered_total
+            .or(m.completed_total)
+            .unwrap_or(0.0)
+            .max(0.0) as u64;
+        if let Some(h) = &m.queue_time
+            && let Some(w) = slide(&mut self.queue_window, h, self.ttft_window_len)
+            && let Some(p99) = w.quantile(0.99)
+        {
+            report.stats.queue_wait_p99_s = p99;
+        }
 
         if let Some(h) = &m.ttft {
             // A reset (engine restart) invalidates the window.

@@ -51,6 +51,14 @@ pub struct EngineMetrics {
     pub tier: Option<u8>,
     /// `vllm:time_to_first_token_seconds`, cumulative, label sets merged.
     pub ttft: Option<Histogram>,
+    /// `vllm:request_queue_time_seconds`, cumulative, label sets merged (vLLM exports it; the
+    /// bundled tier does not).
+    pub queue_time: Option<Histogram>,
+    /// Observations of `vllm:e2e_request_latency_seconds`: requests completed.
+    pub completed_total: Option<f64>,
+    /// `brownout_serving_requests_total` summed over label sets: requests answered, refusals
+    /// included (the bundled tier).
+    pub answered_total: Option<f64>,
     /// True when any `brownout_*` series was present: the bundled serving tier, which also
     /// serves `/debug/kv`.
     pub bundled: bool,
@@ -137,6 +145,9 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
     );
     let mut config_blocks = Acc::default();
     let mut ttft_pairs: Vec<(f64, f64)> = Vec::new();
+    let mut queue_pairs: Vec<(f64, f64)> = Vec::new();
+    let mut e2e_pairs: Vec<(f64, f64)> = Vec::new();
+    let mut answered = Acc::default();
     let mut seen_engine_series = false;
 
     for sample in &scrape.samples {
@@ -155,6 +166,23 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
         if name == "vllm:time_to_first_token_seconds" {
             if let Value::Histogram(buckets) = &sample.value {
                 ttft_pairs.extend(buckets.iter().map(|b| (b.less_than, b.count)));
+            }
+            continue;
+        }
+        if name == "vllm:request_queue_time_seconds" || name == "vllm:e2e_request_latency_seconds" {
+            if let Value::Histogram(buckets) = &sample.value {
+                let dst = if name == "vllm:request_queue_time_seconds" {
+                    &mut queue_pairs
+                } else {
+                    &mut e2e_pairs
+                };
+                dst.extend(buckets.iter().map(|b| (b.less_than, b.count)));
+            }
+            continue;
+        }
+        if name == "brownout_serving_requests_total" {
+            if let Some(v) = value_of(&sample.value) {
+                answered.add(v);
             }
             continue;
         }
@@ -219,6 +247,13 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
     if !ttft_pairs.is_empty() {
         out.ttft = Some(Histogram::from_pairs(ttft_pairs));
     }
+    if !queue_pairs.is_empty() {
+        out.queue_time = Some(Histogram::from_pairs(queue_pairs));
+    }
+    if !e2e_pairs.is_empty() {
+        out.completed_total = Some(Histogram::from_pairs(e2e_pairs).total());
+    }
+    out.answered_total = answered.total();
     Ok(out)
 }
 
@@ -254,6 +289,12 @@ pub struct DebugKv {
     /// The scheduler's batch limit (the simulated probe's saturation point).
     #[serde(default)]
     pub max_num_seqs: Option<u32>,
+    /// The configured `--max-num-seqs` (before any command lowers it).
+    #[serde(default)]
+    pub configured_max_num_seqs: Option<u32>,
+    /// The serving tier's `--instance-id`.
+    #[serde(default)]
+    pub instance_id: Option<String>,
 }
 
 /// Parses `/debug/kv`.
@@ -288,6 +329,10 @@ pub fn parse_debug_kv(body: &[u8]) -> Result<DebugKv, serde_json::Error> {
             bytes_per_block: inner.bytes_per_block.or(top.bytes_per_block),
             model_weights_bytes: inner.model_weights_bytes.or(top.model_weights_bytes),
             max_num_seqs: inner.max_num_seqs.or(top.max_num_seqs),
+            configured_max_num_seqs: inner
+                .configured_max_num_seqs
+                .or(top.configured_max_num_seqs),
+            instance_id: top.instance_id.or(inner.instance_id),
         };
     }
     Ok(top)
@@ -344,6 +389,40 @@ mod tests {
     }
 
     #[test]
+    fn queue_time_completions_and_answered_requests_are_read() {
+        let body = "# TYPE vllm:request_queue_time_seconds histogram\n\
+            vllm:request_queue_time_seconds_bucket{model_name=\"m\",le=\"0.1\"} 8\n\
+            vllm:request_queue_time_seconds_bucket{model_name=\"m\",le=\"1\"} 9\n\
+            vllm:request_queue_time_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 10\n\
+            vllm:request_queue_time_seconds_sum{model_name=\"m\"} 3\n\
+            vllm:request_queue_time_seconds_count{model_name=\"m\"} 10\n\
+            # TYPE vllm:e2e_request_latency_seconds histogram\n\
+            vllm:e2e_request_latency_seconds_bucket{model_name=\"m\",le=\"1\"} 5\n\
+            vllm:e2e_request_latency_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 7\n\
+            vllm:e2e_request_latency_seconds_sum{model_name=\"m\"} 9\n\
+            vllm:e2e_request_latency_seconds_count{model_name=\"m\"} 7\n\
+            # TYPE brownout_serving_requests_total counter\n\
+            brownout_serving_requests_total{outcome=\"stop\"} 7\n\
+            brownout_serving_requests_total{outcome=\"shed\"} 30\n";
+        let m = parse_metrics(body).unwrap();
+        assert_eq!(m.completed_total, Some(7.0));
+        assert_eq!(m.answered_total, Some(37.0), "refusals count as answered");
+        let q = m.queue_time.unwrap();
+        assert_eq!(q.total(), 10.0);
+        assert!(q.quantile(0.5).unwrap() <= 0.1, "half waited under 100 ms");
+        assert_eq!(
+            q.quantile(0.99),
+            Some(1.0),
+            "p99 in +Inf: the highest finite bound"
+        );
+        let none =
+            parse_metrics("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n")
+                .unwrap();
+        assert_eq!((none.completed_total, none.answered_total), (None, None));
+        assert!(none.queue_time.is_none());
+    }
+
+    #[test]
     fn a_body_without_engine_metrics_is_an_error() {
         for body in ["", "# TYPE up gauge\nup 1\n", "not prometheus at all"] {
             assert_eq!(
@@ -352,6 +431,15 @@ mod tests {
                 "{body:?}"
             );
         }
+    }
+
+    #[test]
+    fn debug_kv_reads_the_instance_id_and_configured_limit() {
+        let body = br#"{"instance_id":"gpu-3/engine-0","configured_max_num_seqs":256,"max_num_seqs":128,"pool":{"block_size":16}}"#;
+        let d = parse_debug_kv(body).unwrap();
+        assert_eq!(d.instance_id.as_deref(), Some("gpu-3/engine-0"));
+        assert_eq!(d.configured_max_num_seqs, Some(256));
+        assert_eq!(d.max_num_seqs, Some(128));
     }
 
     #[test]

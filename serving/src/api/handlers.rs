@@ -136,13 +136,13 @@ fn refused(st: &Inner, meta: &RequestMeta, r: &Refusal) {
     });
 }
 
-fn meta_error(e: MetaError) -> ApiError {
+pub(crate) fn meta_error(e: MetaError) -> ApiError {
     let mut a = ApiError::bad_request(e.code, e.message);
     a.param = e.param;
     a
 }
 
-fn body_error(e: BytesRejection) -> ApiError {
+pub(crate) fn body_error(e: BytesRejection) -> ApiError {
     let status = e.status();
     if status == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(
@@ -155,7 +155,7 @@ fn body_error(e: BytesRejection) -> ApiError {
     }
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<T, ApiError> {
@@ -722,7 +722,14 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
 
 pub async fn debug_kv(State(st): State<AppState>) -> Response {
     match st.inner.engine.debug_kv().await {
-        Some(d) => Json(d).into_response(),
+        Some(d) => {
+            // The instance id lets a gpu-agent report the id commands address this tier by.
+            let mut v = serde_json::to_value(&d).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                o.insert("instance_id".into(), st.inner.control.instance_id().into());
+            }
+            Json(v).into_response()
+        }
         None => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "engine_stopped",

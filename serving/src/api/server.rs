@@ -275,6 +275,13 @@ where
         app = app.merge(extra);
     }
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
+    // TCP_NODELAY: each SSE token is a small write; with Nagle's algorithm on, a reused
+    // connection waits for the peer's delayed ACK (~40 ms) before sending the next one.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY: {e}");
+        }
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
         let _ = drain_tx.send(());

@@ -9,8 +9,29 @@ use super::{HOUR_MS, LiveDataSource};
 use crate::degrade::{DecisionRecord, DegradeStatus};
 use crate::store::Doc;
 use crate::web::model::{
-    ClusterDegradation, ClusterTier, DegradationView, InstanceAck, TierChange, UiError,
+    ClusterDegradation, ClusterTier, DegradationView, InstanceAck, InstanceActionRow, TierChange,
+    UiError,
 };
+
+/// Rows of the per-instance action log shown.
+const ACTION_LOG_ROWS: usize = 50;
+
+/// `max_num_seqs 128, drain, admit 12.5 req/s`.
+pub fn entry_text(e: &brownout_protocol::InstanceEntry) -> String {
+    let mut v = Vec::new();
+    if let Some(n) = e.max_num_seqs {
+        v.push(format!("max_num_seqs {n}"));
+    }
+    match e.drain {
+        Some(true) => v.push("drain".to_string()),
+        Some(false) => v.push("no drain".to_string()),
+        None => {}
+    }
+    if let Some(r) = e.admit_rps {
+        v.push(format!("admit {r} req/s"));
+    }
+    v.join(", ")
+}
 
 /// Window of the degradation timeline.
 const TIER_WINDOW_MS: u64 = 6 * HOUR_MS;
@@ -110,7 +131,38 @@ fn cluster_view(status: DegradeStatus, records: &[DecisionRecord], now: u64) -> 
             lagging: a.behind,
         })
         .collect();
+    let instance_actions = status
+        .instances
+        .iter()
+        .map(|v| InstanceActionRow {
+            ts_ms: v.action.since_ms,
+            instance: v.action.instance.clone(),
+            action: v.action.action.clone(),
+            detail: v.action.detail.clone(),
+            entry: v.entry.as_ref().map(entry_text).unwrap_or_default(),
+            ack: v.ack.clone(),
+        })
+        .collect();
+    let action_log = records
+        .iter()
+        .rev()
+        .flat_map(|r| {
+            r.instance_actions.iter().map(|a| InstanceActionRow {
+                ts_ms: r.at_ms,
+                instance: a.instance.clone(),
+                action: a.action.clone(),
+                detail: a.detail.clone(),
+                entry: String::new(),
+                ack: r
+                    .published
+                    .map_or_else(|| "-".to_string(), |(e, v)| format!("{e}:{v}")),
+            })
+        })
+        .take(ACTION_LOG_ROWS)
+        .collect();
     ClusterDegradation {
+        instance_actions,
+        action_log,
         current: ClusterTier {
             name: status.cluster.clone(),
             tier,

@@ -9,6 +9,7 @@
 //! | SLOs | [`slos`] | [`SloHandle::latest`]; burn-down from a ring of sampled reports |
 //! | degradation | [`degradation`] | [`DegradeHandle`] status and decisions, plus decisions persisted as store docs of kind `decision` |
 //! | `/debug/resource` | [`resource`] | snapshots + the sampled queue history |
+//! | agents | here | [`crate::agents::AgentGuards::view`] (breakers, transitions, loop kills; all bounded) |
 //!
 //! History (VRAM, KV usage, queues, budgets, alert transitions) is kept by [`sampler`]: sampled
 //! at most every [`SAMPLE_EVERY_MS`] when a page is viewed, or continuously by
@@ -73,6 +74,8 @@ pub struct LiveParts {
 pub struct LiveDataSource {
     parts: LiveParts,
     caches: Arc<Mutex<Caches>>,
+    /// The agent guards (`None`: the Agents page says they are off).
+    agents: Option<Arc<crate::agents::AgentGuards>>,
 }
 
 /// What the source remembers between page views: the sampled history and computed caches.
@@ -135,7 +138,14 @@ impl LiveDataSource {
         LiveDataSource {
             parts,
             caches: Arc::default(),
+            agents: None,
         }
+    }
+
+    /// Shows these agent guards on the Agents page.
+    pub fn with_agents(mut self, agents: Arc<crate::agents::AgentGuards>) -> LiveDataSource {
+        self.agents = Some(agents);
+        self
     }
 
     fn store(&self) -> &Arc<dyn Store> {
@@ -182,6 +192,16 @@ impl UiDataSource for LiveDataSource {
     }
     fn resource(&self) -> BoxFuture<'_, Result<ResourceView, UiError>> {
         async move { Ok(self.resource_view()) }.boxed()
+    }
+    fn agents(&self) -> BoxFuture<'_, Result<AgentsView, UiError>> {
+        let now = brownout_protocol::now_ms();
+        ready(Ok(match &self.agents {
+            Some(g) => g.view(now),
+            None => AgentsView {
+                generated_at_ms: now,
+                ..AgentsView::default()
+            },
+        }))
     }
 }
 

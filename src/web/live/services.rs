@@ -66,12 +66,14 @@ fn build_index(counts: &[RequestCount], failures: &FailurePage, now: u64) -> Ser
     for c in counts {
         let f = idx.services.entry(c.service.clone()).or_default();
         let b = f.buckets.entry(c.bucket_ms).or_default();
-        b.0 += c.good;
-        b.1 += c.total;
+        // Requests refused on purpose are traffic, not errors (docs/SLO.md "Deliberate
+        // refusals").
+        b.0 += c.good + c.refused;
+        b.1 += c.total + c.refused;
         // A bucket counts for the rate when it overlaps the rate window.
         if c.bucket_ms + TREND_BUCKET_MS > rate_since {
-            f.good += c.good;
-            f.total += c.total;
+            f.good += c.good + c.refused;
+            f.total += c.total + c.refused;
         }
     }
     for r in &failures.items {
@@ -79,6 +81,9 @@ fn build_index(counts: &[RequestCount], failures: &FailurePage, now: u64) -> Ser
         let f = idx.services.entry(e.service.clone()).or_default();
         if !e.host.is_empty() {
             f.hosts.insert(e.host.clone());
+        }
+        if e.is_deliberate() {
+            continue;
         }
         let bucket = e.ts_ms - e.ts_ms % TREND_BUCKET_MS;
         f.buckets.entry(bucket).or_default().2 += 1;

@@ -36,6 +36,8 @@ pub(super) fn slo_summary(s: &crate::slo::SloStatus) -> SloSummary {
         name: s.name.clone(),
         objective_ratio: s.objective,
         budget_remaining_ratio: finite(s.budget_remaining_ratio),
+        budget_note: budget_note(s),
+        refused_1h: s.refused.last_1h,
         burn_rates,
         alert_state: if firing(Severity::Page) {
             AlertState::Page
@@ -45,6 +47,24 @@ pub(super) fn slo_summary(s: &crate::slo::SloStatus) -> SloSummary {
             AlertState::Ok
         },
     }
+}
+
+/// How much history the budget figure stands on, when it is less than the period.
+fn budget_note(s: &crate::slo::SloStatus) -> String {
+    if s.period_secs == 0 || s.history_secs >= s.period_secs {
+        return String::new();
+    }
+    // Whole minutes past the first hour: "3h12m", not "3h12m7s".
+    let h = if s.history_secs >= 3_600 {
+        s.history_secs / 60 * 60
+    } else {
+        s.history_secs.max(1)
+    };
+    format!(
+        "from {} of data in a {} period",
+        crate::slo::duration::format_secs(h),
+        s.period
+    )
 }
 
 /// Each SLO of `report` with its sampled history.

@@ -1,0 +1,601 @@
+//! Per-instance stop-bleed, the admission ramp after T3 and retry-wave detection: the parts of
+//! the controller that act on one serving instance (or on every instance through `"*"`) rather
+//! than on the cluster's tier. Pure like the controller: no IO, no clock.
+//!
+//! ```text
+//!  per instance (KV usage of its engine, from the agent snapshots):
+//!    normal ──(> halve for halve_for)──> halved ──(still > halve for drain_after)──> drained
+//!       ^                                  │  ^                                         │
+//!       └──(< exit for hold_down)──────────┘  └────────(< exit for hold_down)───────────┘
+//!    watch: > watch_above for watch_for (a reason, no action) until < exit
+//!  operator: POST /api/v1/degrade/instances/{id} pins fields of one instance's entry until it ends
+//!  ramp:     T3 ends -> "*".admit_rps = start_ratio × capacity / instances, + step_ratio every
+//!            step_interval (held while a retry wave is detected) until the share reaches 1
+//! ```
+
+use std::collections::{BTreeMap, VecDeque};
+
+use brownout_protocol::{ALL_INSTANCES, AgentSnapshot, InstanceEntry};
+use serde::{Deserialize, Serialize};
+
+use super::policy::{InstancePolicy, Policy, RampPolicy, StormPolicy};
+
+/// An operator's per-instance action (`POST /api/v1/degrade/instances/{instance_id}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceOverride {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_num_seqs: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<bool>,
+    pub until_ms: u64,
+    pub reason: String,
+    /// When the operator set it (unix ms).
+    #[serde(default)]
+    pub set_at_ms: u64,
+}
+
+/// One per-instance action in force (or a watch, or a detected retry wave) and why: shown in
+/// decisions, `GET /api/v1/degrade` and the Degradation page.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceAction {
+    /// The instance id (`"*"` for the ramp and retry waves).
+    pub instance: String,
+    /// `watch`, `halve`, `drain`, `operator`, `ramp` or `recovery_storm`.
+    pub action: String,
+    /// What caused it: `kv_usage`, `operator`, `admission_ramp`, `recovery_storm`.
+    pub trigger: String,
+    pub detail: String,
+    /// The signal now (KV usage, admitted share, autocorrelation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<f64>,
+    pub since_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Level {
+    Normal,
+    Halved,
+    Drained,
+}
+
+#[derive(Debug, Clone)]
+struct InstanceState {
+    last_fresh_ms: u64,
+    kv: Option<f64>,
+    configured_max_num_seqs: Option<u32>,
+    level: Level,
+    level_since: u64,
+    watch_above_since: Option<u64>,
+    watch_since: Option<u64>,
+    halve_above_since: Option<u64>,
+    below_exit_since: Option<u64>,
+}
+
+/// Latest counters of one engine, to differentiate into rates.
+#[derive(Debug, Clone, Copy)]
+struct Counters {
+    ts_ms: u64,
+    answered: u64,
+    completed: u64,
+    answered_rps: f64,
+    completed_rps: f64,
+}
+
+#[derive(Debug, Clone)]
+struct RampState {
+    started_ms: u64,
+    share: f64,
+    last_step_ms: u64,
+    capacity_rps: f64,
+}
+
+/// A retry wave found in the arrival rate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryWave {
+    pub period_secs: u64,
+    pub autocorrelation: f64,
+    pub mean_rps: f64,
+}
+
+/// What the stop-bleed part adds to a decision.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StopBleed {
+    pub instances: BTreeMap<String, InstanceEntry>,
+    pub actions: Vec<InstanceAction>,
+}
+
+/// What the stop-bleed part needs of the tier decided in the same step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TierContext {
+    /// T3 is in force after this step.
+    pub t3: bool,
+    /// This step left T3.
+    pub left_t3: bool,
+    /// The cluster-wide T2 `max_num_seqs` in force, if any (a halved limit never exceeds it).
+    pub t2_max_num_seqs: Option<u32>,
+}
+
+/// The memory of the per-instance machine, the rate series, the ramp and the storm detector.
+#[derive(Debug, Clone, Default)]
+pub struct StopBleedState {
+    instances: BTreeMap<String, InstanceState>,
+    counters: BTreeMap<String, Counters>,
+    /// (unix s, arrivals/s summed over fresh engines), one per second seen.
+    arrivals: VecDeque<(u64, f64)>,
+    /// (unix ms, completions/s summed over fresh engines).
+    completions: VecDeque<(u64, f64)>,
+    ramp: Option<RampState>,
+    last_t3_ms: Option<u64>,
+    storm_since: Option<u64>,
+}
+
+/// The normalised autocorrelation of `x` at `lag` (0 when undefined).
+pub fn autocorrelation(x: &[f64], lag: usize) -> f64 {
+    if lag == 0 || lag >= x.len() {
+        return 0.0;
+    }
+    let n = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    let var: f64 = x.iter().map(|v| (v - mean).powi(2)).sum();
+    if var <= f64::EPSILON {
+        return 0.0;
+    }
+    let cov: f64 = (0..x.len() - lag)
+        .map(|i| (x[i] - mean) * (x[i + lag] - mean))
+        .sum();
+    // Scaled to the overlap so a long lag is not penalised for its shorter sum.
+    (cov / (x.len() - lag) as f64) / (var / n)
+}
+
+/// Retry waves in a per-second arrival-rate series: the shortest of `periods` whose
+/// autocorrelation is at least `min_acf` and exceeds that at half the period by at least
+/// `min_acf / 2` (a peak, not a trend), with a mean rate of at least `min_rps` and a coefficient
+/// of variation of at least 0.2 (a steady rate is no wave).
+pub fn detect_retry_waves(
+    series: &[f64],
+    periods: &[u64],
+    min_acf: f64,
+    min_rps: f64,
+) -> Option<RetryWave> {
+    if series.len() < 8 {
+        return None;
+    }
+    let n = series.len() as f64;
+    let mean = series.iter().sum::<f64>() / n;
+    if mean < min_rps || mean <= 0.0 {
+        return None;
+    }
+    let sd = (series.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
+    if sd / mean < 0.2 {
+        return None;
+    }
+    let mut sorted: Vec<u64> = periods.to_vec();
+    sorted.sort_unstable();
+    for p in sorted {
+        let lag = usize::try_from(p).unwrap_or(usize::MAX);
+        if lag * 2 > series.len() {
+            continue;
+        }
+        let r = autocorrelation(series, lag);
+        let half = autocorrelation(series, (lag / 2).max(1));
+        if r >= min_acf && r - half >= min_acf / 2.0 {
+            return Some(RetryWave {
+                period_secs: p,
+                autocorrelation: r,
+                mean_rps: mean,
+            });
+        }
+    }
+    None
+}
+
+fn fmt_ratio(v: f64) -> String {
+    format!("{:.0}%", v * 100.0)
+}
+
+impl StopBleedState {
+    /// Feeds the fresh snapshots: per-instance KV usage and the rate series.
+    fn observe(&mut self, policy: &Policy, now: u64, snapshots: &[AgentSnapshot]) {
+        let stale = policy.snapshot_stale_ms;
+        let mut arrivals = 0.0;
+        let mut completions = 0.0;
+        let mut seen = Vec::new();
+        for s in snapshots
+            .iter()
+            .filter(|s| now.saturating_sub(s.ts_ms) <= stale)
+        {
+            for e in &s.engines {
+                let key = s.instance_key(e);
+                seen.push(key.clone());
+                // Rates from the counters (a restart, i.e. a counter going down, resets them).
+                let c = self.counters.entry(key.clone()).or_insert(Counters {
+                    ts_ms: s.ts_ms,
+                    answered: e.requests_answered_total,
+                    completed: e.requests_completed_total,
+                    answered_rps: 0.0,
+                    completed_rps: 0.0,
+                });
+                if s.ts_ms > c.ts_ms {
+                    let dt = (s.ts_ms - c.ts_ms) as f64 / 1000.0;
+                    c.answered_rps =
+                        e.requests_answered_total.saturating_sub(c.answered) as f64 / dt;
+                    c.completed_rps =
+                        e.requests_completed_total.saturating_sub(c.completed) as f64 / dt;
+                    c.ts_ms = s.ts_ms;
+                    c.answered = e.requests_answered_total;
+                    c.completed = e.requests_completed_total;
+                }
+                arrivals += c.answered_rps;
+                completions += c.completed_rps;
+                if policy.instances.is_some() {
+                    let st = self.instances.entry(key).or_insert_with(|| InstanceState {
+                        last_fresh_ms: now,
+                        kv: None,
+                        configured_max_num_seqs: None,
+                        level: Level::Normal,
+                        level_since: now,
+                        watch_above_since: None,
+                        watch_since: None,
+                        halve_above_since: None,
+                        below_exit_since: None,
+                    });
+                    st.last_fresh_ms = now;
+                    st.kv = e.up.then_some(e.kv.usage_ratio);
+                    if e.configured_max_num_seqs.is_some() {
+                        st.configured_max_num_seqs = e.configured_max_num_seqs;
+                    }
+                }
+            }
+        }
+        // Instances without a fresh, up engine this round: no value (neither escalate nor restore).
+        for (k, st) in &mut self.instances {
+            if !seen.contains(k) {
+                st.kv = None;
+            }
+        }
+        self.counters.retain(|k, c| {
+            seen.contains(k) || now.saturating_sub(c.ts_ms) <= stale.saturating_mul(3)
+        });
+        let sec = now / 1000;
+        match self.arrivals.back_mut() {
+            Some((t, v)) if *t == sec => *v = arrivals,
+            _ => self.arrivals.push_back((sec, arrivals)),
+        }
+        self.completions.push_back((now, completions));
+        let keep_s = policy.storm.as_ref().map_or(64, |s| s.window_secs);
+        while self
+            .arrivals
+            .front()
+            .is_some_and(|(t, _)| sec.saturating_sub(*t) >= keep_s)
+        {
+            self.arrivals.pop_front();
+        }
+        let keep_ms = policy
+            .ramp
+            .as_ref()
+            .map_or(60_000, |r| r.capacity_window_ms);
+        while self
+            .completions
+            .front()
+            .is_some_and(|(t, _)| now.saturating_sub(*t) > keep_ms)
+        {
+            self.completions.pop_front();
+        }
+        while self.completions.len() > 8192 {
+            self.completions.pop_front();
+        }
+    }
+
+    /// The measured capacity (requests/s, all instances): the highest 5-second mean of the
+    /// completion rate over the ramp's capacity window.
+    pub fn capacity_rps(&self) -> f64 {
+        let v: Vec<(u64, f64)> = self.completions.iter().copied().collect();
+        let mut best: f64 = 0.0;
+        let mut j = 0;
+        let mut sum = 0.0;
+        for i in 0..v.len() {
+            sum += v[i].1;
+            while v[i].0.saturating_sub(v[j].0) >= 5000 {
+                sum -= v[j].1;
+                j += 1;
+            }
+            let n = (i - j + 1) as f64;
+            best = best.max(sum / n);
+        }
+        best
+    }
+
+    /// The per-second arrival series, oldest first (missing seconds are 0).
+    pub fn arrival_series(&self) -> Vec<f64> {
+        let (Some(first), Some(last)) = (self.arrivals.front(), self.arrivals.back()) else {
+            return Vec::new();
+        };
+        let mut out = vec![0.0; usize::try_from(last.0 - first.0 + 1).unwrap_or(0)];
+        for (t, v) in &self.arrivals {
+            if let Some(slot) = out.get_mut(usize::try_from(t - first.0).unwrap_or(usize::MAX)) {
+                *slot = *v;
+            }
+        }
+        out
+    }
+
+    fn step_instances(&mut self, ip: &InstancePolicy, now: u64) {
+        let k = &ip.kv;
+        self.instances
+            .retain(|_, st| now.saturating_sub(st.last_fresh_ms) <= ip.forget_after_ms);
+        for st in self.instances.values_mut() {
+            let Some(v) = st.kv else {
+                st.watch_above_since = None;
+                st.halve_above_since = None;
+                st.below_exit_since = None;
+                continue;
+            };
+            // Watch (P2): a reason only.
+            if v > k.watch_above {
+                let since = *st.watch_above_since.get_or_insert(now);
+                if st.watch_since.is_none() && now.saturating_sub(since) >= k.watch_for_ms {
+                    st.watch_since = Some(now);
+                }
+            } else {
+                st.watch_above_since = None;
+            }
+            if v < k.exit_below {
+                st.watch_since = None;
+            }
+            // Escalation.
+            if v > k.halve_above {
+                let since = *st.halve_above_since.get_or_insert(now);
+                match st.level {
+                    Level::Normal if now.saturating_sub(since) >= k.halve_for_ms => {
+                        st.level = Level::Halved;
+                        st.level_since = now;
+                    }
+                    Level::Halved
+                        if now.saturating_sub(since.max(st.level_since)) >= k.drain_after_ms =>
+                    {
+                        st.level = Level::Drained;
+                        st.level_since = now;
+                    }
+                    _ => {}
+                }
+            } else {
+                st.halve_above_since = None;
+            }
+            // Restoration, one action per hold-down.
+            if v < k.exit_below {
+                let since = *st.below_exit_since.get_or_insert(now);
+                if st.level > Level::Normal && now.saturating_sub(since) >= k.hold_down_ms {
+                    st.level = if st.level == Level::Drained {
+                        Level::Halved
+                    } else {
+                        Level::Normal
+                    };
+                    st.level_since = now;
+                    st.below_exit_since = Some(now);
+                }
+            } else {
+                st.below_exit_since = None;
+            }
+        }
+    }
+
+    fn step_ramp(
+        &mut self,
+        rp: &RampPolicy,
+        now: u64,
+        t3: bool,
+        left_t3: bool,
+        storm: bool,
+    ) -> Option<(f64, f64, u64)> {
+        if t3 {
+            self.ramp = None;
+            return None;
+        }
+        if left_t3 {
+            let capacity = self.capacity_rps();
+            self.ramp = (capacity >= rp.min_capacity_rps && capacity > 0.0).then_some(RampState {
+                started_ms: now,
+                share: rp.start_ratio,
+                last_step_ms: now,
+                capacity_rps: capacity,
+            });
+        }
+        let r = self.ramp.as_mut()?;
+        if now.saturating_sub(r.last_step_ms) >= rp.step_interval_ms {
+            r.last_step_ms = now;
+            // A retry wave holds the ramp where it is.
+            if !storm {
+                r.share += rp.step_ratio;
+            }
+        }
+        if r.share >= 1.0 - 1e-9 {
+            self.ramp = None;
+            return None;
+        }
+        Some((r.share, r.capacity_rps, r.started_ms))
+    }
+
+    /// One evaluation of the stop-bleed part, after the tier of this step was decided.
+    pub fn step(
+        &mut self,
+        policy: &Policy,
+        now: u64,
+        snapshots: &[AgentSnapshot],
+        overrides: &BTreeMap<String, InstanceOverride>,
+        tier: TierContext,
+    ) -> StopBleed {
+        let TierContext {
+            t3: tier_t3,
+            left_t3,
+            t2_max_num_seqs,
+        } = tier;
+        self.observe(policy, now, snapshots);
+        let mut out = StopBleed::default();
+        if tier_t3 {
+            self.last_t3_ms = Some(now);
+        }
+        // Retry waves: watched in T3, during the ramp and for a while after T3.
+        let storm = match &policy.storm {
+            Some(sp) if self.storm_watched(sp, now, tier_t3) => self.storm(sp),
+            _ => None,
+        };
+        match (storm, self.storm_since) {
+            (Some(_), None) => self.storm_since = Some(now),
+            (None, _) => self.storm_since = None,
+            _ => {}
+        }
+        if let Some(ip) = &policy.instances {
+            self.step_instances(ip, now);
+            let k = &ip.kv;
+            for (id, st) in &self.instances {
+                if let Some(since) = st.watch_since.filter(|_| st.level == Level::Normal) {
+                    out.actions.push(InstanceAction {
+                        instance: id.clone(),
+                        action: "watch".into(),
+                        trigger: "kv_usage".into(),
+                        detail: format!(
+                            "P2 watch: kv_usage > {} for {}s",
+                            fmt_ratio(k.watch_above),
+                            k.watch_for_ms / 1000
+                        ),
+                        value: st.kv,
+                        since_ms: since,
+                    });
+                }
+                if st.level == Level::Normal {
+                    continue;
+                }
+                let configured = st
+                    .configured_max_num_seqs
+                    .unwrap_or(ip.default_max_num_seqs);
+                let mut halved = (configured / 2).max(1);
+                if let Some(t2) = t2_max_num_seqs {
+                    halved = halved.min(t2);
+                }
+                let drained = st.level == Level::Drained;
+                let (action, detail) = if drained {
+                    (
+                        "drain",
+                        format!(
+                            "kv_usage still > {} {}s after halving: drained (max_num_seqs {configured} -> {halved})",
+                            fmt_ratio(k.halve_above),
+                            k.drain_after_ms / 1000
+                        ),
+                    )
+                } else {
+                    (
+                        "halve",
+                        format!(
+                            "kv_usage > {} for {}s: max_num_seqs {configured} -> {halved}",
+                            fmt_ratio(k.halve_above),
+                            k.halve_for_ms / 1000
+                        ),
+                    )
+                };
+                out.instances.insert(
+                    id.clone(),
+                    InstanceEntry {
+                        max_num_seqs: Some(halved),
+                        drain: drained.then_some(true),
+                        admit_rps: None,
+                        reason: format!("P1 stop-bleed: {detail}"),
+                    },
+                );
+                out.actions.push(InstanceAction {
+                    instance: id.clone(),
+                    action: action.into(),
+                    trigger: "kv_usage".into(),
+                    detail,
+                    value: st.kv,
+                    since_ms: st.level_since,
+                });
+            }
+        }
+        // Operator actions win field by field over the automatic ones.
+        for (id, o) in overrides.iter().filter(|(_, o)| o.until_ms > now) {
+            let e = out.instances.entry(id.clone()).or_default();
+            if o.max_num_seqs.is_some() {
+                e.max_num_seqs = o.max_num_seqs;
+            }
+            if o.drain.is_some() {
+                e.drain = o.drain;
+            }
+            e.reason = format!("operator: {}", o.reason);
+            let mut what = Vec::new();
+            if let Some(n) = o.max_num_seqs {
+                what.push(format!("max_num_seqs {n}"));
+            }
+            if let Some(d) = o.drain {
+                what.push(if d { "drain".into() } else { "no drain".into() });
+            }
+            out.actions.push(InstanceAction {
+                instance: id.clone(),
+                action: "operator".into(),
+                trigger: "operator".into(),
+                detail: format!("{} until {} ({})", what.join(", "), o.until_ms, o.reason),
+                value: None,
+                since_ms: if o.set_at_ms == 0 { now } else { o.set_at_ms },
+            });
+        }
+        if let Some(rp) = &policy.ramp
+            && let Some((share, capacity, started)) =
+                self.step_ramp(rp, now, tier_t3, left_t3, storm.is_some())
+        {
+            let n = self.counters.len().max(1);
+            let rps = (share * capacity / n as f64 * 100.0).round() / 100.0;
+            let pct = fmt_ratio(share);
+            let e = out.instances.entry(ALL_INSTANCES.to_string()).or_default();
+            e.admit_rps = Some(rps);
+            e.reason = format!("admission ramp after T3: {pct} of the measured capacity");
+            out.actions.push(InstanceAction {
+                instance: ALL_INSTANCES.into(),
+                action: "ramp".into(),
+                trigger: "admission_ramp".into(),
+                detail: format!(
+                    "admit {pct} of {capacity:.1} req/s measured over {n} instance(s): {rps} req/s each; +{} every {}s",
+                    fmt_ratio(rp.step_ratio),
+                    rp.step_interval_ms / 1000
+                ),
+                value: Some(share),
+                since_ms: started,
+            });
+        }
+        if let (Some(w), Some(since)) = (storm, self.storm_since) {
+            out.actions.push(InstanceAction {
+                instance: ALL_INSTANCES.into(),
+                action: "recovery_storm".into(),
+                trigger: "recovery_storm".into(),
+                detail: format!(
+                    "retry waves every {}s in the arrival rate (autocorrelation {:.2}, mean {:.1} req/s){}",
+                    w.period_secs,
+                    w.autocorrelation,
+                    w.mean_rps,
+                    if self.ramp.is_some() {
+                        "; admission ramp held"
+                    } else {
+                        ""
+                    }
+                ),
+                value: Some(w.autocorrelation),
+                since_ms: since,
+            });
+        }
+        out
+    }
+
+    fn storm_watched(&self, sp: &StormPolicy, now: u64, t3: bool) -> bool {
+        t3 || self.ramp.is_some()
+            || self
+                .last_t3_ms
+                .is_some_and(|t| now.saturating_sub(t) <= sp.watch_after_t3_ms)
+    }
+
+    fn storm(&self, sp: &StormPolicy) -> Option<RetryWave> {
+        detect_retry_waves(
+            &self.arrival_series(),
+            &sp.periods_secs,
+            sp.min_autocorrelation,
+            sp.min_rate_rps,
+        )
+    }
+}
