@@ -671,7 +671,12 @@ impl RawConfig {
             }
         }
 
-        let cluster = self.control.cluster.unwrap_or_else(|| "prod".into());
+        // One default and one variable for every binary (brownout-protocol's
+        // DEFAULT_CLUSTER / BROWNOUT_CLUSTER): the environment wins over the file.
+        let cluster = env
+            .var(brownout_protocol::CLUSTER_ENV)
+            .or(self.control.cluster)
+            .unwrap_or_else(|| brownout_protocol::DEFAULT_CLUSTER.into());
         if cluster.is_empty()
             || !cluster
                 .chars()

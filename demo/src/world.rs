@@ -222,7 +222,11 @@ impl World {
             let listener = TcpListener::bind("127.0.0.1:0").await?;
             let url = format!("http://{}", listener.local_addr()?);
             let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-            let extra = control::http::router(control.clone(), FeatureCatalog::seed_default());
+            let catalog = FeatureCatalog::seed_default();
+            state
+                .metrics()
+                .init_features(catalog.features().iter().map(|(f, _)| f.as_str()));
+            let extra = control::http::router(control.clone(), catalog);
             let task = tokio::spawn(serving_api::run_server(
                 state,
                 Some(extra),

@@ -116,6 +116,9 @@ pub fn render(report: Option<&CycleReport>, ctx: &RenderContext<'_>) -> String {
         .iter()
         .map(|g| format!("nvidia{}", g.stats.index))
         .collect();
+    // DCGM_ series carry dcgm-exporter's labels: `Hostname`, which its shipped Grafana dashboard
+    // (grafana/dcgm-exporter-dashboard.json) selects and groups on, and `hostname`, the name its
+    // exporter uses since the rename on main (so queries written for either version work).
     let labels: Vec<Vec<(&str, &str)>> = gpus
         .iter()
         .enumerate()
@@ -126,6 +129,23 @@ pub fn render(report: Option<&CycleReport>, ctx: &RenderContext<'_>) -> String {
                 ("device", dev[i].as_str()),
                 ("modelName", g.stats.name.as_str()),
                 ("Hostname", ctx.host),
+                ("hostname", ctx.host),
+            ];
+            l.extend_from_slice(sim);
+            l
+        })
+        .collect();
+    // brownout_gpu_* series follow Prometheus' snake_case label convention.
+    let own_labels: Vec<Vec<(&str, &str)>> = gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let mut l = vec![
+                ("gpu", idx[i].as_str()),
+                ("uuid", g.stats.uuid.as_str()),
+                ("device", dev[i].as_str()),
+                ("gpu_model", g.stats.name.as_str()),
+                ("host", ctx.host),
             ];
             l.extend_from_slice(sim);
             l
@@ -175,6 +195,24 @@ pub fn render(report: Option<&CycleReport>, ctx: &RenderContext<'_>) -> String {
             "gauge",
             "Power draw (in W).",
             |g| Some(g.stats.power_w),
+        ),
+        (
+            "DCGM_FI_DEV_SM_CLOCK",
+            "gauge",
+            "SM clock frequency (in MHz).",
+            |g| g.sm_clock_mhz,
+        ),
+        (
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "gauge",
+            "Ratio of time the graphics engine is active.",
+            |g| g.gr_engine_active_ratio,
+        ),
+        (
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "gauge",
+            "Ratio of cycles the tensor (HMMA) pipe is active.",
+            |g| g.tensor_active_ratio,
         ),
         (
             "DCGM_FI_DEV_XID_ERRORS",
@@ -241,8 +279,13 @@ pub fn render(report: Option<&CycleReport>, ctx: &RenderContext<'_>) -> String {
             continue;
         }
         o.family(name, kind, help);
+        let l = if name.starts_with("DCGM_") {
+            &labels
+        } else {
+            &own_labels
+        };
         for (i, v) in values {
-            o.sample(name, &labels[i], v);
+            o.sample(name, &l[i], v);
         }
     }
     if !gpus.is_empty() {
@@ -250,7 +293,7 @@ pub fn render(report: Option<&CycleReport>, ctx: &RenderContext<'_>) -> String {
         for (i, g) in gpus.iter().enumerate() {
             o.sample(
                 "brownout_gpu_vram_watermark_exceeded",
-                &labels[i],
+                &own_labels[i],
                 if g.stats.vram_used_ratio() > ctx.vram_watermark_ratio {
                     1.0
                 } else {
@@ -281,8 +324,8 @@ pub fn render(report: Option<&CycleReport>, ctx: &RenderContext<'_>) -> String {
                 let pid = p.pid.to_string();
                 let mut l = vec![
                     ("gpu", idx[i].as_str()),
-                    ("UUID", g.stats.uuid.as_str()),
-                    ("Hostname", ctx.host),
+                    ("uuid", g.stats.uuid.as_str()),
+                    ("host", ctx.host),
                     ("pid", pid.as_str()),
                     ("process", p.name.as_str()),
                 ];

@@ -141,6 +141,8 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| if quiet { "error".into() } else { "info".into() }),
         )
+        // Colour only on a terminal (as the control plane's logging::init).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     match cli.command {

@@ -144,6 +144,9 @@ fn nvml_like_gpu() -> GpuSample {
             name: "python3 \"vllm\"".into(),
             used_bytes: 64_000 * 1024 * 1024,
         }],
+        sm_clock_mhz: Some(1980.0),
+        gr_engine_active_ratio: Some(0.93),
+        tensor_active_ratio: Some(0.61),
     }
 }
 
@@ -227,13 +230,34 @@ async fn every_simulated_gpu_series_says_so_and_real_ones_do_not() {
     let text = render(Some(&real), &ctx(ProbeKind::Nvml));
     assert!(!text.contains("simulated="), "{text}");
     // DCGM's units: MiB for framebuffer, % for utilisation, W for power.
-    assert!(text.contains("DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-0f4b2a7c-1d2e-3f40-5a6b-7c8d9e0f1a2b\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"h\"} 65000\n"), "{text}");
+    assert!(text.contains("DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-0f4b2a7c-1d2e-3f40-5a6b-7c8d9e0f1a2b\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"h\",hostname=\"h\"} 65000\n"), "{text}");
+    // The fields of dcgm-exporter's dashboard: SM clock in MHz, profiling ratios 0-1.
+    assert!(
+        text.contains("DCGM_FI_DEV_SM_CLOCK{gpu=\"0\"") && text.contains("} 1980\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu=\"0\"") && text.contains("} 0.93\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu=\"0\"") && text.contains("} 0.61\n"),
+        "{text}"
+    );
+    // brownout's own GPU series: snake_case labels only.
+    assert!(text.contains("brownout_gpu_utilization_ratio{gpu=\"0\",uuid=\"GPU-0f4b2a7c-1d2e-3f40-5a6b-7c8d9e0f1a2b\",device=\"nvidia0\",gpu_model=\"NVIDIA H100 80GB HBM3\",host=\"h\"} 0.97\n"), "{text}");
+    for l in text.lines().filter(|l| l.starts_with("brownout_")) {
+        assert!(
+            !l.contains("modelName=") && !l.contains("UUID=") && !l.contains("Hostname="),
+            "camelCase label on {l}"
+        );
+    }
     assert!(text.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\""), "{text}");
     assert!(text.contains("} 97\n"), "{text}");
     assert!(text.contains("DCGM_FI_DEV_POWER_USAGE{") && text.contains("} 612.5\n"));
     assert!(
         text.contains("brownout_gpu_vram_watermark_exceeded{gpu=\"0\"")
-            && text.contains("Hostname=\"h\"} 1\n"),
+            && text.contains("host=\"h\"} 1\n"),
         "65000/81559 > 0.75"
     );
     assert!(

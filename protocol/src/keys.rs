@@ -15,6 +15,20 @@ use std::fmt;
 
 use crate::command::EntryApplied;
 
+/// The cluster every binary uses when none is configured: the control plane's
+/// `control.cluster`, the serving tier's `--cluster` and the demo all default to it, so that a
+/// first run with no configuration puts the publisher and the subscribers on the same keys.
+pub const DEFAULT_CLUSTER: &str = "default";
+
+/// The environment variable every binary reads the cluster from (it overrides
+/// `control.cluster` in the control plane's config file; a `--cluster` flag overrides it).
+pub const CLUSTER_ENV: &str = "BROWNOUT_CLUSTER";
+
+/// The cluster from the environment ([`CLUSTER_ENV`]), `None` when unset or empty.
+pub fn cluster_from_env() -> Option<String> {
+    std::env::var(CLUSTER_ENV).ok().filter(|c| !c.is_empty())
+}
+
 /// A cluster name that is not usable inside a Redis hash tag.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cluster name {0:?} is invalid: use 1-64 characters from A-Z a-z 0-9 . _ -")]

@@ -38,7 +38,8 @@ pub use command::{
 };
 pub use failure::{Category, FailureEvent, FailureParseError};
 pub use keys::{
-    Ack, AckParseError, AckVerifyError, ClusterNameError, RedisKeys, notify_payload, parse_notify,
+    Ack, AckParseError, AckVerifyError, CLUSTER_ENV, ClusterNameError, DEFAULT_CLUSTER, RedisKeys,
+    cluster_from_env, notify_payload, parse_notify,
 };
 pub use signing::{SignedCommand, UnsealError, VerifyError, seal, sign, unseal, verify};
 pub use snapshot::{AgentSnapshot, EngineStats, GpuStats, KvStats};

@@ -284,11 +284,14 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         None => {
+            // Logs to stderr, colour only on a terminal (as the control plane's logging::init).
             tracing_subscriber::fmt()
                 .with_env_filter(
                     tracing_subscriber::EnvFilter::try_from_default_env()
                         .unwrap_or_else(|_| "info".into()),
                 )
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_writer(std::io::stderr)
                 .init();
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -339,7 +342,12 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let sub = SubscriberConfig::from_env(a.redis_url.clone(), a.cluster.clone(), None, &instance)
         .context("degradation subscriber config")?;
     let cluster = sub.as_ref().map_or_else(
-        || a.cluster.clone().unwrap_or_else(|| "default".into()),
+        || {
+            a.cluster
+                .clone()
+                .or_else(brownout_protocol::cluster_from_env)
+                .unwrap_or_else(|| brownout_protocol::DEFAULT_CLUSTER.into())
+        },
         |s| s.cluster.clone(),
     );
     let handle = ControlHandle::with_instance(&cluster, &instance);
@@ -367,7 +375,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         scheduling_policy = %a.scheduling_policy, critical_reserve_ratio = a.critical_reserve_ratio,
         "serving"
     );
-    let features = control::http::router(handle, FeatureCatalog::seed_default());
+    let catalog = FeatureCatalog::seed_default();
+    state
+        .metrics()
+        .init_features(catalog.features().iter().map(|(f, _)| f.as_str()));
+    let features = control::http::router(handle, catalog);
     let limits = api::ConnLimits {
         max: a.max_connections.max(1),
         per_ip: a.max_connections_per_ip.clamp(1, a.max_connections.max(1)),

@@ -8,19 +8,57 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+// Buckets are vLLM's (`vllm/v1/metrics/loggers.py`, `PrometheusStatLogger`), so that
+// `histogram_quantile` over a fleet mixing vLLM and brownout-serve adds like buckets.
+
 /// vLLM's TTFT buckets (seconds), plus 2.0 so the 2 s TTFT SLO has an exact bucket edge.
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 2.5, 5.0, 7.5,
-    10.0, 20.0, 40.0, 80.0,
+    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 ];
 /// vLLM's inter-token latency buckets (seconds).
 const ITL_BUCKETS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
 ];
-/// vLLM's request latency buckets (seconds).
-const E2E_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+/// vLLM's request latency buckets (seconds): e2e, queue, prefill and decode time.
+const REQUEST_LATENCY_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
 ];
+
+/// vLLM's `build_1_2_5_buckets(max_model_len)`: 1, 2, 5, 10, 20, 50, … up to `max`.
+pub fn buckets_1_2_5(max: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut scale: u64 = 1;
+    loop {
+        for m in [1u64, 2, 5] {
+            let v = m * scale;
+            if v > max as u64 {
+                return out;
+            }
+            out.push(v as f64);
+        }
+        scale *= 10;
+    }
+}
+
+/// vLLM's `finished_reason` values that brownout-serve produces (vLLM's `FinishReason`:
+/// stop, length, abort, error); every one exists from the start.
+pub const FINISHED_REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
+
+/// The context length [`Metrics::new`] assumes for the token histograms' buckets.
+pub const DEFAULT_MAX_MODEL_LEN: usize = 2048;
+
+/// What [`Metrics::observe_finished`] records of one request (seconds and tokens).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FinishedRequest {
+    pub queue_s: f64,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    pub prompt_tokens: usize,
+    pub generation_tokens: usize,
+}
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -36,6 +74,18 @@ pub struct Metrics {
     /// `vllm:request_queue_time_seconds`: arrival to first scheduled (the upstream proxy: time
     /// in its own concurrency queue).
     pub queue_time: HistogramVec,
+    /// `vllm:request_prefill_time_seconds`: first scheduled to first token.
+    pub prefill_time: HistogramVec,
+    /// `vllm:request_decode_time_seconds`: first token to last token.
+    pub decode_time: HistogramVec,
+    /// `vllm:request_prompt_tokens`: prompt length per finished request.
+    pub request_prompt_tokens: HistogramVec,
+    /// `vllm:request_generation_tokens`: generated tokens per finished request.
+    pub request_generation_tokens: HistogramVec,
+    /// `vllm:request_max_num_generation_tokens`: the request's `max_tokens`.
+    pub request_max_num_generation_tokens: HistogramVec,
+    /// `vllm:request_success_total{finished_reason}`.
+    pub request_success: IntCounterVec,
     pub prompt_tokens: CounterVec,
     pub generation_tokens: CounterVec,
     pub prefix_cache_queries: CounterVec,
@@ -90,8 +140,16 @@ fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> 
 }
 
 impl Metrics {
+    /// [`Metrics::with_max_model_len`] for a [`DEFAULT_MAX_MODEL_LEN`] context.
     pub fn new(model_name: &str) -> Metrics {
+        Metrics::with_max_model_len(model_name, DEFAULT_MAX_MODEL_LEN)
+    }
+
+    /// The metrics of one engine serving `model_name` with contexts up to `max_model_len`
+    /// tokens (the token histograms' top bucket, as vLLM).
+    pub fn with_max_model_len(model_name: &str, max_model_len: usize) -> Metrics {
         let r = Registry::new();
+        let token_buckets = buckets_1_2_5(max_model_len.max(1));
         let m = &["model_name"];
         let gauge = |name: &str, help: &str, labels: &[&str]| {
             reg(
@@ -152,12 +210,48 @@ impl Metrics {
             e2e: hist(
                 "vllm:e2e_request_latency_seconds",
                 "Histogram of e2e request latency in seconds.",
-                E2E_BUCKETS,
+                REQUEST_LATENCY_BUCKETS,
             ),
             queue_time: hist(
                 "vllm:request_queue_time_seconds",
                 "Histogram of time spent in WAITING phase for request.",
-                E2E_BUCKETS,
+                REQUEST_LATENCY_BUCKETS,
+            ),
+            prefill_time: hist(
+                "vllm:request_prefill_time_seconds",
+                "Histogram of time spent in PREFILL phase for request.",
+                REQUEST_LATENCY_BUCKETS,
+            ),
+            decode_time: hist(
+                "vllm:request_decode_time_seconds",
+                "Histogram of time spent in DECODE phase for request.",
+                REQUEST_LATENCY_BUCKETS,
+            ),
+            request_prompt_tokens: hist(
+                "vllm:request_prompt_tokens",
+                "Number of prefill tokens processed.",
+                token_buckets.as_slice(),
+            ),
+            request_generation_tokens: hist(
+                "vllm:request_generation_tokens",
+                "Number of generation tokens processed.",
+                token_buckets.as_slice(),
+            ),
+            request_max_num_generation_tokens: hist(
+                "vllm:request_max_num_generation_tokens",
+                "Histogram of maximum number of requested generation tokens.",
+                token_buckets.as_slice(),
+            ),
+            request_success: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "vllm:request_success_total",
+                        "Count of successfully processed requests.",
+                    ),
+                    &["model_name", "finished_reason"],
+                )
+                .expect("valid"),
             ),
             prompt_tokens: counter(
                 "vllm:prompt_tokens_total",
@@ -178,7 +272,10 @@ impl Metrics {
             kv_blocks_total: reg(
                 &r,
                 IntGaugeVec::new(
-                    Opts::new("brownout_kv_blocks_total", "KV blocks in the pool."),
+                    Opts::new(
+                        "brownout_kv_blocks_usable",
+                        "Usable KV blocks in the pool.",
+                    ),
                     m,
                 )
                 .expect("valid"),
@@ -371,8 +468,18 @@ impl Metrics {
             &metrics.itl,
             &metrics.e2e,
             &metrics.queue_time,
+            &metrics.prefill_time,
+            &metrics.decode_time,
+            &metrics.request_prompt_tokens,
+            &metrics.request_generation_tokens,
+            &metrics.request_max_num_generation_tokens,
         ] {
             h.with_label_values(&n);
+        }
+        for reason in FINISHED_REASONS {
+            metrics
+                .request_success
+                .with_label_values(&[model_name, reason]);
         }
         for c in ["critical", "default", "sheddable"] {
             metrics.shed_total.with_label_values(&[model_name, c]);
@@ -460,6 +567,24 @@ impl Metrics {
         h.with_label_values(&self.l()).observe(v);
     }
 
+    /// One finished request, as vLLM's `PrometheusStatLogger` records `finished_requests`:
+    /// its finish reason, phase times and token counts.
+    pub fn observe_finished(&self, finished_reason: &str, f: &FinishedRequest) {
+        let l = self.l();
+        self.request_success
+            .with_label_values(&[self.model_name.as_str(), finished_reason])
+            .inc();
+        self.queue_time.with_label_values(&l).observe(f.queue_s);
+        self.prefill_time.with_label_values(&l).observe(f.prefill_s);
+        self.decode_time.with_label_values(&l).observe(f.decode_s);
+        self.request_prompt_tokens
+            .with_label_values(&l)
+            .observe(f.prompt_tokens as f64);
+        self.request_generation_tokens
+            .with_label_values(&l)
+            .observe(f.generation_tokens as f64);
+    }
+
     pub fn set_tier(&self, tier: u8) {
         self.serving_tier
             .with_label_values(&self.l())
@@ -470,6 +595,16 @@ impl Metrics {
             .with_label_values(&[self.model_name.as_str(), criticality])
             .inc();
     }
+    /// Makes `brownout_serving_feature_disabled_total{feature}` exist at 0 for features known
+    /// in advance (the feature catalog), so dashboards and rate() see them before the first
+    /// command that disables one.
+    pub fn init_features<'a>(&self, features: impl IntoIterator<Item = &'a str>) {
+        for f in features {
+            self.feature_disabled_total
+                .with_label_values(&[self.model_name.as_str(), f]);
+        }
+    }
+
     pub fn inc_feature_disabled(&self, feature: &str) {
         self.feature_disabled_total
             .with_label_values(&[self.model_name.as_str(), feature])

@@ -588,7 +588,18 @@ async fn metrics_pass_promtool_and_use_vllm_names() {
         "vllm:generation_tokens_total{model_name=\"toy\"}",
         "vllm:prefix_cache_queries_total{model_name=\"toy\"}",
         "vllm:prefix_cache_hits_total{model_name=\"toy\"}",
-        "brownout_kv_blocks_total{model_name=\"toy\"} 256",
+        "brownout_kv_blocks_usable{model_name=\"toy\"} 256",
+        // vLLM's per-request histograms and finish reasons (vllm/v1/metrics/loggers.py): the
+        // two requests and the start-up warm-up.
+        "vllm:request_prompt_tokens_bucket{model_name=\"toy\",le=\"10\"} 1",
+        "vllm:request_prompt_tokens_bucket{model_name=\"toy\",le=\"20\"} 3",
+        "vllm:request_generation_tokens_bucket{model_name=\"toy\",le=\"5\"} 3",
+        "vllm:request_max_num_generation_tokens_bucket{model_name=\"toy\",le=\"5\"} 3",
+        "vllm:request_queue_time_seconds_count{model_name=\"toy\"} 3",
+        "vllm:request_prefill_time_seconds_count{model_name=\"toy\"} 3",
+        "vllm:request_decode_time_seconds_count{model_name=\"toy\"} 3",
+        "vllm:request_success_total{finished_reason=\"length\",model_name=\"toy\"} 3",
+        "vllm:request_success_total{finished_reason=\"abort\",model_name=\"toy\"} 0",
         "brownout_kv_blocks_used{model_name=\"toy\"}",
         "brownout_kv_internal_fragmentation_ratio{model_name=\"toy\"}",
         "brownout_kv_reserved_unused_ratio{model_name=\"toy\"}",
@@ -600,32 +611,27 @@ async fn metrics_pass_promtool_and_use_vllm_names() {
         "brownout_serving_requests_total{criticality=\"default\",feature=\"\",model_name=\"toy\",outcome=\"length\"} 1",
         "brownout_serving_requests_total{criticality=\"sheddable\",feature=\"pdf_analysis\",model_name=\"toy\",outcome=\"length\"} 1",
     ] {
-        assert!(text.contains(name), "missing {name}");
+        assert!(text.contains(name), "missing {name} in\n{text}");
     }
     // prompt tokens of the two requests (14 each) plus warm-up (7).
     assert!(
         text.contains("vllm:prompt_tokens_total{model_name=\"toy\"} 35"),
         "{text}"
     );
-    // promtool 2.x lints two things the contract requires: vLLM's `vllm:` names (a colon is
-    // reserved for recording rules) and the gauge `brownout_kv_blocks_total` (named by the
-    // issue; the gpu-agent scrapes it). Those exact complaints are allowed and nothing else; the
-    // same exposition with those names rewritten must pass promtool with exit 0.
+    // promtool 2.x lints one thing the contract requires: vLLM's `vllm:` names (a colon is
+    // reserved for recording rules). That exact complaint is allowed and nothing else; the same
+    // exposition with the colons rewritten must pass promtool with exit 0.
     let (code, out) = promtool(&text);
     for line in out.lines().filter(|l| !l.trim().is_empty()) {
-        let allowed = (line.starts_with("vllm:")
-            && line.ends_with("metric names should not contain ':'"))
-            || line
-                == "brownout_kv_blocks_total non-counter metrics should not have \"_total\" suffix";
+        let allowed =
+            line.starts_with("vllm:") && line.ends_with("metric names should not contain ':'");
         assert!(allowed, "promtool: {line}\n{out}");
     }
     assert!(
         code == 0 || code == 3,
         "promtool failed to parse (exit {code}): {out}"
     );
-    let renamed = text
-        .replace("vllm:", "vllm_")
-        .replace("brownout_kv_blocks_total", "brownout_kv_blocks");
+    let renamed = text.replace("vllm:", "vllm_");
     let (code, out) = promtool(&renamed);
     assert_eq!(code, 0, "promtool check metrics: {out}");
 }

@@ -112,6 +112,24 @@ pub struct DegradeStatus {
     pub step_down_at_ms: Option<u64>,
     pub decisions: Vec<DecisionRecord>,
     pub acks: Vec<AckView>,
+    /// Set while commands this replica published more than [`UNACKED_WARN_MS`] ago have no
+    /// ack from any serving instance (nothing obeys: wrong cluster, key or Redis).
+    pub unacked: Option<Unacked>,
+}
+
+/// How long a published command may stay without any ack before the warning (log line,
+/// [`DegradeStatus::unacked`], `brownout_degradation_unacked_commands`).
+pub const UNACKED_WARN_MS: u64 = 5_000;
+
+/// Published commands that no serving instance acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Unacked {
+    /// Issue time of the oldest command without an ack at or above its version.
+    pub since_ms: u64,
+    /// Commands published since then.
+    pub commands: u64,
+    /// What to check, for the log and the UI.
+    pub hint: String,
     /// Per-instance actions in force and their acks.
     pub instances: Vec<InstanceActionView>,
     /// Operator per-instance actions by instance id (active ones).
@@ -125,6 +143,7 @@ pub struct DegradeMetrics {
     pub decisions_total: IntCounterVec,
     pub publish_seconds: Histogram,
     pub ack_lag_seconds: prometheus::GaugeVec,
+    pub unacked_commands: IntGaugeVec,
     /// Per-instance actions in force by action (`halve`, `drain`, `operator`, `ramp`, `watch`,
     /// `recovery_storm`).
     pub instance_actions: IntGaugeVec,
@@ -168,7 +187,16 @@ impl DegradeMetrics {
                     "brownout_degradation_ack_lag_seconds",
                     "Decision to applied lag of the latest ack per serving instance.",
                 ),
-                &["cluster", "instance"],
+                &["cluster", "engine_instance"],
+            )
+            .expect("valid metric"),
+            unacked_commands: IntGaugeVec::new(
+                Opts::new(
+                    "brownout_degradation_unacked_commands",
+                    "Commands this replica published more than 5 s ago that no serving instance \
+                     has acknowledged (0 while some instance acks).",
+                ),
+                &["cluster"],
             )
             .expect("valid metric"),
             instance_actions: IntGaugeVec::new(
@@ -197,6 +225,7 @@ impl DegradeMetrics {
         r.register(Box::new(self.decisions_total.clone()))?;
         r.register(Box::new(self.publish_seconds.clone()))?;
         r.register(Box::new(self.ack_lag_seconds.clone()))?;
+        r.register(Box::new(self.unacked_commands.clone()))?;
         r.register(Box::new(self.instance_actions.clone()))?;
         r.register(Box::new(self.recovery_storms_total.clone()))?;
         r.register(Box::new(self.admit_rps.clone()))?;
@@ -232,6 +261,7 @@ pub(super) struct Shared {
     acks: Vec<AckView>,
     /// version → issued_at_ms of commands this replica published (bounded).
     issued: VecDeque<(u64, u64)>,
+    unacked: Option<Unacked>,
     /// Operator per-instance actions (`POST /api/v1/degrade/instances/{id}`).
     pub(super) instance_overrides: BTreeMap<String, InstanceOverride>,
     /// Per-instance override changes not yet written to Redis.
@@ -287,6 +317,10 @@ impl DegradeHandle {
             .with_label_values(&[cfg.cluster.as_str()])
             .set(0);
         let dry_run = cfg.policy.dry_run;
+        metrics
+            .unacked_commands
+            .with_label_values(&[cfg.cluster.as_str()])
+            .set(0);
         Ok(DegradeHandle {
             inner: Arc::new(Inner {
                 cfg,
@@ -381,6 +415,8 @@ impl DegradeHandle {
     }
 
     fn changed_override(&self, seq: u64) {
+        // Decided and published at once, not at the next evaluation tick.
+        self.inner.wake.notify_one();
         if self
             .inner
             .override_sharing
@@ -536,6 +572,7 @@ impl DegradeHandle {
             step_down_at_ms: s.last.as_ref().and_then(|d| d.step_down_at_ms),
             decisions: s.history.iter().rev().cloned().collect(),
             acks: s.acks.clone(),
+            unacked: s.unacked.clone(),
             instances: instance_views(s.last.as_ref(), s.command.as_ref(), &s.acks),
             instance_overrides: s
                 .instance_overrides
@@ -738,7 +775,59 @@ impl DegradeHandle {
                     .set(lag as f64 / 1000.0);
             }
         }
-        self.lock().acks = views;
+        let mut s = self.lock();
+        s.acks = views;
+        self.check_unacked(&mut s, brownout_protocol::now_ms());
+    }
+
+    /// Whether the commands this replica published are acknowledged by anyone: sets
+    /// `brownout_degradation_unacked_commands` and [`DegradeStatus::unacked`], and logs a
+    /// warning once when they become unacknowledged.
+    fn check_unacked(&self, s: &mut Shared, now: u64) {
+        // The newest version any instance answered (applied or refused: it is listening).
+        let answered = s
+            .acks
+            .iter()
+            .filter(|a| a.status == "applied" || a.status == "refused")
+            .map(|a| a.version)
+            .max()
+            .unwrap_or(0);
+        let pending: Vec<u64> = s
+            .issued
+            .iter()
+            .filter(|(v, _)| *v > answered)
+            .map(|(_, at)| *at)
+            .collect();
+        let oldest = pending.iter().copied().min();
+        let next = match oldest {
+            Some(since) if now.saturating_sub(since) >= UNACKED_WARN_MS => Some(Unacked {
+                since_ms: since,
+                commands: pending.len() as u64,
+                hint: format!(
+                    "no serving instance acknowledged the commands published for cluster {:?} \
+                     in the last {} s: check that the serving tiers use the same cluster \
+                     (BROWNOUT_CLUSTER), command key (BROWNOUT_COMMAND_KEY) and Redis",
+                    self.inner.cfg.cluster,
+                    now.saturating_sub(since) / 1000
+                ),
+            }),
+            _ => None,
+        };
+        if let Some(u) = &next
+            && s.unacked.is_none()
+        {
+            tracing::warn!(
+                cluster = %self.inner.cfg.cluster,
+                commands = u.commands,
+                "degrade: {}", u.hint
+            );
+        }
+        self.inner
+            .metrics
+            .unacked_commands
+            .with_label_values(&[self.inner.cfg.cluster.as_str()])
+            .set(next.as_ref().map_or(0, |u| u.commands as i64));
+        s.unacked = next;
     }
 }
 
@@ -771,7 +860,8 @@ impl DegradeHandle {
         self.lock().instance_overrides.clone()
     }
 
-    /// Resolves when someone asked for an evaluation now ([`Self::set_instance_override`]).
+    /// Resolves when someone asked for an evaluation now ([`Self::set_override`],
+    /// [`Self::clear_override`], [`Self::set_instance_override`]).
     pub(super) async fn woken(&self) {
         self.inner.wake.notified().await;
     }

@@ -38,7 +38,9 @@ pub use controller::{
     Controller, Crossing, Decision, Inputs, InstanceAction, InstanceOverride, Override,
     PatternRate, SloAlert, Transition,
 };
-pub use handle::{AckView, DecisionRecord, DegradeConfig, DegradeHandle, DegradeStatus};
+pub use handle::{
+    AckView, DecisionRecord, DegradeConfig, DegradeHandle, DegradeStatus, UNACKED_WARN_MS, Unacked,
+};
 pub use http::{AlertmanagerAlert, AlertmanagerWebhook, OverrideRequest, router};
 pub use policy::{Condition, FeaturePolicy, Policy, PolicyError, Signal};
 pub use run::{Transport, run_controller};

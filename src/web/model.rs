@@ -129,6 +129,9 @@ pub struct ClusterTier {
     /// Instance that holds the decision lease, when known.
     #[serde(default)]
     pub leader: Option<String>,
+    /// Set while published commands have no ack from any serving instance (what to check).
+    #[serde(default)]
+    pub warning: Option<String>,
 }
 
 /// Multi-window alert state of an SLO.

@@ -903,6 +903,7 @@ fn build_clusters(
                     reason: last.reason.clone(),
                     since_ms: last.ts_ms,
                     leader: Some(format!("brownout-{}", c % 2)),
+                    warning: None,
                 },
                 epoch: 3,
                 version: last.version,

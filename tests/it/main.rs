@@ -8,6 +8,7 @@
 mod alerts_rules;
 mod dashboards_valid;
 mod degrade_override;
+mod degrade_override_now;
 mod degrade_policy;
 mod degrade_protocol_doc;
 mod degrade_self_latch;
@@ -23,6 +24,7 @@ mod ingest_limits;
 mod ingest_otlp_exporter;
 mod ingest_slow_clients;
 mod ingest_spool_clickhouse;
+mod no_ansi;
 mod patterns_accuracy;
 mod patterns_cli;
 mod patterns_engine;

@@ -35,7 +35,7 @@ fn degradation_and_serving_metrics_pass_promtool() {
         "brownout_degradation_tier{cluster=\"prod\"} 0",
         "brownout_degradation_decisions_total{trigger=\"gpu_util\"} 1",
         "brownout_degradation_publish_seconds_count 1",
-        "brownout_degradation_ack_lag_seconds{cluster=\"prod\",instance=\"serving-0\"} 0.002",
+        "brownout_degradation_ack_lag_seconds{cluster=\"prod\",engine_instance=\"serving-0\"} 0.002",
         "brownout_serving_commands_refused_total{reason=\"bad_signature\"} 1",
         "brownout_serving_commands_applied_total 0",
     ] {

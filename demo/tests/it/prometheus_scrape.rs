@@ -90,6 +90,8 @@ struct Expr {
     origin: String,
     file: String,
     expr: String,
+    /// The panel target's `legendFormat` (empty for rules).
+    legend: String,
 }
 
 /// Template variable `name` → `(selector, label)` of its `label_values(selector, label)`.
@@ -134,6 +136,7 @@ fn dashboard_exprs() -> (Vec<Expr>, Variables) {
                         ),
                         file: file.clone(),
                         expr: e.to_string(),
+                        legend: t["legendFormat"].as_str().unwrap_or("").to_string(),
                     });
                 }
             }
@@ -168,6 +171,7 @@ fn rule_exprs() -> Vec<Expr> {
                     origin: format!("{file}: {name}"),
                     file: file.clone(),
                     expr: e.trim().to_string(),
+                    legend: String::new(),
                 });
             }
         }
@@ -411,8 +415,8 @@ fn start_prometheus(cp: &str, engines: &[String], agents: &[String]) -> Promethe
         .iter()
         .map(|p| format!("  - \"{}\"\n", p.display()))
         .collect::<String>();
-    // The control plane's brownout_degradation_ack_lag_seconds carries the *serving* instance in
-    // `instance`: honor_labels keeps it (else Prometheus renames it `exported_instance`).
+    // No honor_labels: the control plane exports the serving instance of an ack as
+    // `engine_instance`, so Prometheus' own `instance` target label collides with nothing.
     // Job names: `gpu-agent` is what alerts/hosts.yml's GPUAgentDown expects; the engines carry
     // `service: chat` as a target label, which is how the SLO rules' `service="chat"` is met
     // (docs/SLO.md: "a scrape target label is enough").
@@ -420,7 +424,7 @@ fn start_prometheus(cp: &str, engines: &[String], agents: &[String]) -> Promethe
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
          rule_files:\n{rules}\
          scrape_configs:\n\
-         \x20 - job_name: brownout\n    honor_labels: true\n    static_configs:\n      - targets: [\"{cp}\"]\n\
+         \x20 - job_name: brownout\n    static_configs:\n      - targets: [\"{cp}\"]\n\
          \x20 - job_name: vllm\n    static_configs:\n      - targets: [{engines}]\n        labels:\n          service: chat\n\
          \x20 - job_name: gpu-agent\n    static_configs:\n      - targets: [{agents}]\n",
         cp = host_port(cp),
@@ -471,6 +475,175 @@ async fn api(
         Ok(v["data"].clone())
     } else {
         Err(format!("{}: {}", v["errorType"], v["error"]))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Upstream dashboards: their queries and the metric families and labels they rely on, copied
+// from the upstream files (docs/DASHBOARDS.md §7 lists them with the same sources).
+
+/// vllm-project/vllm `examples/observability/prometheus_grafana/grafana.json`: every panel
+/// query, verbatim (`$model_name` is its one template variable, `label_values(model_name)`).
+const VLLM_DASHBOARD_QUERIES: &[&str] = &[
+    "histogram_quantile(0.99, sum by(le) (rate(vllm:e2e_request_latency_seconds_bucket{model_name=\"$model_name\"}[$__rate_interval])))",
+    "histogram_quantile(0.95, sum by(le) (rate(vllm:e2e_request_latency_seconds_bucket{model_name=\"$model_name\"}[$__rate_interval])))",
+    "histogram_quantile(0.9, sum by(le) (rate(vllm:e2e_request_latency_seconds_bucket{model_name=\"$model_name\"}[$__rate_interval])))",
+    "histogram_quantile(0.5, sum by(le) (rate(vllm:e2e_request_latency_seconds_bucket{model_name=\"$model_name\"}[$__rate_interval])))",
+    "rate(vllm:e2e_request_latency_seconds_sum{model_name=\"$model_name\"}[$__rate_interval])\n/\nrate(vllm:e2e_request_latency_seconds_count{model_name=\"$model_name\"}[$__rate_interval])",
+    "rate(vllm:prompt_tokens_total{model_name=\"$model_name\"}[$__rate_interval])",
+    "rate(vllm:generation_tokens_total{model_name=\"$model_name\"}[$__rate_interval])",
+    "histogram_quantile(0.99, sum by(le) (rate(vllm:inter_token_latency_seconds_bucket{model_name=\"$model_name\"}[$__rate_interval])))",
+    "histogram_quantile(0.95, sum by(le) (rate(vllm:inter_token_latency_seconds_bucket{model_name=\"$model_name\"}[$__rate_interval])))",
+    "histogram_quantile(0.9, sum by(le) (rate(vllm:inter_token_latency_seconds_bucket{model_name=\"$model_name\"}[$__rate_interval])))",
+    "histogram_quantile(0.5, sum by(le) (rate(vllm:inter_token_latency_seconds_bucket{model_name=\"$model_name\"}[$__rate_interval])))",
+    "rate(vllm:inter_token_latency_seconds_sum{model_name=\"$model_name\"}[$__rate_interval])\n/\nrate(vllm:inter_token_latency_seconds_count{model_name=\"$model_name\"}[$__rate_interval])",
+    "vllm:num_requests_running{model_name=\"$model_name\"}",
+    "vllm:num_requests_waiting{model_name=\"$model_name\"}",
+    "histogram_quantile(0.99, sum by(le) (rate(vllm:time_to_first_token_seconds_bucket{model_name=\"$model_name\"}[$__rate_interval])))",
+    "histogram_quantile(0.95, sum by(le) (rate(vllm:time_to_first_token_seconds_bucket{model_name=\"$model_name\"}[$__rate_interval])))",
+    "histogram_quantile(0.9, sum by(le) (rate(vllm:time_to_first_token_seconds_bucket{model_name=\"$model_name\"}[$__rate_interval])))",
+    "histogram_quantile(0.5, sum by(le) (rate(vllm:time_to_first_token_seconds_bucket{model_name=\"$model_name\"}[$__rate_interval])))",
+    "rate(vllm:time_to_first_token_seconds_sum{model_name=\"$model_name\"}[$__rate_interval])\n/\nrate(vllm:time_to_first_token_seconds_count{model_name=\"$model_name\"}[$__rate_interval])",
+    "vllm:kv_cache_usage_perc{model_name=\"$model_name\"}",
+    "sum by(le) (increase(vllm:request_prompt_tokens_bucket{model_name=\"$model_name\"}[$__rate_interval]))",
+    "sum by(le) (increase(vllm:request_generation_tokens_bucket{model_name=\"$model_name\"}[$__rate_interval]))",
+    "sum by(finished_reason) (increase(vllm:request_success_total{model_name=\"$model_name\"}[$__rate_interval]))",
+    "rate(vllm:request_queue_time_seconds_sum{model_name=\"$model_name\"}[$__rate_interval])",
+    "rate(vllm:request_prefill_time_seconds_sum{model_name=\"$model_name\"}[$__rate_interval])",
+    "rate(vllm:request_decode_time_seconds_sum{model_name=\"$model_name\"}[$__rate_interval])",
+    "rate(vllm:request_max_num_generation_tokens_sum{model_name=\"$model_name\"}[$__rate_interval])",
+];
+
+/// The metric families vLLM's dashboard reads and the labels it selects or groups on.
+const VLLM_FAMILIES: &[(&str, &[&str])] = &[
+    (
+        "vllm:e2e_request_latency_seconds_bucket",
+        &["model_name", "le"],
+    ),
+    ("vllm:e2e_request_latency_seconds_sum", &["model_name"]),
+    ("vllm:e2e_request_latency_seconds_count", &["model_name"]),
+    ("vllm:prompt_tokens_total", &["model_name"]),
+    ("vllm:generation_tokens_total", &["model_name"]),
+    (
+        "vllm:inter_token_latency_seconds_bucket",
+        &["model_name", "le"],
+    ),
+    ("vllm:num_requests_running", &["model_name"]),
+    ("vllm:num_requests_waiting", &["model_name"]),
+    (
+        "vllm:time_to_first_token_seconds_bucket",
+        &["model_name", "le"],
+    ),
+    ("vllm:kv_cache_usage_perc", &["model_name"]),
+    ("vllm:request_prompt_tokens_bucket", &["model_name", "le"]),
+    (
+        "vllm:request_generation_tokens_bucket",
+        &["model_name", "le"],
+    ),
+    (
+        "vllm:request_success_total",
+        &["model_name", "finished_reason"],
+    ),
+    ("vllm:request_queue_time_seconds_sum", &["model_name"]),
+    ("vllm:request_prefill_time_seconds_sum", &["model_name"]),
+    ("vllm:request_decode_time_seconds_sum", &["model_name"]),
+    (
+        "vllm:request_max_num_generation_tokens_sum",
+        &["model_name"],
+    ),
+];
+
+/// NVIDIA/dcgm-exporter `grafana/dcgm-exporter-dashboard.json`: every panel query, verbatim
+/// (template variables `$Hostname` = `label_values(DCGM_FI_DEV_FB_FREE, Hostname)` and
+/// `$gpu` = `label_values(DCGM_FI_DEV_FB_FREE{Hostname=~"$Hostname"}, gpu)`).
+const DCGM_DASHBOARD_QUERIES: &[&str] = &[
+    "max(DCGM_FI_DEV_GPU_TEMP{Hostname=~\"$Hostname\", gpu=~\"$gpu\"}) by (Hostname, gpu, uuid)",
+    "avg(DCGM_FI_DEV_GPU_TEMP{Hostname=~\"$Hostname\", gpu=~\"$gpu\"})",
+    "max(DCGM_FI_DEV_POWER_USAGE{Hostname=~\"$Hostname\", gpu=~\"$gpu\"}) by (Hostname, gpu, uuid)",
+    "sum(max(DCGM_FI_DEV_POWER_USAGE{Hostname=~\"$Hostname\", gpu=~\"$gpu\"}) by (gpu))",
+    "max(DCGM_FI_DEV_SM_CLOCK{Hostname=~\"$Hostname\", gpu=~\"$gpu\"} * 1000000) by (Hostname, UUID, gpu)",
+    "max(DCGM_FI_PROF_GR_ENGINE_ACTIVE{Hostname=~\"$Hostname\", gpu=~\"$gpu\"}) by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
+    "max(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{Hostname=~\"$Hostname\", gpu=~\"$gpu\"}) by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
+    "max(DCGM_FI_DEV_FB_USED{Hostname=~\"$Hostname\", gpu=~\"$gpu\"}) by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
+];
+
+/// The DCGM families that dashboard reads, with the labels dcgm-exporter puts on them
+/// (`hostname` is the name dcgm-exporter's main uses since it renamed `Hostname`; brownout
+/// exports both). `GPU_I_ID` / `GPU_I_PROFILE` exist only on MIG slices: not required.
+const DCGM_FAMILIES: &[&str] = &[
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_FREE",
+];
+const DCGM_LABELS: &[&str] = &["gpu", "UUID", "device", "modelName", "Hostname", "hostname"];
+
+/// `{{label}}` names in a Grafana legend format.
+fn legend_labels(legend: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = legend;
+    while let Some(a) = rest.find("{{") {
+        let Some(b) = rest[a..].find("}}") else { break };
+        out.push(rest[a + 2..a + b].trim().to_string());
+        rest = &rest[a + b + 2..];
+    }
+    out
+}
+
+/// Series of an instant query: their label maps.
+async fn series_of(
+    c: &reqwest::Client,
+    prom: &Prometheus,
+    q: &str,
+) -> Result<Vec<BTreeMap<String, String>>, String> {
+    let d = api(c, prom, "query", &[("query", q)]).await?;
+    Ok(d["result"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| {
+                    r["metric"]
+                        .as_object()
+                        .map(|m| {
+                            m.iter()
+                                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// Nothing fires in a short run (every `for:` is at least 1 m): count pending alerts too.
+fn probe_firing(q: &str) -> String {
+    q.replace("alertstate=\"firing\"", "alertstate=~\"firing|pending\"")
+}
+
+/// `family` has series, and each of `labels` is set on them.
+async fn check_family(
+    c: &reqwest::Client,
+    prom: &Prometheus,
+    family: &str,
+    labels: &[&str],
+    failures: &mut Vec<String>,
+) {
+    let series = series_of(c, prom, family).await.unwrap_or_default();
+    if series.is_empty() {
+        failures.push(format!("{family}: no series"));
+        return;
+    }
+    for l in labels {
+        if !series
+            .iter()
+            .all(|m| m.get(*l).is_some_and(|v| !v.is_empty()))
+        {
+            failures.push(format!("{family}: label {l} missing: {:?}", series[0]));
+        }
     }
 }
 
@@ -741,6 +914,190 @@ async fn prometheus_scrapes_the_demo_and_every_dashboard_and_rule_expression_has
             ));
         }
     }
+    // brownout's own panels: every legend label is filled, no two series read the same, and a
+    // per-engine panel shows exactly one series per engine.
+    // Variables at "All" (`.*`, every variable is multi-select), as a dashboard opens.
+    let n_engines = engines.len();
+    for e in exprs.iter().filter(|e| !e.legend.is_empty()) {
+        let mut q = grafana_intervals(&e.expr);
+        for name in values.keys() {
+            q = q
+                .replace(&format!("${{{name}}}"), ".*")
+                .replace(&format!("${name}"), ".*");
+        }
+        let probe = probe_firing(&q);
+        let series = match series_of(&c, &prom, &probe).await {
+            Ok(s) => s,
+            Err(err) => {
+                failures.push(format!("{}: {err}", e.origin));
+                continue;
+            }
+        };
+        let labels = legend_labels(&e.legend);
+        let mut legends = BTreeSet::new();
+        for m in &series {
+            let mut shown = e.legend.clone();
+            for l in &labels {
+                let v = m.get(l).map(String::as_str).unwrap_or("");
+                if v.is_empty() {
+                    failures.push(format!(
+                        "{}: legend {:?} has an empty {{{{{l}}}}} for series {m:?}",
+                        e.origin, e.legend
+                    ));
+                }
+                shown = shown.replace(&format!("{{{{{l}}}}}"), v);
+            }
+            if !legends.insert(shown.clone()) {
+                failures.push(format!(
+                    "{}: two series read {shown:?} (the same thing counted twice?): {series:?}",
+                    e.origin
+                ));
+            }
+        }
+        let names = metric_names(&q);
+        let engine_metrics = !names.is_empty()
+            && names.iter().all(|n| {
+                n.starts_with("vllm:")
+                        || n.starts_with("brownout_serving_")
+                        // one series per serving instance that acks
+                        || n == "brownout_degradation_ack_lag_seconds"
+            });
+        let per_engine = labels
+            .iter()
+            .any(|l| l == "engine" || l == "engine_instance")
+            || (labels.iter().any(|l| l == "instance") && engine_metrics);
+        if per_engine && series.len() != n_engines {
+            failures.push(format!(
+                "{}: {} series, want one per engine ({n_engines}): {series:?}",
+                e.origin,
+                series.len()
+            ));
+        }
+    }
+
+    // "Firing alerts" (overview) shows every severity the rules use: each severity with an
+    // alert pending or firing now appears in the panel.
+    let active: BTreeSet<String> = series_of(&c, &prom, "ALERTS{alertstate=~\"firing|pending\"}")
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|m| m.get("severity").cloned())
+        .collect();
+    let firing_panel = exprs
+        .iter()
+        .find(|e| e.origin.ends_with("panel \"Firing alerts\""))
+        .expect("the overview has a Firing alerts panel");
+    let shown: BTreeSet<String> = series_of(&c, &prom, &probe_firing(&firing_panel.expr))
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|m| m.get("severity").cloned())
+        .collect();
+    if !active.is_subset(&shown) || active.is_empty() {
+        failures.push(format!(
+            "Firing alerts panel shows severities {shown:?}, alerts have {active:?}"
+        ));
+    }
+
+    // vLLM's own dashboard, unchanged: every query returns data; its families carry its labels.
+    let model_name = series_of(&c, &prom, "vllm:num_requests_running")
+        .await
+        .unwrap()
+        .first()
+        .and_then(|m| m.get("model_name").cloned())
+        .expect("model_name on vllm:num_requests_running");
+    for q in VLLM_DASHBOARD_QUERIES {
+        let q = grafana_intervals(q).replace("$model_name", &model_name);
+        match series_of(&c, &prom, &q).await {
+            Ok(s) if !s.is_empty() => {}
+            other => failures.push(format!(
+                "vLLM dashboard query without data: {q}\n    {other:?}"
+            )),
+        }
+    }
+    for (family, labels) in VLLM_FAMILIES {
+        check_family(&c, &prom, family, labels, &mut failures).await;
+    }
+    let reasons: BTreeSet<String> = series_of(&c, &prom, "vllm:request_success_total")
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|m| m.get("finished_reason").cloned())
+        .collect();
+    for r in ["stop", "length", "abort", "error"] {
+        if !reasons.contains(r) {
+            failures.push(format!(
+                "vllm:request_success_total has no finished_reason={r:?}: {reasons:?}"
+            ));
+        }
+    }
+
+    // NVIDIA's dcgm-exporter dashboard, unchanged, on the simulated GPUs.
+    let host = series_of(&c, &prom, "DCGM_FI_DEV_FB_FREE")
+        .await
+        .unwrap()
+        .first()
+        .and_then(|m| m.get("Hostname").cloned())
+        .expect("Hostname on DCGM_FI_DEV_FB_FREE");
+    for q in DCGM_DASHBOARD_QUERIES {
+        let q = q.replace("$Hostname", &host).replace("$gpu", ".*");
+        match series_of(&c, &prom, &q).await {
+            Ok(s) if !s.is_empty() => {}
+            other => failures.push(format!(
+                "DCGM dashboard query without data: {q}\n    {other:?}"
+            )),
+        }
+    }
+    for family in DCGM_FAMILIES {
+        check_family(&c, &prom, family, DCGM_LABELS, &mut failures).await;
+        // Simulated GPUs say so on every series.
+        let all = series_of(&c, &prom, family).await.unwrap();
+        if all.is_empty()
+            || all
+                .iter()
+                .any(|m| m.get("simulated").map(String::as_str) != Some("true"))
+        {
+            failures.push(format!(
+                "{family}: every simulated series carries simulated=\"true\": {all:?}"
+            ));
+        }
+    }
+    // camelCase labels only on DCGM_ series.
+    for m in series_of(&c, &prom, "{__name__=~\"brownout_.*\"}")
+        .await
+        .unwrap()
+    {
+        if let Some(l) = m
+            .keys()
+            .find(|k| k.chars().any(|ch| ch.is_ascii_uppercase()))
+        {
+            failures.push(format!("{} carries the camelCase label {l}", m["__name__"]));
+            break;
+        }
+    }
+    // Known in advance: the feature catalog's features exist before a command disables them.
+    let disabled: BTreeSet<String> =
+        series_of(&c, &prom, "brownout_serving_feature_disabled_total")
+            .await
+            .unwrap()
+            .iter()
+            .filter_map(|m| m.get("feature").cloned())
+            .collect();
+    for f in ["pdf_analysis", "image_generation", "web_search", "login"] {
+        if !disabled.contains(f) {
+            failures.push(format!(
+                "brownout_serving_feature_disabled_total lacks feature={f:?}: {disabled:?}"
+            ));
+        }
+    }
+    // Every instance acked: nothing unacknowledged.
+    match series_of(&c, &prom, "brownout_degradation_unacked_commands == 0").await {
+        Ok(s) if s.len() == 1 => {}
+        other => failures.push(format!(
+            "brownout_degradation_unacked_commands is 0 while engines ack: {other:?}"
+        )),
+    }
+
     assert!(
         failures.is_empty(),
         "{} of {} expressions failed:\n{}\nprometheus log:\n{}",

@@ -35,7 +35,7 @@ pub struct EngineMetrics {
     pub kv_usage_ratio: Option<f64>,
     /// From `vllm:cache_config_info{block_size=..}`.
     pub block_size: Option<u32>,
-    /// `brownout_kv_blocks_total`, else `vllm:cache_config_info{num_gpu_blocks=..}`.
+    /// `brownout_kv_blocks_usable` (older engines: `brownout_kv_blocks_total`), else `vllm:cache_config_info{num_gpu_blocks=..}`.
     pub num_blocks_total: Option<u64>,
     /// `brownout_kv_blocks_used`.
     pub num_blocks_used: Option<u64>,
@@ -212,7 +212,9 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
             "vllm:num_requests_running" => &mut running,
             "vllm:num_requests_waiting" => &mut waiting,
             "vllm:num_preemptions_total" => &mut preempt,
-            "brownout_kv_blocks_total" => &mut blocks_total,
+            // `_usable` since brownout-serve stopped naming a gauge like a counter; the old
+            // name is still read from older engines.
+            "brownout_kv_blocks_usable" | "brownout_kv_blocks_total" => &mut blocks_total,
             "brownout_kv_blocks_used" => &mut blocks_used,
             "brownout_kv_internal_fragmentation_ratio" => &mut internal,
             "brownout_kv_reserved_unused_ratio" => &mut reserved,

@@ -39,6 +39,14 @@ pub struct GpuSample {
     pub ecc_sbe_volatile: Option<u64>,
     pub ecc_dbe_volatile: Option<u64>,
     pub processes: Vec<ProcessVram>,
+    /// SM clock in MHz (`DCGM_FI_DEV_SM_CLOCK`; NVML `clock_info(SM)`).
+    pub sm_clock_mhz: Option<f64>,
+    /// Share of time the graphics/compute engine was active, 0–1
+    /// (`DCGM_FI_PROF_GR_ENGINE_ACTIVE`; NVML GPM `GRAPHICS_UTIL` on Hopper and newer).
+    pub gr_engine_active_ratio: Option<f64>,
+    /// Share of time a tensor pipe was active, 0–1 (`DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`; NVML
+    /// GPM `ANY_TENSOR_UTIL` on Hopper and newer).
+    pub tensor_active_ratio: Option<f64>,
 }
 
 /// Why a probe could not sample.

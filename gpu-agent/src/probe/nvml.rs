@@ -11,11 +11,13 @@ use std::sync::{Mutex, OnceLock};
 
 use brownout_protocol::GpuStats;
 use nvml_wrapper::EventSet;
+use nvml_wrapper::GpmSample;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
-use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 
 use super::{GpuProbe, GpuSample, ProbeError, ProbeKind, ProcessVram};
@@ -63,6 +65,11 @@ pub struct NvmlProbe {
     xid_capable: Vec<bool>,
     /// Card index → last XID seen (0 = none yet).
     last_xid: HashMap<u32, u64>,
+    /// Card index → the previous cycle's GPM sample (GPM metrics compare two samples). A card
+    /// without GPM (before Hopper, or inside a container without the capability) has none.
+    gpm: HashMap<u32, GpmSample<'static>>,
+    /// Cards whose GPM query failed once: not asked again.
+    gpm_unsupported: Vec<bool>,
 }
 
 impl std::fmt::Debug for NvmlProbe {
@@ -116,7 +123,56 @@ impl NvmlProbe {
             events,
             xid_capable,
             last_xid: HashMap::new(),
+            gpm: HashMap::new(),
+            gpm_unsupported: vec![false; count as usize],
         })
+    }
+
+    /// `(graphics engine active, any tensor pipe active)` as 0–1 ratios over the time since the
+    /// previous cycle's GPM sample of card `i`; `(None, None)` on the first cycle and on cards
+    /// without GPM.
+    fn gpm_ratios(
+        &mut self,
+        i: u32,
+        dev: &nvml_wrapper::Device<'static>,
+    ) -> (Option<f64>, Option<f64>) {
+        let idx = i as usize;
+        if self.gpm_unsupported.get(idx).copied().unwrap_or(true) {
+            return (None, None);
+        }
+        let sample = match dev.gpm_sample() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(gpu = i, error = %e, "no GPM on this card: DCGM_FI_PROF_* not exported");
+                self.gpm_unsupported[idx] = true;
+                return (None, None);
+            }
+        };
+        let Some(prev) = self.gpm.insert(i, sample) else {
+            return (None, None);
+        };
+        let now = &self.gpm[&i];
+        let got = nvml_wrapper::gpm::gpm_metrics_get(
+            self.nvml,
+            &prev,
+            now,
+            &[GpmMetricId::GraphicsUtil, GpmMetricId::AnyTensorUtil],
+        );
+        let _ = prev.free();
+        match got {
+            Ok(r) => {
+                let ratio = |k: usize| {
+                    r.get(k)
+                        .and_then(|m| m.as_ref().ok())
+                        .map(|m| (m.value / 100.0).clamp(0.0, 1.0))
+                };
+                (ratio(0), ratio(1))
+            }
+            Err(e) => {
+                tracing::debug!(gpu = i, error = %e, "GPM metrics failed");
+                (None, None)
+            }
+        }
     }
 
     /// Drains pending XID events without waiting.
@@ -179,6 +235,8 @@ impl GpuProbe for NvmlProbe {
                 })
                 .collect();
             let ecc = |kind| dev.total_ecc_errors(kind, EccCounter::Volatile).ok();
+            let sm_clock_mhz = dev.clock_info(Clock::SM).ok().map(f64::from);
+            let (gr_engine_active_ratio, tensor_active_ratio) = self.gpm_ratios(i, &dev);
             out.push(GpuSample {
                 stats: GpuStats {
                     index: dev.index().unwrap_or(i),
@@ -204,6 +262,9 @@ impl GpuProbe for NvmlProbe {
                 ecc_sbe_volatile: ecc(MemoryError::Corrected),
                 ecc_dbe_volatile: ecc(MemoryError::Uncorrected),
                 processes,
+                sm_clock_mhz,
+                gr_engine_active_ratio,
+                tensor_active_ratio,
             });
         }
         Ok(out)

@@ -8,6 +8,7 @@
 //!                       kv_pool_ratio × total − reserved − contexts − weights, the way vLLM sizes
 //!                       its pool from gpu_memory_utilization)
 //! util   = 0 when nothing runs, else min(1, 0.35 + 0.65 × running / max_num_seqs) summed, ≤ 1
+//! SM clock = 345 + (1980 − 345) × util MHz;  GR engine active = util;  tensor active = 0.4 × util
 //! ```
 //!
 //! So VRAM moves with the KV blocks in use: an engine at 100% KV usage puts its GPU near
@@ -147,6 +148,11 @@ impl SimulatedProbe {
             ecc_sbe_volatile: Some(0),
             ecc_dbe_volatile: Some(0),
             processes: Vec::new(),
+            // An H100 SXM idles near 345 MHz and boosts to 1980 MHz under load.
+            sm_clock_mhz: Some((345.0 + (1980.0 - 345.0) * util).round()),
+            gr_engine_active_ratio: Some(util),
+            // Decoding is mostly GEMV: tensor pipes are busy for part of the engine's time.
+            tensor_active_ratio: Some(0.4 * util),
         }
     }
 }

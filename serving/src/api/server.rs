@@ -170,7 +170,7 @@ pub async fn build_state(
     };
     let name = opts.served_model_name.clone().unwrap_or(name);
     let max_model_len = opts.max_model_len.unwrap_or(max_len).min(max_len);
-    let metrics = Arc::new(Metrics::new(&name));
+    let metrics = Arc::new(Metrics::with_max_model_len(&name, max_model_len));
     let cfg = EngineConfig {
         model_name: name.clone(),
         sched: SchedulerConfig {

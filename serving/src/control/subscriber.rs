@@ -101,9 +101,9 @@ impl SubscriberConfig {
             return Ok(None);
         };
         let cluster = cluster
-            .or_else(|| std::env::var("BROWNOUT_CLUSTER").ok())
             .filter(|c| !c.is_empty())
-            .unwrap_or_else(|| "default".into());
+            .or_else(brownout_protocol::cluster_from_env)
+            .unwrap_or_else(|| brownout_protocol::DEFAULT_CLUSTER.into());
         RedisKeys::new(&cluster).map_err(|e| SubscriberConfigError::Cluster(e.to_string()))?;
         RedisTarget::parse(url.as_str())
             .map_err(|e| SubscriberConfigError::Url(url.clone(), e.to_string()))?;

@@ -563,8 +563,30 @@ impl<B: ModelBackend> Engine<B> {
     }
 
     fn finish(&mut self, id: SeqId, ev: impl FnOnce(SeqStats) -> SeqEvent) {
-        let stats = self.stats_of(id, Instant::now());
+        let now = Instant::now();
+        let stats = self.stats_of(id, now);
         let event = ev(stats.clone());
+        // vLLM's per-request histograms and `vllm:request_success_total{finished_reason}`.
+        if let Some(r) = self.reqs.get(&id) {
+            let secs = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+                (Some(a), Some(b)) => b.saturating_duration_since(a).as_secs_f64(),
+                _ => 0.0,
+            };
+            let reason = match &event {
+                SeqEvent::Finished { reason, .. } => reason.as_str(),
+                _ => "error",
+            };
+            self.metrics.observe_finished(
+                reason,
+                &crate::metrics::FinishedRequest {
+                    queue_s: secs(Some(r.arrived), r.scheduled_at.or(Some(now))),
+                    prefill_s: secs(r.scheduled_at, r.first_token_at),
+                    decode_s: secs(r.first_token_at, r.last_token_at),
+                    prompt_tokens: stats.prompt_tokens,
+                    generation_tokens: stats.completion_tokens,
+                },
+            );
+        }
         // brownout_serving_requests_total is counted by the API (it knows the feature).
         if !matches!(
             &event,
@@ -726,10 +748,15 @@ impl<B: ModelBackend> Engine<B> {
         let now = Instant::now();
         let is_eos = !s.params.ignore_eos && s.eos_token_ids.contains(&tok);
         let prompt_len = s.prompt_len;
+        let max_tokens = s.params.max_tokens;
         if let Some(r) = self.reqs.get_mut(&id) {
             match r.last_token_at {
                 None => {
                     r.first_token_at = Some(now);
+                    self.metrics.observe(
+                        &self.metrics.request_max_num_generation_tokens,
+                        max_tokens as f64,
+                    );
                     // vLLM counts a request's prompt once, cached or not, when it starts decoding.
                     self.metrics
                         .inc(&self.metrics.prompt_tokens, prompt_len as f64);

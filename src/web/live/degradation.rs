@@ -171,6 +171,7 @@ fn cluster_view(status: DegradeStatus, records: &[DecisionRecord], now: u64) -> 
             leader: status
                 .leader_epoch
                 .map(|e| format!("{} (epoch {e})", status.replica_id)),
+            warning: status.unacked.as_ref().map(|u| u.hint.clone()),
         },
         epoch: command.as_ref().map_or(0, |c| c.epoch),
         version: command.as_ref().map_or(0, |c| c.version),
