@@ -112,6 +112,10 @@ pub struct DegradeStatus {
     pub step_down_at_ms: Option<u64>,
     pub decisions: Vec<DecisionRecord>,
     pub acks: Vec<AckView>,
+    /// Per-instance actions in force and their acks.
+    pub instances: Vec<InstanceActionView>,
+    /// Operator per-instance actions by instance id (active ones).
+    pub instance_overrides: BTreeMap<String, InstanceOverride>,
     /// Set while commands this replica published more than [`UNACKED_WARN_MS`] ago have no
     /// ack from any serving instance (nothing obeys: wrong cluster, key or Redis).
     pub unacked: Option<Unacked>,
@@ -130,10 +134,6 @@ pub struct Unacked {
     pub commands: u64,
     /// What to check, for the log and the UI.
     pub hint: String,
-    /// Per-instance actions in force and their acks.
-    pub instances: Vec<InstanceActionView>,
-    /// Operator per-instance actions by instance id (active ones).
-    pub instance_overrides: BTreeMap<String, InstanceOverride>,
 }
 
 /// Metrics of the component (`brownout_degradation_*`).
