@@ -134,9 +134,12 @@ impl World {
             .map(PathBuf::from)
             .unwrap_or_else(|| {
                 std::env::temp_dir().join(format!(
-                    "brownout-demo-{}-{}",
+                    "brownout-demo-{}-{}-{}",
                     std::process::id(),
-                    brownout_protocol::now_ms()
+                    brownout_protocol::now_ms(),
+                    // Worlds started in one process within the same millisecond (parallel
+                    // tests) must not share a store.
+                    random_hex(4)
                 ))
             });
         std::fs::create_dir_all(&data_dir)
