@@ -9,12 +9,14 @@
 //!   [`OwnRedis`]: a redis-server of the test's own on a spare port, to kill and restart.
 //! - [`repo_root`] and [`free_port`].
 //! - `ui` (feature `ui`): [`ui::SampleDataSource`], the web UI over fixed sample data.
+//! - `pipes`: a binary's output to pipes until its first log line, and the no-colour-codes check.
 //! - `engines` (feature `engines`): fixture engines in vLLM's and the bundled tier's formats and
 //!   a snapshot sink (the same file `gpu-agent bench` runs).
 
 #[cfg(feature = "engines")]
 #[path = "../../gpu-agent/src/bench/engines.rs"]
 pub mod engines;
+pub mod pipes;
 #[cfg(feature = "ui")]
 pub mod ui;
 
