@@ -15,11 +15,9 @@ use futures::StreamExt;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 
-const KEY: &str = "gate-process-test-key";
+use brownout_test_support::{free_port, redis_url, unique};
 
-fn redis_url() -> String {
-    std::env::var("REDIS_TEST_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
+const KEY: &str = "gate-process-test-key";
 
 async fn redis() -> redis::aio::MultiplexedConnection {
     let url = redis_url();
@@ -38,19 +36,7 @@ async fn redis() -> redis::aio::MultiplexedConnection {
 }
 
 fn cluster(name: &str) -> String {
-    format!(
-        "g-{name}-{:x}{:x}",
-        now_ms(),
-        std::process::id() ^ rand::random::<u32>()
-    )
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    unique(&format!("g-{name}-"))
 }
 
 /// One `brownout-serve` process, killed on drop.
