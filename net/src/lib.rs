@@ -544,13 +544,9 @@ mod serve_tests {
             .on_refused(move |_| {
                 counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             });
-        let server = tokio::spawn(serve_http(
-            listener,
-            app,
-            async move {
-                let _ = stop_rx.await;
-            },
-        ));
+        let server = tokio::spawn(serve_http(listener, app, async move {
+            let _ = stop_rx.await;
+        }));
         // Two connections from 127.0.0.1 trickle a head; a third from there is refused.
         let mut slow = Vec::new();
         for _ in 0..2 {
@@ -562,7 +558,10 @@ mod serve_tests {
         let third = get([127, 0, 0, 1], addr).await;
         assert!(third.starts_with("HTTP/1.1 503"), "{third}");
         assert!(third.contains("too_many_connections"), "{third}");
-        assert!(third.contains("server_error"), "the listener's own body: {third}");
+        assert!(
+            third.contains("server_error"),
+            "the listener's own body: {third}"
+        );
         assert!(third.contains("retry-after: 1"), "{third}");
         assert_eq!(refused.load(std::sync::atomic::Ordering::Relaxed), 1);
         // Another address is served meanwhile.

@@ -24,7 +24,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
-use http_body::Body as _;
 use opentelemetry_proto::tonic::collector::logs::v1::{
     ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
 };
@@ -168,8 +167,12 @@ impl Budgeted {
         if self.prefix.len() < 5 {
             return Ok(());
         }
-        let len = u32::from_be_bytes([self.prefix[1], self.prefix[2], self.prefix[3], self.prefix[4]])
-            as usize;
+        let len = u32::from_be_bytes([
+            self.prefix[1],
+            self.prefix[2],
+            self.prefix[3],
+            self.prefix[4],
+        ]) as usize;
         if len > self.max {
             self.metrics.reject("body_too_large");
             return Err(Status::resource_exhausted(format!(

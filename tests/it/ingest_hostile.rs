@@ -207,7 +207,11 @@ async fn an_oversize_grpc_message_is_refused_before_it_is_buffered() {
         .insert("authorization", format!("Bearer {INGEST}").parse().unwrap());
     let e = connect().await.export(r).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
-    assert!(e.message().contains("ingest.max_body_bytes"), "{}", e.message());
+    assert!(
+        e.message().contains("ingest.max_body_bytes"),
+        "{}",
+        e.message()
+    );
 
     // Without a token the headers are enough to refuse it.
     let e = connect()
@@ -236,8 +240,18 @@ async fn an_oversize_grpc_message_is_refused_before_it_is_buffered() {
         .insert("authorization", format!("Bearer {INGEST}").parse().unwrap());
     connect().await.export(ok).await.unwrap();
     let m = metrics(&c, &cp).await;
-    assert!(metric(&m, "brownout_ingest_rejected_total{reason=\"body_too_large\"}") >= 1.0);
-    assert!(metric(&m, "brownout_ingest_rejected_total{reason=\"unauthorized\"}") >= 1.0);
+    assert!(
+        metric(
+            &m,
+            "brownout_ingest_rejected_total{reason=\"body_too_large\"}"
+        ) >= 1.0
+    );
+    assert!(
+        metric(
+            &m,
+            "brownout_ingest_rejected_total{reason=\"unauthorized\"}"
+        ) >= 1.0
+    );
     brownout_test_support::eventually_async(
         "the in-flight budget to be given back",
         Duration::from_secs(10),

@@ -297,14 +297,11 @@ where
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
     // TCP_NODELAY is set on every accepted connection (super::listen): each SSE token is a
     // small write that must not wait for the peer's delayed ACK.
-    let server = super::listen::serve_http(
-        super::listen::capped(listener, limits),
-        app,
-        async move {
+    let server =
+        super::listen::serve_http(super::listen::capped(listener, limits), app, async move {
             shutdown.await;
             let _ = drain_tx.send(());
-        },
-    );
+        });
     let mut server = std::pin::pin!(server);
     tokio::select! {
         r = &mut server => r,
