@@ -635,13 +635,26 @@ mod tests {
     #[test]
     fn budget_bar_is_full_when_untouched_and_empty_when_spent() {
         let full = budget_bar(1.0, "100.0%");
-        assert!(full.as_str().contains(r#"width="96.0" height="12" class="gauge-fill ok""#));
-        assert!(full.as_str().contains("<title>error budget left: 100.0%</title>"));
+        assert!(
+            full.as_str()
+                .contains(r#"width="96.0" height="12" class="gauge-fill ok""#)
+        );
+        assert!(
+            full.as_str()
+                .contains("<title>error budget left: 100.0%</title>")
+        );
         assert!(!full.as_str().contains("used"));
         let half = budget_bar(0.4, "40.0%");
-        assert!(half.as_str().contains(r#"width="38.4" height="12" class="gauge-fill warn""#));
+        assert!(
+            half.as_str()
+                .contains(r#"width="38.4" height="12" class="gauge-fill warn""#)
+        );
         let spent = budget_bar(-3.2, "-320.0%");
-        assert!(spent.as_str().contains(r#"width="0.0" height="12" class="gauge-fill crit""#));
+        assert!(
+            spent
+                .as_str()
+                .contains(r#"width="0.0" height="12" class="gauge-fill crit""#)
+        );
     }
 
     #[test]

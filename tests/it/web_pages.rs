@@ -614,7 +614,15 @@ async fn the_slo_table_has_a_column_for_every_window_of_every_slo() {
     assert_eq!(
         headers,
         [
-            "SLO", "objective", "budget left", "burn 5m", "30m", "1h", "6h", "3d", "alert"
+            "SLO",
+            "objective",
+            "budget left",
+            "burn 5m",
+            "30m",
+            "1h",
+            "6h",
+            "3d",
+            "alert"
         ],
         "the union of the windows, shortest first"
     );
@@ -639,7 +647,10 @@ async fn an_untouched_budget_draws_a_full_bar_and_a_spent_one_an_empty_bar() {
     )
     .await;
     assert_eq!(status, StatusCode::OK);
-    assert!(!page.contains("error budget used"), "the tooltip says what the bar is");
+    assert!(
+        !page.contains("error budget used"),
+        "the tooltip says what the bar is"
+    );
     assert!(page.contains("<title>error budget left: 100.0%</title>"));
     assert!(
         page.contains(r#"width="96.0" height="12" class="gauge-fill ok""#),
@@ -686,12 +697,18 @@ mod degradation_timeline {
     #[test]
     fn the_timeline_spans_the_data_with_a_minimum() {
         // Two minutes of decisions: the five-minute minimum, not six hours.
-        let recs = [rec(T - 120_000, 0, 0, "recovered"), rec(T - 60_000, 0, 1, "queue_depth")];
+        let recs = [
+            rec(T - 120_000, 0, 0, "recovered"),
+            rec(T - 60_000, 0, 1, "queue_depth"),
+        ];
         assert_eq!(window_start(&recs, T), T - TIER_WINDOW_MIN_MS);
         // Two hours: from a little before the first decision.
         let recs = [rec(T - 2 * 3_600_000, 0, 0, "recovered")];
         let start = window_start(&recs, T);
-        assert!(start < T - 2 * 3_600_000 && start > T - 3 * 3_600_000, "{start}");
+        assert!(
+            start < T - 2 * 3_600_000 && start > T - 3 * 3_600_000,
+            "{start}"
+        );
         // Older than six hours: six hours.
         let recs = [rec(T - 30 * 3_600_000, 0, 0, "recovered")];
         assert_eq!(window_start(&recs, T), T - TIER_WINDOW_MS);
@@ -703,7 +720,12 @@ mod degradation_timeline {
         let (rows, quiet) = tier_changes(&[rec(T - 10_000, 0, 0, "recovered")], T - 300_000);
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].reason.trigger, "none");
-        assert!(rows[0].reason.detail.contains("since the control loop started"));
+        assert!(
+            rows[0]
+                .reason
+                .detail
+                .contains("since the control loop started")
+        );
         assert!(quiet, "never left T0");
         // A real recovery still reads recovered.
         let (rows, quiet) = tier_changes(

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use brownout_demo::{
-    BASE_LOAD_RATIO, DemoLoadPlan, PEAK_LOAD_RATIO, World, WorldOptions, calibrate_demo,
-    demo_load, load_line,
+    BASE_LOAD_RATIO, DemoLoadPlan, PEAK_LOAD_RATIO, World, WorldOptions, calibrate_demo, demo_load,
+    load_line,
 };
 use brownout_protocol::Tier;
 use brownout_test_support::{unique, wait_for};
@@ -28,14 +28,20 @@ fn the_plan_scales_the_evening_to_the_capacity() {
     assert!((top - 60.0).abs() < 1e-6, "{top}");
     let line = load_line(Some(&p), 5.0);
     assert!(line.contains("every 120 s"), "{line}");
-    assert!(line.contains("measured capacity of 20.00 flows/s"), "{line}");
+    assert!(
+        line.contains("measured capacity of 20.00 flows/s"),
+        "{line}"
+    );
     assert_eq!(load_line(None, 5.0), "none (--no-load)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_calibrated_peak_overloads_the_tiny_model_and_the_tier_steps_back_to_t0() {
     let plan = calibrate_demo("tiny-random", 6).await.expect("calibration");
-    assert!(plan.calibrated && plan.capacity_flows_per_s > 0.0, "{plan:?}");
+    assert!(
+        plan.calibrated && plan.capacity_flows_per_s > 0.0,
+        "{plan:?}"
+    );
     let world = World::start(WorldOptions {
         cluster: unique("demo-loop-"),
         ..WorldOptions::default()
