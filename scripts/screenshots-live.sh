@@ -7,9 +7,12 @@
 #   scripts/screenshots-live.sh                 # writes docs/screenshots/live-{during,after}-<page>.png
 #   OUT=/tmp/shots DURING=70 AFTER=150 scripts/screenshots-live.sh
 #
-# DURING / AFTER are seconds after the demo started (at --speed 5 one simulated evening lasts
-# 120 s with its peak at 60 s). PORT (default 18080) is the demo's UI port. The demo binary is
-# built in release unless BROWNOUT_DEMO points at one.
+# DURING / AFTER are seconds after the load started (the banner: after the capacity calibration
+# and the engines' warm-up; at --speed 5 one simulated evening lasts 120 s with its peak at 60 s).
+# PORT (default 18080) is the demo's UI port. MODEL (`tiny-random`, `smollm2`) is passed as
+# --model (default: the demo's own choice). The demo binary is built in release unless
+# BROWNOUT_DEMO points at one. LOGS=dir keeps the demo's stdout and stderr (banner, calibration,
+# the loadgen's per-evening report) there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v chromium >/dev/null || { echo "chromium is missing: apt-get install chromium" >&2; exit 1; }
@@ -33,18 +36,21 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$BROWNOUT_DEMO" demo --speed 5 --port "$PORT" --duration $((AFTER + 30)) >"$tmp/demo.out" 2>"$tmp/demo.err" &
+model_args=()
+[ -n "${MODEL:-}" ] && model_args=(--model "$MODEL")
+# The calibration and warm-up come before the banner: give them two minutes on top.
+"$BROWNOUT_DEMO" demo --speed 5 --port "$PORT" --duration $((AFTER + 150)) "${model_args[@]}" >"$tmp/demo.out" 2>"$tmp/demo.err" &
 demo_pid=$!
-start=$SECONDS
-for _ in $(seq 1 300); do
+for _ in $(seq 1 1500); do
   grep -q "read token" "$tmp/demo.out" 2>/dev/null && break
   kill -0 "$demo_pid" 2>/dev/null || { echo "the demo exited:" >&2; tail -20 "$tmp/demo.err" >&2; exit 1; }
   sleep 0.2
 done
+start=$SECONDS
 token=$(awk '/^  read token/ {print $3}' "$tmp/demo.out")
 [ -n "$token" ] || { echo "no read token in the banner" >&2; exit 1; }
 base="http://127.0.0.1:$PORT"
-echo "demo up at $base ($(grep -o 'model: [^)]*' "$tmp/demo.out"))" >&2
+echo "demo up at $base ($(grep -o 'model: [^,)]*' "$tmp/demo.out"); load: $(awk '/^  load / {$1=""; print}' "$tmp/demo.out"))" >&2
 
 # The UI cookie is a session cookie, which headless Chromium drops when it exits, so each shot goes
 # through a small local proxy that adds the read token as a bearer header.
@@ -87,10 +93,25 @@ for phase in during after; do
     echo "waiting ${wait_s}s for the '$phase' shots (t=${at}s)..." >&2
     sleep "$wait_s"
   fi
+  if [ -n "${LOGS:-}" ]; then
+    # What the overview shows beside what the engines export, at the same moment (docs/DASHBOARDS.md
+    # compares the TTFT figures).
+    mkdir -p "$LOGS"
+    curl -fsS "$base/ui/api/overview" >"$LOGS/$phase-overview.json" || true
+    i=0
+    for e in $(awk '/^  engines / {for (f = 2; f <= NF; f++) if ($f ~ /^http/) print $f}' "$tmp/demo.out"); do
+      i=$((i + 1))
+      curl -fsS "$e/metrics" >"$LOGS/$phase-engine-$i.prom" || true
+    done
+  fi
   for p in "${pages[@]}"; do
     name=${p%%:*}; path=${p#*:}
     shoot "$base$path" "$OUT/live-$phase-$name.png"
     echo "  $OUT/live-$phase-$name.png" >&2
   done
 done
+if [ -n "${LOGS:-}" ]; then
+  mkdir -p "$LOGS"
+  cp "$tmp/demo.out" "$tmp/demo.err" "$LOGS"/
+fi
 ls -l "$OUT"/live-*.png

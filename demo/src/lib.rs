@@ -22,6 +22,8 @@ pub mod world;
 
 use std::time::Duration;
 
+use anyhow::Context as _;
+
 use brownout::loadgen::{LoadConfig, LoadShape};
 
 pub use world::{World, WorldOptions};
@@ -48,6 +50,78 @@ pub struct DemoArgs {
     /// Start everything but generate no load.
     #[arg(long)]
     pub no_load: bool,
+    /// Skip the calibration and scale the load to this capacity (flows/s, both engines).
+    #[arg(long)]
+    pub capacity_flows_per_s: Option<f64>,
+    /// Length of the capacity calibration before the demo starts, seconds.
+    #[arg(long, default_value_t = 9)]
+    pub calibrate_secs: u64,
+}
+
+/// The load outside the evening peak, as a multiple of the measured capacity.
+pub const BASE_LOAD_RATIO: f64 = 0.4;
+/// The top of the evening peak, as a multiple of the measured capacity (as `bench overload`'s
+/// 3× overload).
+pub const PEAK_LOAD_RATIO: f64 = 3.0;
+
+/// The demo's load, scaled to what the engines can serve: quiet at [`BASE_LOAD_RATIO`] of the
+/// capacity, a peak to [`PEAK_LOAD_RATIO`] of it, so whichever model runs (SmolLM2 or the tiny
+/// random model, which answers in milliseconds) the peak overloads it and the tiers move.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DemoLoadPlan {
+    /// Flows per second both engines finish within their deadlines (calibrated or given).
+    pub capacity_flows_per_s: f64,
+    /// True when it was measured (not passed with `--capacity-flows-per-s`).
+    pub calibrated: bool,
+    /// Flows per second outside the peak.
+    pub base_rate: f64,
+    /// The peak's height relative to `base_rate`.
+    pub peak_factor: f64,
+}
+
+impl DemoLoadPlan {
+    /// The plan for a capacity.
+    pub fn for_capacity(capacity_flows_per_s: f64, calibrated: bool) -> DemoLoadPlan {
+        DemoLoadPlan {
+            capacity_flows_per_s,
+            calibrated,
+            base_rate: capacity_flows_per_s * BASE_LOAD_RATIO,
+            peak_factor: PEAK_LOAD_RATIO / BASE_LOAD_RATIO,
+        }
+    }
+
+    /// Flows per second at the top of the peak.
+    pub fn peak_rate(&self) -> f64 {
+        self.base_rate * self.peak_factor
+    }
+}
+
+/// Measures the capacity of the demo's deployment (two engines of `model`, agents off,
+/// controller in dry run, so nothing degrades while it is measured) with the demo's own flows,
+/// by the calibration of `bench overload` ([`overload::calibrate_capacity`]).
+///
+/// # Errors
+/// When the deployment cannot start, or no flow finished within its deadline.
+pub async fn calibrate_demo(model: &str, secs: u64) -> anyhow::Result<DemoLoadPlan> {
+    let opts = WorldOptions {
+        model: model.to_string(),
+        agents: false,
+        dry_run: true,
+        ..WorldOptions::default()
+    };
+    let template = demo_load(Vec::new(), 1.0, 1, &DemoLoadPlan::for_capacity(1.0, false));
+    let c = overload::calibrate_capacity(
+        opts,
+        &template,
+        Duration::from_secs(secs.max(3)),
+        "brownout-demo",
+    )
+    .await?;
+    anyhow::ensure!(
+        c > 0.0,
+        "no flow finished within its deadline while calibrating: model {model} is too slow for the demo's deadlines"
+    );
+    Ok(DemoLoadPlan::for_capacity(c, true))
 }
 
 /// `brownout-demo bench …`.
@@ -93,6 +167,27 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "--speed must be a positive number"
     );
     let model = args.model.clone().unwrap_or_else(default_model);
+    let plan = match args.capacity_flows_per_s {
+        _ if args.no_load => None,
+        Some(c) => {
+            anyhow::ensure!(
+                c > 0.0 && c.is_finite(),
+                "--capacity-flows-per-s must be a positive number"
+            );
+            Some(DemoLoadPlan::for_capacity(c, false))
+        }
+        None => {
+            eprintln!(
+                "brownout-demo: measuring what two engines of model {model} serve ({} s), to scale the load to it…",
+                args.calibrate_secs.max(3)
+            );
+            Some(
+                calibrate_demo(&model, args.calibrate_secs)
+                    .await
+                    .context("calibrating the demo's load")?,
+            )
+        }
+    };
     let opts = WorldOptions {
         http_port: Some(args.port),
         model: model.clone(),
@@ -105,9 +200,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     };
     eprintln!("brownout-demo: starting (model {model}; loading and warming up two engines)…");
     let world = World::start(opts).await?;
-    print_banner(&world, &model);
+    print_banner(&world, &model, plan.as_ref(), args.speed);
 
-    let load = (!args.no_load).then(|| {
+    let load = plan.map(|plan| {
         let targets = world.engine_urls();
         let speed = args.speed;
         let faults = (
@@ -119,7 +214,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             // application's own failures follow the same curve.
             let mut seed = 1;
             loop {
-                let cfg = demo_load(targets.clone(), speed, seed);
+                let cfg = demo_load(targets.clone(), speed, seed, &plan);
                 let app = tokio::spawn(faults::run(demo_faults(
                     &faults.0,
                     &faults.1,
@@ -154,14 +249,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     world.stop().await
 }
 
-/// One simulated evening for the demo: quiet, a 3× peak in the middle, quiet again.
-pub fn demo_load(targets: Vec<String>, speed: f64, seed: u64) -> LoadConfig {
+/// One simulated evening for the demo: quiet, a peak to 3× the capacity in the middle, quiet
+/// again.
+pub fn demo_load(targets: Vec<String>, speed: f64, seed: u64, plan: &DemoLoadPlan) -> LoadConfig {
     let mut c = LoadConfig::new(
         targets,
         LoadShape {
             duration: Duration::from_secs_f64(600.0 / speed),
-            base_rate: 1.0,
-            peak_factor: 4.0,
+            base_rate: plan.base_rate,
+            peak_factor: plan.peak_factor,
             peak_center_ratio: 0.5,
             peak_width_ratio: 0.12,
             ..LoadShape::default()
@@ -191,7 +287,25 @@ pub fn demo_faults(
     }
 }
 
-fn print_banner(w: &World, model: &str) {
+/// The banner's line on the load: what was calibrated and what the peak does.
+pub fn load_line(plan: Option<&DemoLoadPlan>, speed: f64) -> String {
+    match plan {
+        None => "none (--no-load)".into(),
+        Some(p) => format!(
+            "an evening every {:.0} s: {:.2} flows/s, peak {:.2} flows/s at {:.0} s ({:.1}× / {:.1}× the {} capacity of {:.2} flows/s)",
+            600.0 / speed,
+            p.base_rate,
+            p.peak_rate(),
+            300.0 / speed,
+            BASE_LOAD_RATIO,
+            PEAK_LOAD_RATIO,
+            if p.calibrated { "measured" } else { "given" },
+            p.capacity_flows_per_s,
+        ),
+    }
+}
+
+fn print_banner(w: &World, model: &str, plan: Option<&DemoLoadPlan>, speed: f64) {
     let ui = format!("http://{}", w.http_addr());
     let t = w.tokens();
     let bus = if w.uses_redis() {
@@ -202,13 +316,19 @@ fn print_banner(w: &World, model: &str) {
     println!(
         "\nbrownout-demo is running.\n\
          \n  web UI        {ui}/login?token={read}\n  JSON API      {ui}/api/v1/... (Authorization: Bearer <read token>)\n  metrics       {ui}/metrics\n  weekly report {ui}/reports/current\n  OTLP          grpc://{grpc}  http://{otlp}\n\
-         \n  engines       {engines}   (model: {model})\n  gpu-agents    {agents}   (GPUs SIMULATED)\n  command bus   {bus}\n  app faults    GPU queue and tool timeouts, KV pressure from service agent-app (SIMULATED)\n\
+         \n  engines       {engines}   (model: {model}{model_note})\n  load          {load}\n  gpu-agents    {agents}   (GPUs SIMULATED)\n  command bus   {bus}\n  app faults    GPU queue and tool timeouts, KV pressure from service agent-app (SIMULATED)\n\
          \n  ingest token  {ingest}\n  read token    {read}\n  admin token   {admin}\n\
          \n  Pin a tier:   curl -X POST -H 'Authorization: Bearer {admin}' -H 'content-type: application/json' \\\n                 -d '{{\"tier\":2,\"duration_secs\":60,\"reason\":\"drill\"}}' {ui}/api/v1/degrade/override\n\
          \nCtrl-C stops.\n",
         grpc = w.otlp_grpc_addr(),
         otlp = w.otlp_http_addr(),
         engines = w.engine_urls().join(" "),
+        model_note = if model == "tiny-random" {
+            ", a tiny random model: scripts/fetch-model.sh fetches SmolLM2"
+        } else {
+            ""
+        },
+        load = load_line(plan, speed),
         agents = w.agent_urls().join(" "),
         ingest = t.0,
         read = t.1,

@@ -362,18 +362,50 @@ async fn calibrate(args: &OverloadArgs, model: &str) -> anyhow::Result<f64> {
         agents: false,
         ..Setup::LoopOff.world_options(model)
     };
+    let cfg = load_config(args, Vec::new(), LoadShape::default(), "calibrate")?;
+    calibrate_capacity(
+        opts,
+        &cfg,
+        Duration::from_secs(args.calibrate_secs),
+        "bench overload",
+    )
+    .await
+}
+
+/// The capacity of a fresh deployment built from `opts` (start it without agents and in dry
+/// run, so nothing degrades while it is measured), in flows per second that finish within
+/// their deadlines: users in a closed loop without think time on `template`'s flows (its
+/// targets are replaced by the deployment's engines), the best of `max_num_seqs/2`,
+/// `max_num_seqs` and `2×max_num_seqs` users per engine, `total` shared between the three.
+/// Used by `brownout-demo bench overload` and by `brownout-demo demo` (which scales its
+/// evening peak to it). Progress lines on stderr start with `label`.
+///
+/// # Errors
+/// When the deployment cannot start or the load cannot run.
+pub async fn calibrate_capacity(
+    opts: WorldOptions,
+    template: &LoadConfig,
+    total: Duration,
+    label: &str,
+) -> anyhow::Result<f64> {
     let seqs = opts.engine.max_num_seqs.max(1);
     let world = World::start(opts).await?;
-    let mut cfg = load_config(args, world.engine_urls(), LoadShape::default(), "calibrate")?;
+    let engines = world.engine_urls();
+    let n = engines.len().max(1);
+    let mut cfg = template.clone();
+    cfg.targets = engines;
+    cfg.label = "calibrate".into();
+    cfg.progress = false;
     // No think time: a closed-loop user is then always on the engine, so the figure is what the
     // engine can serve (think time costs the engine nothing in the open-loop runs either).
     cfg.speed = 1e9;
-    let each = Duration::from_secs_f64((args.calibrate_secs as f64 / 3.0).max(2.0));
+    let each = Duration::from_secs_f64((total.as_secs_f64() / 3.0).max(2.0));
     let mut best = 0.0f64;
     for c in [(seqs / 2).max(1), seqs, seqs * 2] {
-        let r = brownout::loadgen::closed_loop_flows_per_s(&cfg, c, each).await?;
+        let users = c * n;
+        let r = brownout::loadgen::closed_loop_flows_per_s(&cfg, users, each).await?;
         eprintln!(
-            "bench overload: calibration: {c} users in a closed loop → {r:.2} flows/s within deadline"
+            "{label}: calibration: {users} users in a closed loop → {r:.2} flows/s within deadline"
         );
         best = best.max(r);
     }

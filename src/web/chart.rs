@@ -481,6 +481,78 @@ pub fn gauge_bar(ratio: f64, warn: f64, crit: f64, label: &str, text: Option<&st
     Svg(s)
 }
 
+/// The bar of an error budget: filled by what is *left* (full at 100 %, empty when spent or
+/// overspent), amber from half spent, red from three quarters spent, with ticks there, and
+/// `text` (the remaining budget as shown) to its right and in its tooltip.
+pub fn budget_bar(remaining: f64, text: &str) -> Svg {
+    const W: f64 = 150.0;
+    const BAR: f64 = 96.0;
+    const H: f64 = 14.0;
+    let left = if remaining.is_finite() {
+        remaining.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let zone = if !remaining.is_finite() || remaining <= 0.25 {
+        "crit"
+    } else if remaining <= 0.5 {
+        "warn"
+    } else {
+        "ok"
+    };
+    let shown = escape(text);
+    let mut s = format!(
+        r#"<svg class="gauge budget" xmlns="http://www.w3.org/2000/svg" width="{W:.0}" height="{H:.0}" viewBox="0 0 {W:.0} {H:.0}" role="img" aria-label="error budget left: {shown}"><title>error budget left: {shown}</title><rect x="0" y="1" width="{BAR:.0}" height="{:.0}" class="gauge-bg"/><rect x="0" y="1" width="{:.1}" height="{:.0}" class="gauge-fill {zone}"/>"#,
+        H - 2.0,
+        left * BAR,
+        H - 2.0,
+    );
+    for (v, class) in [(0.5, "warn"), (0.25, "crit")] {
+        let _ = write!(
+            s,
+            r#"<line x1="{0:.1}" x2="{0:.1}" y1="0" y2="{H:.0}" class="tick {class}"/>"#,
+            v * BAR
+        );
+    }
+    let _ = write!(
+        s,
+        r#"<text x="{:.0}" y="11" class="gauge-text">{shown}</text></svg>"#,
+        BAR + 6.0
+    );
+    Svg(s)
+}
+
+/// A window name (`5m`, `1h`, `3d`, `30s`, `1w`) in seconds; `None` when it is not one.
+pub fn window_secs(w: &str) -> Option<u64> {
+    let w = w.trim();
+    let split = w.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = w.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        _ => return None,
+    };
+    Some(n * mult)
+}
+
+/// The union of the windows in `lists`, shortest first (names that are no duration last, in
+/// the order first seen): the columns of a table whose rows have different windows.
+pub fn window_union<'a>(lists: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for w in lists {
+        if !out.iter().any(|o| o == w) {
+            out.push(w.to_string());
+        }
+    }
+    // Stable: unknown names keep their first-seen order.
+    out.sort_by_key(|w| window_secs(w).unwrap_or(u64::MAX));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -557,6 +629,42 @@ mod tests {
             gauge_bar(f64::NAN, 0.8, 0.9, "x", None)
                 .as_str()
                 .contains("n/a")
+        );
+    }
+
+    #[test]
+    fn budget_bar_is_full_when_untouched_and_empty_when_spent() {
+        let full = budget_bar(1.0, "100.0%");
+        assert!(
+            full.as_str()
+                .contains(r#"width="96.0" height="12" class="gauge-fill ok""#)
+        );
+        assert!(
+            full.as_str()
+                .contains("<title>error budget left: 100.0%</title>")
+        );
+        assert!(!full.as_str().contains("used"));
+        let half = budget_bar(0.4, "40.0%");
+        assert!(
+            half.as_str()
+                .contains(r#"width="38.4" height="12" class="gauge-fill warn""#)
+        );
+        let spent = budget_bar(-3.2, "-320.0%");
+        assert!(
+            spent
+                .as_str()
+                .contains(r#"width="0.0" height="12" class="gauge-fill crit""#)
+        );
+    }
+
+    #[test]
+    fn window_union_orders_by_duration() {
+        assert_eq!(window_secs("5m"), Some(300));
+        assert_eq!(window_secs("3d"), Some(259_200));
+        assert_eq!(window_secs("soon"), None);
+        assert_eq!(
+            window_union(["1h", "6h", "3d", "5m", "30m", "1h", "6h", "x"]),
+            vec!["5m", "30m", "1h", "6h", "3d", "x"]
         );
     }
 

@@ -117,6 +117,8 @@ pub fn templates() -> tera::Tera {
     t.register_filter("path", filter_path);
     t.register_function("gauge", fn_gauge);
     t.register_function("spark", fn_spark);
+    t.register_function("budget", fn_budget);
+    t.register_function("burn_windows", fn_burn_windows);
     t
 }
 
@@ -653,6 +655,29 @@ fn fn_gauge(args: &HashMap<String, Value>) -> tera::Result<Value> {
         text,
     );
     Ok(Value::String(svg.as_str().to_string()))
+}
+
+/// `budget(remaining=, text=)`: a [`chart::budget_bar`] (filled by the budget left).
+fn fn_budget(args: &HashMap<String, Value>) -> tera::Result<Value> {
+    let remaining = num_arg(args, "remaining", f64::NAN);
+    let text = args.get("text").and_then(Value::as_str).unwrap_or("");
+    Ok(Value::String(
+        chart::budget_bar(remaining, text).as_str().to_string(),
+    ))
+}
+
+/// `burn_windows(slos=)`: the union of the burn-rate windows of the SLO summaries, shortest
+/// first ([`chart::window_union`]): the overview's columns, so an SLO with other windows than the
+/// first still lines up (blank cells where it lacks one).
+fn fn_burn_windows(args: &HashMap<String, Value>) -> tera::Result<Value> {
+    let slos = args.get("slos").and_then(Value::as_array);
+    let names = slos
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.get("burn_rates").and_then(Value::as_array))
+        .flatten()
+        .filter_map(|b| b.get("window").and_then(Value::as_str));
+    Ok(Value::from(chart::window_union(names)))
 }
 
 /// `spark(points=, width=, height=)`: a [`chart::sparkline`] of `[{ts_ms, value}]`.

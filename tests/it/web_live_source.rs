@@ -649,6 +649,63 @@ async fn a_fresh_plane_renders_every_page_with_empty_states() {
     p.run.stop().await.unwrap();
 }
 
+/// A fresh deployment: request spans of `chat` and a snapshot of its engines (served model
+/// `default`), no failure yet. The overview used to list `chat 0 instances` and `default 2
+/// instances` until the first failure told it chat's hosts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_with_spans_only_owns_the_engines_nothing_else_claims() {
+    let p = start(None).await;
+    let app = web::router(p.source.clone());
+    let http = format!("http://{}", p.run.http_addr);
+    let client = reqwest::Client::new();
+    let n = Names {
+        model: "default".into(),
+        ..plain_names()
+    };
+    let r = client
+        .post(format!("{http}/v1/traces"))
+        .bearer_auth(INGEST)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&spans(&n, 10, 0)).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let r = client
+        .post(format!("{http}/v1/agents/snapshot"))
+        .bearer_auth(INGEST)
+        .json(&snapshot(&n))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let mut services = serde_json::Value::Null;
+    for _ in 0..100 {
+        let (_, j) = get(&app, "/ui/api/overview").await;
+        let j: serde_json::Value = serde_json::from_str(&j).unwrap();
+        services = j["services"].clone();
+        let chat = services
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["name"] == "chat"));
+        if chat.is_some_and(|c| c["num_instances"] == 1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let names: Vec<&str> = services
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, ["chat"], "{services}");
+    assert_eq!(services[0]["num_instances"], 1, "{services}");
+    let (status, body) = get(&app, "/services/chat").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("gpu-node-a/engine-0"), "{body}");
+    p.run.stop().await.unwrap();
+}
+
 // ---- XSS through ingest ---------------------------------------------------------------------
 
 /// Each payload, if it ran, would set `data-pwned` on `<body>` or change the title.

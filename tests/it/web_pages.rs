@@ -522,3 +522,255 @@ async fn an_engine_with_no_block_in_use_shows_no_token_occupancy() {
         "no 100 % occupancy for 0 blocks"
     );
 }
+
+/// The sample world with its overview changed by `edit`.
+struct EditedOverview(SampleDataSource, fn(&mut web::OverviewView));
+
+impl UiDataSource for EditedOverview {
+    fn overview(&self) -> BoxFuture<'_, Result<web::OverviewView, UiError>> {
+        async move {
+            let mut v = self.0.overview().await?;
+            (self.1)(&mut v);
+            Ok(v)
+        }
+        .boxed()
+    }
+    fn hosts(&self) -> BoxFuture<'_, Result<web::HostsView, UiError>> {
+        self.0.hosts()
+    }
+    fn host<'a>(&'a self, h: &'a str) -> BoxFuture<'a, Result<web::HostDetailView, UiError>> {
+        self.0.host(h)
+    }
+    fn service<'a>(&'a self, s: &'a str) -> BoxFuture<'a, Result<web::ServiceView, UiError>> {
+        self.0.service(s)
+    }
+    fn instance<'a>(
+        &'a self,
+        s: &'a str,
+        i: &'a str,
+    ) -> BoxFuture<'a, Result<web::InstanceView, UiError>> {
+        self.0.instance(s, i)
+    }
+    fn patterns(&self) -> BoxFuture<'_, Result<web::PatternsView, UiError>> {
+        self.0.patterns()
+    }
+    fn slos(&self) -> BoxFuture<'_, Result<web::SloView, UiError>> {
+        self.0.slos()
+    }
+    fn degradation(&self) -> BoxFuture<'_, Result<web::DegradationView, UiError>> {
+        self.0.degradation()
+    }
+    fn resource(&self) -> BoxFuture<'_, Result<web::ResourceView, UiError>> {
+        self.0.resource()
+    }
+}
+
+/// The overview's SLO table: `(header cells, cells of each body row)`.
+fn slo_table(page: &str) -> (Vec<String>, Vec<usize>) {
+    let start = page.find("SLOs and error budgets").expect("SLO section");
+    let table = &page[start..];
+    let table = &table[..table.find("</table>").expect("end of the SLO table")];
+    let head = &table[table.find("<thead>").unwrap()..table.find("</thead>").unwrap()];
+    let headers = head
+        .split("<th>")
+        .skip(1)
+        .map(|c| c[..c.find("</th>").unwrap()].to_string())
+        .collect();
+    let body = &table[table.find("<tbody>").unwrap()..];
+    let rows = body
+        .split("<tr>")
+        .skip(1)
+        .map(|r| r.matches("<td").count())
+        .collect();
+    (headers, rows)
+}
+
+#[tokio::test]
+async fn the_slo_table_has_a_column_for_every_window_of_every_slo() {
+    fn edit(v: &mut web::OverviewView) {
+        assert!(v.slos.len() >= 3, "the sample has SLOs to edit");
+        // The second SLO has other windows than the first; the third lacks the 3d one.
+        v.slos[1].burn_rates = vec![
+            web::BurnRate {
+                window: "30m".into(),
+                rate: 2.0,
+                threshold: 14.4,
+            },
+            web::BurnRate {
+                window: "6h".into(),
+                rate: 7.0,
+                threshold: 6.0,
+            },
+        ];
+        v.slos[2].burn_rates.retain(|b| b.window != "3d");
+    }
+    let (status, _, page) = get(
+        Arc::new(EditedOverview(SampleDataSource::new(NOW_MS), edit)),
+        "/",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (headers, rows) = slo_table(&page);
+    assert_eq!(
+        headers,
+        [
+            "SLO",
+            "objective",
+            "budget left",
+            "burn 5m",
+            "30m",
+            "1h",
+            "6h",
+            "3d",
+            "alert"
+        ],
+        "the union of the windows, shortest first"
+    );
+    assert!(rows.len() >= 3);
+    for (i, cells) in rows.iter().enumerate() {
+        assert_eq!(*cells, headers.len(), "row {i} has a cell per column");
+    }
+    assert!(page.contains("has no 30m window"), "a blank cell says why");
+    // The edited SLO's 6h rate sits under 6h: the cell after its three blanks and 30m.
+    assert!(page.contains("6h burn rate; threshold 6") && page.contains(">7.0×</td>"));
+}
+
+#[tokio::test]
+async fn an_untouched_budget_draws_a_full_bar_and_a_spent_one_an_empty_bar() {
+    fn edit(v: &mut web::OverviewView) {
+        v.slos[0].budget_remaining_ratio = 1.0;
+        v.slos[1].budget_remaining_ratio = -2.5;
+    }
+    let (status, _, page) = get(
+        Arc::new(EditedOverview(SampleDataSource::new(NOW_MS), edit)),
+        "/",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        !page.contains("error budget used"),
+        "the tooltip says what the bar is"
+    );
+    assert!(page.contains("<title>error budget left: 100.0%</title>"));
+    assert!(
+        page.contains(r#"width="96.0" height="12" class="gauge-fill ok""#),
+        "100 % left fills the bar"
+    );
+    assert!(page.contains("<title>error budget left: -250.0%</title>"));
+    assert!(
+        page.contains(r#"width="0.0" height="12" class="gauge-fill crit""#),
+        "an overspent budget leaves it empty, in red"
+    );
+}
+
+mod degradation_timeline {
+    use brownout::degrade::{DecisionRecord, Transition};
+    use brownout::web::live::degradation::{
+        ACK_GRACE_MS, TIER_WINDOW_MIN_MS, TIER_WINDOW_MS, ack_lagging, tier_changes, window_start,
+    };
+    use brownout_protocol::{Command, Tier};
+
+    const T: u64 = super::NOW_MS;
+
+    fn rec(at_ms: u64, previous: u8, tier: u8, trigger: &str) -> DecisionRecord {
+        let t = |u: u8| Tier::try_from(u).unwrap();
+        DecisionRecord {
+            at_ms,
+            tier: t(tier),
+            previous: t(previous),
+            transition: if tier > previous {
+                Transition::Enter
+            } else if tier < previous {
+                Transition::StepDown
+            } else {
+                Transition::Hold
+            },
+            trigger: trigger.into(),
+            detail: format!("{trigger} detail"),
+            reasons: vec![],
+            dry_run: false,
+            published: Some((1, at_ms / 1000)),
+            instance_actions: vec![],
+        }
+    }
+
+    #[test]
+    fn the_timeline_spans_the_data_with_a_minimum() {
+        // Two minutes of decisions: the five-minute minimum, not six hours.
+        let recs = [
+            rec(T - 120_000, 0, 0, "recovered"),
+            rec(T - 60_000, 0, 1, "queue_depth"),
+        ];
+        assert_eq!(window_start(&recs, T), T - TIER_WINDOW_MIN_MS);
+        // Two hours: from a little before the first decision.
+        let recs = [rec(T - 2 * 3_600_000, 0, 0, "recovered")];
+        let start = window_start(&recs, T);
+        assert!(
+            start < T - 2 * 3_600_000 && start > T - 3 * 3_600_000,
+            "{start}"
+        );
+        // Older than six hours: six hours.
+        let recs = [rec(T - 30 * 3_600_000, 0, 0, "recovered")];
+        assert_eq!(window_start(&recs, T), T - TIER_WINDOW_MS);
+        assert_eq!(window_start(&[], T), T - TIER_WINDOW_MIN_MS);
+    }
+
+    #[test]
+    fn the_first_row_at_start_up_does_not_read_recovered() {
+        let (rows, quiet) = tier_changes(&[rec(T - 10_000, 0, 0, "recovered")], T - 300_000);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].reason.trigger, "none");
+        assert!(
+            rows[0]
+                .reason
+                .detail
+                .contains("since the control loop started")
+        );
+        assert!(quiet, "never left T0");
+        // A real recovery still reads recovered.
+        let (rows, quiet) = tier_changes(
+            &[
+                rec(T - 50_000, 0, 0, "recovered"),
+                rec(T - 40_000, 0, 1, "queue_depth"),
+                rec(T - 10_000, 1, 0, "recovered"),
+            ],
+            T - 300_000,
+        );
+        let triggers: Vec<&str> = rows.iter().map(|r| r.reason.trigger.as_str()).collect();
+        assert_eq!(triggers, ["none", "queue_depth", "recovered"]);
+        assert!(!quiet);
+    }
+
+    #[test]
+    fn a_change_of_trigger_at_the_same_tier_is_a_row() {
+        let (rows, _) = tier_changes(
+            &[
+                rec(T - 90_000, 0, 0, "recovered"),
+                rec(T - 80_000, 0, 2, "operator"),
+                rec(T - 20_000, 2, 2, "slo_burn"),
+                rec(T - 10_000, 2, 2, "slo_burn"),
+            ],
+            T - 300_000,
+        );
+        let rows: Vec<(u8, &str)> = rows
+            .iter()
+            .map(|r| (r.tier.as_u8(), r.reason.trigger.as_str()))
+            .collect();
+        assert_eq!(rows, [(0, "none"), (2, "operator"), (2, "slo_burn")]);
+    }
+
+    #[test]
+    fn an_ack_is_lagging_only_after_the_grace() {
+        let cmd = Command::normal("c", 1, 7, T - 500, 15_000);
+        // Published half a second ago, the instance acked the previous version 5 s ago (a
+        // lease refresh): not lagging yet.
+        assert!(!ack_lagging(true, T - 5_000, Some(&cmd), T));
+        // Not applied ACK_GRACE_MS after it was published: lagging.
+        let old = Command::normal("c", 1, 7, T - ACK_GRACE_MS - 1, 15_000);
+        assert!(ack_lagging(true, T - 5_000, Some(&old), T));
+        // Up to date: never lagging.
+        assert!(!ack_lagging(false, T - 60_000, Some(&old), T));
+        // No ack for longer than a refresh plus the grace, even right after a publish.
+        assert!(ack_lagging(true, T - 8_000, Some(&cmd), T));
+    }
+}

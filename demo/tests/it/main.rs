@@ -9,6 +9,7 @@ mod degrade_redis;
 mod degrade_sentinel;
 mod degrade_stopbleed;
 mod degrade_ui;
+mod demo_loop;
 mod drills;
 mod e2e_world;
 mod first_run_defaults;

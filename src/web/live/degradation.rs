@@ -33,8 +33,57 @@ pub fn entry_text(e: &brownout_protocol::InstanceEntry) -> String {
     v.join(", ")
 }
 
-/// Window of the degradation timeline.
-const TIER_WINDOW_MS: u64 = 6 * HOUR_MS;
+/// Longest window of the degradation timeline.
+pub const TIER_WINDOW_MS: u64 = 6 * HOUR_MS;
+/// Shortest window of the timeline: a plane that started a minute ago shows its minute on
+/// [`TIER_WINDOW_MIN_MS`], not as a sliver at the edge of six hours.
+pub const TIER_WINDOW_MIN_MS: u64 = 5 * 60_000;
+/// An instance behind the command in force is shown as lagging only once the command has gone
+/// unacknowledged this long (acks take a subscriber poll to arrive).
+pub const ACK_GRACE_MS: u64 = 2_000;
+
+/// The timeline's start: from the oldest decision of the last [`TIER_WINDOW_MS`] (with a
+/// little room before it), at least [`TIER_WINDOW_MIN_MS`] before `now`.
+pub fn window_start(records: &[DecisionRecord], now: u64) -> u64 {
+    let earliest = now.saturating_sub(TIER_WINDOW_MS);
+    let first = records
+        .iter()
+        .map(|r| r.at_ms)
+        .filter(|t| *t >= earliest)
+        .min()
+        .unwrap_or(now);
+    let span = now.saturating_sub(first);
+    let span = (span + span / 20).clamp(TIER_WINDOW_MIN_MS, TIER_WINDOW_MS);
+    now.saturating_sub(span)
+}
+
+/// The reason of the first decision after start, at T0 with nothing ever raised: the
+/// controller calls it `recovered` (inputs clear), but nothing has recovered from anything.
+fn start_reason(r: &DecisionRecord) -> Option<Reason> {
+    (r.tier == Tier::T0 && r.previous == Tier::T0 && r.trigger == "recovered").then(|| Reason {
+        trigger: "none".into(),
+        detail: "T0 since the control loop started: every input below its threshold".into(),
+        ..Reason::default()
+    })
+}
+
+/// Lagging: behind the command in force after [`ACK_GRACE_MS`] (the command was published
+/// that long ago and is not applied), or its last ack older than a lease refresh (a third of
+/// the lease: the controller republishes that often) plus the grace.
+pub fn ack_lagging(
+    behind: bool,
+    acked_at_ms: u64,
+    command: Option<&brownout_protocol::Command>,
+    now: u64,
+) -> bool {
+    let Some(c) = command else {
+        return behind;
+    };
+    let lease = c.expires_at_ms.saturating_sub(c.issued_at_ms);
+    behind
+        && (now.saturating_sub(c.issued_at_ms) > ACK_GRACE_MS
+            || now.saturating_sub(acked_at_ms) > lease / 3 + ACK_GRACE_MS)
+}
 
 /// Decisions persisted as docs and those held in memory, one per timestamp, oldest first.
 fn merge_decisions(docs: Vec<Doc>, in_memory: Vec<DecisionRecord>) -> Vec<DecisionRecord> {
@@ -62,39 +111,59 @@ fn merge_decisions(docs: Vec<Doc>, in_memory: Vec<DecisionRecord>) -> Vec<Decisi
     by_ts.into_values().collect()
 }
 
-/// The cluster's degradation from the controller's status and the decisions (oldest first).
-fn cluster_view(status: DegradeStatus, records: &[DecisionRecord], now: u64) -> ClusterDegradation {
-    let window_start = now.saturating_sub(TIER_WINDOW_MS);
-    let command = status.command.clone();
+/// The rows of the tier timeline from the decisions (oldest first): a row for each change of
+/// tier or of trigger (operator → slo_burn at the same tier is a new row), the last one before
+/// `window_start` then every one inside; and whether the cluster never left T0 (its first
+/// decision was the start one, and no later one raised it).
+pub fn tier_changes(records: &[DecisionRecord], window_start: u64) -> (Vec<TierChange>, bool) {
     let change = |r: &DecisionRecord| TierChange {
         ts_ms: r.at_ms,
         tier: r.tier,
-        reason: Reason {
+        reason: start_reason(r).unwrap_or_else(|| Reason {
             trigger: r.trigger.clone(),
             detail: r.detail.clone(),
             ..Reason::default()
-        },
+        }),
         version: r.published.map_or(0, |(_, v)| v),
     };
-    // Tier changes only: the last change before the window, then every change inside.
     let mut changes: Vec<TierChange> = Vec::new();
-    let mut last_tier: Option<Tier> = None;
+    let mut last: Option<(Tier, &str)> = None;
+    let mut started_quiet = false;
     for r in records {
-        if last_tier == Some(r.tier) {
+        if last == Some((r.tier, r.trigger.as_str())) {
             continue;
         }
-        last_tier = Some(r.tier);
+        if last.is_none() {
+            started_quiet = start_reason(r).is_some();
+        } else if r.tier != Tier::T0 {
+            started_quiet = false;
+        }
+        last = Some((r.tier, r.trigger.as_str()));
         let c = change(r);
         if r.at_ms < window_start {
             changes.clear();
         }
         changes.push(c);
     }
+    (changes, started_quiet)
+}
+
+/// The cluster's degradation from the controller's status and the decisions (oldest first):
+/// what the degradation page and the overview's tier card show.
+pub fn cluster_view(
+    status: DegradeStatus,
+    records: &[DecisionRecord],
+    now: u64,
+) -> ClusterDegradation {
+    let window_start = window_start(records, now);
+    let command = status.command.clone();
+    let (mut changes, started_quiet) = tier_changes(records, window_start);
     let tier = status.tier;
     let last = changes.last().cloned();
     let since_ms = last.as_ref().map_or(window_start, |c| c.ts_ms);
     let reason = match &command {
-        Some(c) if c.tier == tier => c.reason.clone(),
+        // Never left T0: not "recovered" but the start reason.
+        Some(c) if c.tier == tier && !(started_quiet && tier == Tier::T0) => c.reason.clone(),
         _ => last
             .as_ref()
             .map(|c| c.reason.clone())
@@ -120,7 +189,11 @@ fn cluster_view(status: DegradeStatus, records: &[DecisionRecord], now: u64) -> 
             epoch: a.epoch,
             version: a.version,
             applied_at_ms: a.at_ms,
-            lag_ms: a.lag_ms.unwrap_or(0),
+            // Behind: how long the command in force has waited for this instance.
+            lag_ms: match &command {
+                Some(c) if a.behind => now.saturating_sub(c.issued_at_ms),
+                _ => a.lag_ms.unwrap_or(0),
+            },
             nack_reason: (a.status != "applied").then(|| {
                 if a.reason.is_empty() {
                     a.status.clone()
@@ -128,7 +201,7 @@ fn cluster_view(status: DegradeStatus, records: &[DecisionRecord], now: u64) -> 
                     a.reason.clone()
                 }
             }),
-            lagging: a.behind,
+            lagging: ack_lagging(a.behind, a.at_ms, command.as_ref(), now),
         })
         .collect();
     let instance_actions = status

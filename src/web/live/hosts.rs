@@ -114,7 +114,7 @@ impl LiveDataSource {
             .find(|h| h.host == name)
             .ok_or_else(|| UiError::not_found("host", name))?;
         let hist = self.host_history(name);
-        let idx = self.service_index(now).await?;
+        let idx = self.service_index(now).await?.attributed(&hosts);
         let instances = instances_on(name, h, &idx, &hosts);
         Ok(host_detail(self.parts.origin, now, h, &hist, instances))
     }

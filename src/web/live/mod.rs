@@ -17,7 +17,7 @@
 //! queries, component handles); what the page shows is computed by plain functions from what
 //! was gathered. Nothing here blocks on a lock across an `.await`.
 
-mod degradation;
+pub mod degradation;
 mod hosts;
 mod overview;
 mod patterns;

@@ -12,7 +12,7 @@ impl LiveDataSource {
         let now = now_ms();
         self.sample(now);
         let hosts = self.registry().list(now);
-        let idx = self.service_index(now).await?;
+        let idx = self.service_index(now).await?.attributed(&hosts);
         let services = service_list(&idx, &hosts, now);
         let patterns = self.patterns_now(now).await?;
         let cluster = self.cluster(now).await;

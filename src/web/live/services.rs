@@ -22,12 +22,12 @@ const RATE_WINDOW_MS: u64 = 5 * 60_000;
 const TREND_BUCKET_MS: u64 = 5 * 60_000;
 
 /// Services seen in the last hour, with their golden signals and where they run.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct ServiceIndex {
     pub(super) services: BTreeMap<String, ServiceFacts>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct ServiceFacts {
     /// Request spans in the rate window.
     total: u64,
@@ -53,6 +53,37 @@ impl ServiceFacts {
             bad as f64 / total as f64
         };
         (total as f64, ratio)
+    }
+}
+
+impl ServiceIndex {
+    /// The index with the hosts of a service that only sent spans so far. A service learns its
+    /// hosts from its failure reports (request counts carry no host), so a fresh deployment
+    /// showed `chat 0 instances` beside its engines listed under their model name (`default 2
+    /// instances`) until the first failure. When exactly one service has traffic and no known
+    /// host, the hosts with engines that no service reports from are its own; with several
+    /// such services nothing is guessed.
+    pub(super) fn attributed(&self, hosts: &[HostView]) -> ServiceIndex {
+        let mut idx = self.clone();
+        let hostless: Vec<String> = idx
+            .services
+            .iter()
+            .filter(|(_, f)| f.hosts.is_empty() && f.buckets.values().any(|b| b.1 > 0))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let [only] = hostless.as_slice() else {
+            return idx;
+        };
+        let claimed: BTreeSet<&String> = self.services.values().flat_map(|f| &f.hosts).collect();
+        let unclaimed: Vec<String> = hosts
+            .iter()
+            .filter(|h| !h.snapshot.engines.is_empty() && !claimed.contains(&h.host))
+            .map(|h| h.host.clone())
+            .collect();
+        if let Some(f) = idx.services.get_mut(only) {
+            f.hosts.extend(unclaimed);
+        }
+        idx
     }
 }
 
@@ -314,7 +345,7 @@ impl LiveDataSource {
     pub(super) async fn service_view(&self, name: &str) -> Result<ServiceView, UiError> {
         let now = now_ms();
         let hosts = self.registry().list(now);
-        let idx = self.service_index(now).await?;
+        let idx = self.service_index(now).await?.attributed(&hosts);
         let (service, instances, _) = service_parts(&idx, name, &hosts, now)
             .ok_or_else(|| UiError::not_found("service", name))?;
         Ok(ServiceView {
@@ -332,7 +363,7 @@ impl LiveDataSource {
     ) -> Result<InstanceView, UiError> {
         let now = now_ms();
         let hosts = self.registry().list(now);
-        let idx = self.service_index(now).await?;
+        let idx = self.service_index(now).await?.attributed(&hosts);
         let (_, summaries, insts) = service_parts(&idx, service, &hosts, now)
             .ok_or_else(|| UiError::not_found("service", service))?;
         let Some(pos) = insts.iter().position(|(id, _, _)| id == instance) else {
