@@ -64,9 +64,27 @@ pub struct OverloadArgs {
     /// After the load, wait at most this long for the serving tier to be back at T0.
     #[arg(long, default_value_t = 45)]
     pub settle_secs: u64,
-    /// Which configurations to run, in order.
+    /// Which configurations to run, in order: `baseline`, `loop_off`, `loop_on`, and ablations of
+    /// the loop that switch one mechanism off: `loop_on:no-fast-triggers`,
+    /// `loop_on:no-demand-trigger`, `loop_on:no-admission-ramp`, `loop_on:no-instance-actions`, `loop_on:no-critical-reserve`,
+    /// `loop_on:no-refusal-aware-slis`; `all` = the three and every ablation.
     #[arg(long, default_value = "baseline,loop_off,loop_on")]
     pub configs: String,
+    /// Policy YAML for the controller (default: the built-in examples/policy-overload.yaml).
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// Simulated GPU pace: every engine step takes at least this many ms (the real model still
+    /// runs; see `brownout-serve --simulate-step-ms`), so capacity is bound by step time and
+    /// sequence slots, not by the CPU the load generator shares. Default: 25 for tiny-random,
+    /// 0 (off: the real CPU pace) otherwise.
+    #[arg(long)]
+    pub simulate_step_ms: Option<u64>,
+    /// Hold of the overload in the ablation runs (`loop_on:…`), seconds (default: --hold-secs).
+    #[arg(long)]
+    pub ablation_hold_secs: Option<u64>,
+    /// Recovery in the ablation runs, seconds (default: --recovery-secs).
+    #[arg(long)]
+    pub ablation_recovery_secs: Option<u64>,
     /// Shares of client kinds.
     #[arg(long, default_value = "well_behaved=0.6,naive=0.3,impatient=0.1")]
     pub client_mix: ClientMix,
@@ -89,55 +107,200 @@ pub struct OverloadArgs {
     pub out: PathBuf,
 }
 
-/// The three configurations.
+/// The three deployments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Setup {
+pub enum Base {
     Baseline,
     LoopOff,
     LoopOn,
 }
 
-impl Setup {
+/// One mechanism of the loop switched off (an ablation of `loop_on`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Ablation {
+    /// Without the TTFT / queue-wait p99 conditions and the p99 jump (the level triggers stay).
+    NoFastTriggers,
+    /// Without the `demand_ratio` conditions (offered load over measured capacity).
+    NoDemandTrigger,
+    /// Admission opens at once when T3 ends (no `admission_ramp`).
+    NoAdmissionRamp,
+    /// No per-instance conditions (`instances`: max_num_seqs halving, drain).
+    NoInstanceActions,
+    /// `--critical-reserve-ratio 0`.
+    NoCriticalReserve,
+    /// Refusals exported as plain errors, so they feed the SLO burn (as before docs/SLO.md
+    /// "Deliberate refusals").
+    NoRefusalAwareSlis,
+}
+
+impl Ablation {
+    pub const ALL: [Ablation; 6] = [
+        Ablation::NoFastTriggers,
+        Ablation::NoDemandTrigger,
+        Ablation::NoAdmissionRamp,
+        Ablation::NoInstanceActions,
+        Ablation::NoCriticalReserve,
+        Ablation::NoRefusalAwareSlis,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
-            Setup::Baseline => "baseline",
-            Setup::LoopOff => "loop_off",
-            Setup::LoopOn => "loop_on",
+            Ablation::NoFastTriggers => "no-fast-triggers",
+            Ablation::NoDemandTrigger => "no-demand-trigger",
+            Ablation::NoAdmissionRamp => "no-admission-ramp",
+            Ablation::NoInstanceActions => "no-instance-actions",
+            Ablation::NoCriticalReserve => "no-critical-reserve",
+            Ablation::NoRefusalAwareSlis => "no-refusal-aware-slis",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Ablation> {
+        Ablation::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+}
+
+/// One configuration: a deployment, optionally with one loop mechanism off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Setup {
+    pub base: Base,
+    pub ablation: Option<Ablation>,
+}
+
+impl Setup {
+    pub const BASELINE: Setup = Setup {
+        base: Base::Baseline,
+        ablation: None,
+    };
+    pub const LOOP_OFF: Setup = Setup {
+        base: Base::LoopOff,
+        ablation: None,
+    };
+    pub const LOOP_ON: Setup = Setup {
+        base: Base::LoopOn,
+        ablation: None,
+    };
+
+    pub fn as_str(self) -> String {
+        let base = match self.base {
+            Base::Baseline => "baseline",
+            Base::LoopOff => "loop_off",
+            Base::LoopOn => "loop_on",
+        };
+        match self.ablation {
+            None => base.to_string(),
+            Some(a) => format!("{base}:{}", a.as_str()),
         }
     }
 
     fn parse_list(s: &str) -> anyhow::Result<Vec<Setup>> {
         let mut v = Vec::new();
         for p in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let c = match p {
-                "baseline" => Setup::Baseline,
-                "loop_off" => Setup::LoopOff,
-                "loop_on" => Setup::LoopOn,
-                o => anyhow::bail!("unknown configuration {o:?} (baseline, loop_off, loop_on)"),
+            let found: Vec<Setup> = match p {
+                "baseline" => vec![Setup::BASELINE],
+                "loop_off" => vec![Setup::LOOP_OFF],
+                "loop_on" => vec![Setup::LOOP_ON],
+                "all" => [Setup::BASELINE, Setup::LOOP_OFF, Setup::LOOP_ON]
+                    .into_iter()
+                    .chain(Ablation::ALL.into_iter().map(|a| Setup {
+                        base: Base::LoopOn,
+                        ablation: Some(a),
+                    }))
+                    .collect(),
+                o => match o.strip_prefix("loop_on:").and_then(Ablation::parse) {
+                    Some(a) => vec![Setup {
+                        base: Base::LoopOn,
+                        ablation: Some(a),
+                    }],
+                    None => anyhow::bail!(
+                        "unknown configuration {o:?} (baseline, loop_off, loop_on, all, or loop_on:ABLATION with ABLATION one of {})",
+                        Ablation::ALL.map(Ablation::as_str).join(", ")
+                    ),
+                },
             };
-            if !v.contains(&c) {
-                v.push(c);
+            for c in found {
+                if !v.contains(&c) {
+                    v.push(c);
+                }
             }
         }
         anyhow::ensure!(!v.is_empty(), "--configs names no configuration");
         Ok(v)
     }
 
-    /// The deployment of this configuration.
-    pub fn world_options(self, model: &str) -> WorldOptions {
+    /// The deployment of this configuration, with the controller's policy `policy_yaml`.
+    ///
+    /// # Errors
+    /// A policy that is not YAML.
+    pub fn world_options(
+        self,
+        model: &str,
+        policy_yaml: &str,
+        simulate_step_ms: u64,
+    ) -> anyhow::Result<WorldOptions> {
         let mut o = WorldOptions {
             model: model.to_string(),
-            dry_run: self != Setup::LoopOn,
+            dry_run: self.base != Base::LoopOn,
             num_engines: 1,
+            policy_yaml: ablate_policy(policy_yaml, self.ablation)?,
             ..WorldOptions::default()
         };
-        if self == Setup::Baseline {
+        o.engine.simulate_step_ms = simulate_step_ms;
+        // Latency p99s over seconds, not the agent's default 30 s (issue 19: fast triggers).
+        o.agent_window_scrapes = Some(5);
+        if self.base == Base::Baseline {
             o.engine.scheduling_policy = SchedulingPolicy::Fcfs;
             o.engine.critical_reserve_ratio = 0.0;
         }
-        o
+        match self.ablation {
+            Some(Ablation::NoCriticalReserve) => o.engine.critical_reserve_ratio = 0.0,
+            Some(Ablation::NoRefusalAwareSlis) => o.refusals_as_errors = true,
+            _ => {}
+        }
+        Ok(o)
     }
 }
+
+/// The policy with one mechanism removed (unchanged for ablations that are not in the policy).
+///
+/// # Errors
+/// YAML that does not parse.
+pub fn ablate_policy(yaml: &str, ablation: Option<Ablation>) -> anyhow::Result<String> {
+    let Some(a) = ablation else {
+        return Ok(yaml.to_string());
+    };
+    let mut v: serde_yaml::Value = serde_yaml::from_str(yaml).context("the policy YAML")?;
+    let Some(m) = v.as_mapping_mut() else {
+        anyhow::bail!("the policy YAML is not a mapping");
+    };
+    match a {
+        Ablation::NoFastTriggers | Ablation::NoDemandTrigger => {
+            let kinds: &[&str] = if a == Ablation::NoFastTriggers {
+                &["ttft_p99", "queue_wait_p99", "p99_jump"]
+            } else {
+                &["demand_ratio"]
+            };
+            if let Some(tiers) = m.get_mut("tiers").and_then(|t| t.as_mapping_mut()) {
+                for (_, tier) in tiers.iter_mut() {
+                    if let Some(enter) = tier.get_mut("enter").and_then(|e| e.as_sequence_mut()) {
+                        enter.retain(|c| !kinds.iter().any(|k| c.get(*k).is_some()));
+                    }
+                }
+            }
+        }
+        Ablation::NoAdmissionRamp => {
+            m.remove("admission_ramp");
+        }
+        Ablation::NoInstanceActions => {
+            m.remove("instances");
+        }
+        Ablation::NoCriticalReserve | Ablation::NoRefusalAwareSlis => {}
+    }
+    Ok(serde_yaml::to_string(&v)?)
+}
+
+/// The controller's policy in the benchmark: every stop-bleed mechanism on, thresholds for one
+/// engine of 16 sequence slots.
+pub const OVERLOAD_POLICY: &str = include_str!("../../examples/policy-overload.yaml");
 
 /// The load shape in seconds from the start of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -185,12 +348,86 @@ impl Phases {
     }
 }
 
-/// One applied (or, in dry run, decided) tier change, seconds from the start of the load.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+/// One applied (or, in dry run, decided) tier change, seconds from the start of the load, and
+/// why: the decision's primary trigger and its detail.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Change {
     pub at_s: f64,
     pub from: u8,
     pub to: u8,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trigger: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+/// One recorded decision (the controller records those that change the tier, its triggers or
+/// the per-instance actions), seconds from the start of the load.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DecisionLine {
+    pub at_s: f64,
+    pub tier: u8,
+    pub previous: u8,
+    pub transition: String,
+    pub trigger: String,
+    pub detail: String,
+    /// Every latched condition: `T<n> <trigger> = <value> (<condition>)`.
+    pub latched: Vec<String>,
+    /// Per-instance actions in force: `<instance> <action> (<trigger>: <detail>)`.
+    pub actions: Vec<String>,
+}
+
+impl DecisionLine {
+    fn from_record(d: &brownout::degrade::DecisionRecord, start_ms: u64) -> DecisionLine {
+        DecisionLine {
+            at_s: d.at_ms.saturating_sub(start_ms) as f64 / 1000.0,
+            tier: d.tier.as_u8(),
+            previous: d.previous.as_u8(),
+            transition: serde_json::to_value(d.transition)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            trigger: d.trigger.clone(),
+            detail: d.detail.clone(),
+            latched: d
+                .reasons
+                .iter()
+                .map(|c| {
+                    format!(
+                        "T{} {} = {} ({})",
+                        c.tier.as_u8(),
+                        c.trigger,
+                        c.value.map_or("?".into(), |v| format!("{v:.3}")),
+                        c.condition
+                    )
+                })
+                .collect(),
+            actions: d
+                .instance_actions
+                .iter()
+                .map(|a| format!("{} {} ({}: {})", a.instance, a.action, a.trigger, a.detail))
+                .collect(),
+        }
+    }
+}
+
+/// The tier timeline as text: one line per tier change with its reason.
+pub fn timeline_text(changes: &[Change]) -> String {
+    changes
+        .iter()
+        .map(|c| {
+            format!(
+                "{:>7.1} s  T{} → T{}  {}{}{}",
+                c.at_s,
+                c.from,
+                c.to,
+                c.trigger,
+                if c.detail.is_empty() { "" } else { ": " },
+                c.detail
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// What the tier did, from its changes.
@@ -279,14 +516,23 @@ pub struct Figures {
     pub engine_abandoned_tokens: Option<u64>,
     pub scheduling_policy: &'static str,
     pub controller: &'static str,
+    /// The simulated GPU pace of the engine (ms per step; 0: the real CPU pace).
+    pub simulate_step_ms: u64,
+    /// Onset and end of the overload in this run (ablations may use shorter phases).
+    pub onset_s: f64,
+    pub end_s: f64,
 }
 
 /// Everything one configuration produced (overload.json).
 #[derive(Debug, Clone, Serialize)]
 pub struct RunDetail {
     pub figures: Figures,
+    pub phases: Phases,
+    /// Applied tier changes with their reasons.
     pub changes: Vec<Change>,
     pub decided_changes: Vec<Change>,
+    /// Every recorded decision of the run (reasons, latched conditions, per-instance actions).
+    pub decisions: Vec<DecisionLine>,
     /// `(seconds, applied tier)` sampled every 500 ms.
     pub tier_samples: Vec<(f64, u8)>,
     /// `(window start s, flows/s)` in 5 s windows.
@@ -357,10 +603,15 @@ fn load_config(
 
 /// Flows per second a fresh engine completes within their deadlines, closed loop without think
 /// time: the best of `max_num_seqs/2`, `max_num_seqs` and `2×max_num_seqs` concurrent users.
-async fn calibrate(args: &OverloadArgs, model: &str) -> anyhow::Result<f64> {
+async fn calibrate(
+    args: &OverloadArgs,
+    model: &str,
+    policy: &str,
+    step_ms: u64,
+) -> anyhow::Result<f64> {
     let opts = WorldOptions {
         agents: false,
-        ..Setup::LoopOff.world_options(model)
+        ..Setup::LOOP_OFF.world_options(model, policy, step_ms)?
     };
     let cfg = load_config(args, Vec::new(), LoadShape::default(), "calibrate")?;
     calibrate_capacity(
@@ -416,11 +667,13 @@ pub async fn calibrate_capacity(
 async fn one_run(
     args: &OverloadArgs,
     model: &str,
+    policy: &str,
+    step_ms: u64,
     setup: Setup,
     capacity: f64,
     phases: &Phases,
 ) -> anyhow::Result<RunDetail> {
-    let world = World::start(setup.world_options(model)).await?;
+    let world = World::start(setup.world_options(model, policy, step_ms)?).await?;
     let url = world.engine_urls().remove(0);
     let http = brownout::loadgen::http_client()?;
     let before = engine_counters(&http, &url).await;
@@ -432,7 +685,7 @@ async fn one_run(
         profile: phases.profile(),
         ..LoadShape::default()
     };
-    let cfg = load_config(args, vec![url.clone()], shape, setup.as_str())?;
+    let cfg = load_config(args, vec![url.clone()], shape, &setup.as_str())?;
     let start_ms = brownout_protocol::now_ms();
     let started = Instant::now();
     let control = world.engine_controls().remove(0);
@@ -455,7 +708,8 @@ async fn one_run(
     let load = brownout::loadgen::run_load(cfg).await?;
     // Let the tier come back to T0 (the loop's recovery), bounded.
     let settle_until = Instant::now() + Duration::from_secs(args.settle_secs);
-    while setup == Setup::LoopOn && control.tier() != Tier::T0 && Instant::now() < settle_until {
+    while setup.base == Base::LoopOn && control.tier() != Tier::T0 && Instant::now() < settle_until
+    {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let after = engine_counters(&http, &url).await;
@@ -471,7 +725,14 @@ async fn one_run(
         at_s: d.at_ms.saturating_sub(start_ms) as f64 / 1000.0,
         from: d.previous.as_u8(),
         to: d.tier.as_u8(),
+        trigger: d.trigger.clone(),
+        detail: d.detail.clone(),
     };
+    let decision_lines: Vec<DecisionLine> = decisions
+        .iter()
+        .filter(|d| d.at_ms >= start_ms)
+        .map(|d| DecisionLine::from_record(d, start_ms))
+        .collect();
     let decided: Vec<Change> = decisions
         .iter()
         .filter(|d| d.tier != d.previous && d.at_ms >= start_ms)
@@ -484,10 +745,14 @@ async fn one_run(
         .collect();
     let tf = tier_figures(&applied, phases.onset_s(), phases.end_s());
     let df = tier_figures(&decided, phases.onset_s(), phases.end_s());
+    let mut figs = figures(setup, &load, capacity, phases, &tf, &df, before, after);
+    figs.simulate_step_ms = step_ms;
     Ok(RunDetail {
-        figures: figures(setup, &load, capacity, phases, &tf, &df, before, after),
+        figures: figs,
+        phases: *phases,
         changes: applied,
         decided_changes: decided,
+        decisions: decision_lines,
         tier_samples,
         goodput_series: load.timeline.goodput_series(5),
         load,
@@ -583,16 +848,19 @@ fn figures(
         generated_tokens: generated,
         engine_abandoned_requests: delta.map(|d| d.abandoned_requests.max(0.0) as u64),
         engine_abandoned_tokens: delta.map(|d| d.abandoned_tokens.max(0.0) as u64),
-        scheduling_policy: if setup == Setup::Baseline {
+        scheduling_policy: if setup.base == Base::Baseline {
             "fcfs"
         } else {
             "priority"
         },
-        controller: if setup == Setup::LoopOn {
+        controller: if setup.base == Base::LoopOn {
             "on"
         } else {
             "dry_run"
         },
+        simulate_step_ms: 0,
+        onset_s: phases.onset_s(),
+        end_s: phases.end_s(),
     }
 }
 
@@ -779,6 +1047,24 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let model = args.model.clone().unwrap_or_else(super::default_model);
+    let policy = match &args.policy {
+        Some(p) => std::fs::read_to_string(p)
+            .with_context(|| format!("reading --policy {}", p.display()))?,
+        None => OVERLOAD_POLICY.to_string(),
+    };
+    for s in &setups {
+        let o = s.world_options(&model, &policy, 0)?;
+        brownout::degrade::Policy::from_yaml(&o.policy_yaml)
+            .with_context(|| format!("the policy of {}", s.as_str()))?;
+    }
+    let step_ms = args
+        .simulate_step_ms
+        .unwrap_or(if model == "tiny-random" { 25 } else { 0 });
+    let pace = if step_ms > 0 {
+        format!("simulated GPU pace {step_ms} ms/step")
+    } else {
+        "real CPU pace".to_string()
+    };
     let phases = Phases {
         warmup_s: args.warmup_secs as f64,
         ramp_s: args.ramp_secs as f64,
@@ -787,8 +1073,13 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
         base_ratio: args.base_load_ratio,
         overload_factor: args.overload_factor,
     };
+    let ablation_phases = Phases {
+        hold_s: args.ablation_hold_secs.unwrap_or(args.hold_secs) as f64,
+        recovery_s: args.ablation_recovery_secs.unwrap_or(args.recovery_secs) as f64,
+        ..phases
+    };
     eprintln!(
-        "bench overload: model {model}; load average {}; configurations {}",
+        "bench overload: model {model} ({pace}); load average {}; configurations {}",
         load_average().unwrap_or_else(|| "?".into()),
         setups
             .iter()
@@ -804,7 +1095,7 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
             );
             c
         }
-        None => calibrate(&args, &model)
+        None => calibrate(&args, &model, &policy, step_ms)
             .await
             .context("calibrating the capacity")?,
     };
@@ -824,41 +1115,81 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
         phases.end_s()
     );
     let mut details: Vec<(Setup, RunDetail)> = Vec::new();
-    for (i, setup) in setups.iter().enumerate() {
-        eprintln!(
-            "bench overload: run {}/{}: {}",
-            i + 1,
-            setups.len(),
-            setup.as_str()
-        );
-        let d = one_run(&args, &model, *setup, capacity, &phases)
-            .await
-            .with_context(|| format!("the {} run", setup.as_str()))?;
-        eprintln!("{}", d.load.human());
-        details.push((*setup, d));
-    }
-    let figs: Vec<(Setup, &Figures)> = details.iter().map(|(s, d)| (*s, &d.figures)).collect();
-    let table = markdown_table(&figs);
-    let series: Vec<(&str, Vec<(f64, f64)>)> = details
-        .iter()
-        .map(|(s, d)| (s.as_str(), d.goodput_series.clone()))
-        .collect();
-    let svg =
-        super::chart::goodput_chart(&series, capacity, phases.onset_s(), phases.end_s(), &model);
-    let all = serde_json::json!({
-        "model": model,
-        "load_average_at_start": load_average(),
-        "phases": phases,
-        "capacity_flows_per_s": capacity,
-        "runs": details.iter().map(|(s, d)| (s.as_str().to_string(), d)).collect::<BTreeMap<_, _>>(),
-    });
     let write = |name: &str, body: &str| {
         let p = args.out.join(name);
         std::fs::write(&p, body).with_context(|| format!("writing {}", p.display()))
     };
-    write("overload.json", &serde_json::to_string_pretty(&all)?)?;
+    for (i, setup) in setups.iter().enumerate() {
+        let ph = if setup.ablation.is_some() {
+            &ablation_phases
+        } else {
+            &phases
+        };
+        eprintln!(
+            "bench overload: run {}/{}: {} (onset at {:.1} s, end at {:.0} s)",
+            i + 1,
+            setups.len(),
+            setup.as_str(),
+            ph.onset_s(),
+            ph.end_s()
+        );
+        let d = one_run(&args, &model, &policy, step_ms, *setup, capacity, ph)
+            .await
+            .with_context(|| format!("the {} run", setup.as_str()))?;
+        eprintln!("{}", d.load.human());
+        if !d.changes.is_empty() {
+            eprintln!(
+                "bench overload: {} tier timeline:\n{}",
+                setup.as_str(),
+                timeline_text(&d.changes)
+            );
+        }
+        details.push((*setup, d));
+        // Written after every run, so a run cut short keeps what it measured.
+        let figs: Vec<(Setup, &Figures)> = details.iter().map(|(s, d)| (*s, &d.figures)).collect();
+        let mut md = markdown_table(&figs);
+        for (s, d) in &details {
+            if !d.changes.is_empty() {
+                md.push_str(&format!(
+                    "\n{} tier timeline (applied; s from the start, onset {:.1} s, end {:.0} s):\n\n```\n{}\n```\n",
+                    s.as_str(),
+                    d.phases.onset_s(),
+                    d.phases.end_s(),
+                    timeline_text(&d.changes)
+                ));
+            }
+        }
+        let all = serde_json::json!({
+            "model": model,
+            "pace": pace,
+            "simulate_step_ms": step_ms,
+            "load_average_at_start": load_average(),
+            "phases": phases,
+            "ablation_phases": ablation_phases,
+            "capacity_flows_per_s": capacity,
+            "runs": details.iter().map(|(s, d)| (s.as_str(), d)).collect::<BTreeMap<_, _>>(),
+        });
+        write("overload.json", &serde_json::to_string_pretty(&all)?)?;
+        write("overload.md", &md)?;
+    }
+    let figs: Vec<(Setup, &Figures)> = details.iter().map(|(s, d)| (*s, &d.figures)).collect();
+    let table = markdown_table(&figs);
+    // The chart: the three configurations without ablations (they share the phases).
+    let names: Vec<String> = details
+        .iter()
+        .filter(|(s, _)| s.ablation.is_none())
+        .map(|(s, _)| s.as_str())
+        .collect();
+    let series: Vec<(&str, Vec<(f64, f64)>)> = details
+        .iter()
+        .filter(|(s, _)| s.ablation.is_none())
+        .zip(&names)
+        .map(|((_, d), n)| (n.as_str(), d.goodput_series.clone()))
+        .collect();
+    let title = format!("{model}, {pace}");
+    let svg =
+        super::chart::goodput_chart(&series, capacity, phases.onset_s(), phases.end_s(), &title);
     write("goodput.svg", &svg)?;
-    write("overload.md", &table)?;
     eprintln!("{table}");
     eprintln!(
         "bench overload: wrote {0}/overload.json, {0}/goodput.svg, {0}/overload.md",
@@ -873,7 +1204,13 @@ mod tests {
     use super::*;
 
     fn ch(at_s: f64, from: u8, to: u8) -> Change {
-        Change { at_s, from, to }
+        Change {
+            at_s,
+            from,
+            to,
+            trigger: String::new(),
+            detail: String::new(),
+        }
     }
 
     #[test]
@@ -944,17 +1281,108 @@ mod tests {
     fn configurations_parse_and_deploy_as_documented() {
         assert_eq!(
             Setup::parse_list("loop_on, baseline,loop_on").unwrap(),
-            vec![Setup::LoopOn, Setup::Baseline]
+            vec![Setup::LOOP_ON, Setup::BASELINE]
         );
         assert!(Setup::parse_list("vllm").is_err());
+        assert!(Setup::parse_list("loop_on:no-such-thing").is_err());
         assert!(Setup::parse_list(" ").is_err());
-        let b = Setup::Baseline.world_options("tiny-random");
+        assert_eq!(
+            Setup::parse_list("all").unwrap().len(),
+            3 + Ablation::ALL.len()
+        );
+        let p = OVERLOAD_POLICY;
+        let b = Setup::BASELINE.world_options("tiny-random", p, 25).unwrap();
         assert_eq!(b.engine.scheduling_policy, SchedulingPolicy::Fcfs);
         assert_eq!(b.engine.critical_reserve_ratio, 0.0);
+        assert_eq!(b.engine.simulate_step_ms, 25);
         assert!(b.dry_run);
-        let off = Setup::LoopOff.world_options("tiny-random");
+        let off = Setup::LOOP_OFF.world_options("tiny-random", p, 25).unwrap();
         assert_eq!(off.engine.scheduling_policy, SchedulingPolicy::Priority);
+        assert!(off.engine.critical_reserve_ratio > 0.0);
         assert!(off.dry_run);
-        assert!(!Setup::LoopOn.world_options("tiny-random").dry_run);
+        assert!(
+            !Setup::LOOP_ON
+                .world_options("tiny-random", p, 25)
+                .unwrap()
+                .dry_run
+        );
+        let abl = |a| {
+            Setup::parse_list(&format!("loop_on:{}", Ablation::as_str(a))).unwrap()[0]
+                .world_options("tiny-random", p, 25)
+                .unwrap()
+        };
+        assert_eq!(
+            abl(Ablation::NoCriticalReserve)
+                .engine
+                .critical_reserve_ratio,
+            0.0
+        );
+        assert!(abl(Ablation::NoRefusalAwareSlis).refusals_as_errors);
+        assert!(!abl(Ablation::NoFastTriggers).refusals_as_errors);
+    }
+
+    #[test]
+    fn ablations_remove_exactly_their_mechanism_from_the_policy() {
+        use brownout::degrade::policy::{Condition, Signal};
+        let full = brownout::degrade::Policy::from_yaml(OVERLOAD_POLICY).unwrap();
+        assert!(full.ramp.is_some() && full.instances.is_some());
+        let fast = |p: &brownout::degrade::Policy| {
+            p.tiers
+                .iter()
+                .flat_map(|t| &t.enter)
+                .filter(|c| match c {
+                    Condition::Jump { .. } => true,
+                    Condition::Threshold { signal, .. } => {
+                        matches!(signal, Signal::TtftP99 | Signal::QueueWaitP99)
+                    }
+                    _ => false,
+                })
+                .count()
+        };
+        assert!(fast(&full) > 0);
+        let get = |a| {
+            brownout::degrade::Policy::from_yaml(&ablate_policy(OVERLOAD_POLICY, Some(a)).unwrap())
+                .unwrap()
+        };
+        let nf = get(Ablation::NoFastTriggers);
+        assert_eq!(fast(&nf), 0);
+        let total =
+            |p: &brownout::degrade::Policy| p.tiers.iter().map(|t| t.enter.len()).sum::<usize>();
+        assert_eq!(
+            total(&nf) + fast(&full),
+            total(&full),
+            "only the fast triggers go"
+        );
+        assert_eq!(nf.ramp, full.ramp);
+        let demand = |p: &brownout::degrade::Policy| {
+            p.tiers
+                .iter()
+                .flat_map(|t| &t.enter)
+                .filter(|c| {
+                    matches!(
+                        c,
+                        Condition::Threshold {
+                            signal: Signal::DemandRatio,
+                            ..
+                        }
+                    )
+                })
+                .count()
+        };
+        assert!(demand(&full) > 0);
+        assert_eq!(demand(&nf), demand(&full));
+        let nd = get(Ablation::NoDemandTrigger);
+        assert_eq!((demand(&nd), fast(&nd)), (0, fast(&full)));
+        let nr = get(Ablation::NoAdmissionRamp);
+        assert!(nr.ramp.is_none());
+        assert_eq!(nr.tiers, full.tiers);
+        let ni = get(Ablation::NoInstanceActions);
+        assert!(ni.instances.is_none());
+        assert_eq!(ni.ramp, full.ramp);
+        assert_eq!(get(Ablation::NoCriticalReserve), full);
+        assert_eq!(
+            ablate_policy(OVERLOAD_POLICY, None).unwrap(),
+            OVERLOAD_POLICY
+        );
     }
 }

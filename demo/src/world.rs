@@ -51,6 +51,12 @@ pub struct WorldOptions {
     pub gpus_per_agent: u32,
     /// Start the gpu-agents (and so feed the controller).
     pub agents: bool,
+    /// Engines export deliberate refusals as plain errors (the overload benchmark's
+    /// `no-refusal-aware-slis` ablation; docs/SLO.md "Deliberate refusals").
+    pub refusals_as_errors: bool,
+    /// The agents' latency window (TTFT / queue-wait p99s), in scrapes (`None`: the agent's
+    /// default, 30 s); the overload benchmark uses a few seconds.
+    pub agent_window_scrapes: Option<usize>,
 }
 
 impl Default for WorldOptions {
@@ -72,6 +78,8 @@ impl Default for WorldOptions {
             },
             gpus_per_agent: 2,
             agents: true,
+            refusals_as_errors: false,
+            agent_window_scrapes: None,
         }
     }
 }
@@ -204,6 +212,7 @@ impl World {
                 control_plane: Some(cp_url.clone()),
                 ingest_token: Some(ingest.clone()),
                 otlp_endpoint: Some(format!("http://{grpc_addr}")),
+                deliberate_as_errors: opts.refusals_as_errors,
                 ..TelemetryConfig::from_env("brownout-serve")
             });
             let mut eopts = opts.engine.clone();
@@ -253,6 +262,9 @@ impl World {
             for (i, e) in engines.iter().enumerate() {
                 let host = format!("gpu-node-{}", i + 1);
                 let mut cfg = AgentConfig::new(&host).with_simulated_gpus(opts.gpus_per_agent);
+                if let Some(n) = opts.agent_window_scrapes {
+                    cfg.ttft_window_scrapes = n.max(1);
+                }
                 cfg.engines = vec![EngineTarget {
                     id: format!("engine-{}", i + 1),
                     url: e.url.parse()?,

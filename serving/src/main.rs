@@ -216,6 +216,11 @@ struct ServeArgs {
     /// (ignored under fcfs).
     #[arg(long, default_value_t = 0.2)]
     critical_reserve_ratio: f64,
+    /// Simulated GPU pace for benchmarks: every engine step that runs the model takes at least
+    /// this many milliseconds (the real model still runs; the engine thread then waits out the
+    /// rest, as a GPU step would). 0: off. Labelled "simulated GPU pace" wherever it is used.
+    #[arg(long, default_value_t = 0)]
+    simulate_step_ms: u64,
     /// Most agent requests (tools or x-brownout-conversation) one user may have in flight
     /// (0: no cap); limits.user_concurrency of the command can only lower it.
     #[arg(long, default_value_t = 3)]
@@ -322,6 +327,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
             .parse()
             .map_err(|e: String| anyhow::anyhow!("--scheduling-policy: {e}"))?,
         critical_reserve_ratio: a.critical_reserve_ratio,
+        simulate_step_ms: a.simulate_step_ms,
         gate: GateConfig {
             user_concurrency: a.user_concurrency,
             max_tracked_users: a.max_tracked_users.max(1),

@@ -66,6 +66,10 @@ pub struct TelemetryConfig {
     pub queue_capacity: usize,
     /// Events per POST.
     pub batch_max: usize,
+    /// Export deliberate refusals (shed, feature disabled, …) as plain errors, not marked
+    /// deliberate: how they counted before refusal-aware SLIs (docs/SLO.md). Only the overload
+    /// benchmark's `no-refusal-aware-slis` ablation sets it.
+    pub deliberate_as_errors: bool,
 }
 
 impl TelemetryConfig {
@@ -79,6 +83,7 @@ impl TelemetryConfig {
             otlp_endpoint: env("OTEL_EXPORTER_OTLP_ENDPOINT"),
             queue_capacity: 4096,
             batch_max: 256,
+            deliberate_as_errors: false,
         }
     }
 }
@@ -224,6 +229,10 @@ impl Telemetry {
 
     /// Records a request: a failure event when it failed.
     pub fn request(&self, r: RequestRecord) {
+        let mut r = r;
+        if self.cfg.deliberate_as_errors {
+            r.deliberate = false;
+        }
         let trace_id = self.span(&r);
         if let Some((category, message)) = &r.failure {
             let mut attributes = BTreeMap::new();

@@ -276,6 +276,7 @@ impl Controller {
                 .map(|e| e.queue_wait_p99_s)
                 .filter(|v| v.is_finite())
                 .fold(0.0, f64::max),
+            Signal::DemandRatio => self.stop_bleed.demand_ratio(),
         }
     }
 

@@ -214,6 +214,7 @@ struct RawCondition {
     ttft_p99: Option<RawSecs>,
     queue_wait_p99: Option<RawSecs>,
     p99_jump: Option<RawJump>,
+    demand_ratio: Option<RawLevel>,
 }
 
 enum OneCondition {
@@ -227,6 +228,7 @@ enum OneCondition {
     TtftP99(RawSecs),
     QueueWaitP99(RawSecs),
     Jump(RawJump),
+    Demand(RawLevel),
 }
 
 impl RawCondition {
@@ -262,10 +264,13 @@ impl RawCondition {
         if let Some(x) = self.p99_jump {
             v.push(OneCondition::Jump(x));
         }
+        if let Some(x) = self.demand_ratio {
+            v.push(OneCondition::Demand(x));
+        }
         if v.len() != 1 {
             return Err(invalid(
                 field,
-                "must hold exactly one of gpu_util, kv_usage, vram, queue_depth, slo_alert, alertmanager, new_pattern, ttft_p99, queue_wait_p99, p99_jump",
+                "must hold exactly one of gpu_util, kv_usage, vram, queue_depth, slo_alert, alertmanager, new_pattern, ttft_p99, queue_wait_p99, p99_jump, demand_ratio",
             ));
         }
         Ok(v.remove(0))
@@ -295,6 +300,15 @@ struct RawCount {
 struct RawSecs {
     above_secs: f64,
     exit_below_secs: f64,
+    #[serde(default)]
+    for_secs: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLevel {
+    above: f64,
+    exit_below: f64,
     #[serde(default)]
     for_secs: u64,
 }
@@ -381,6 +395,10 @@ pub enum Signal {
     TtftP99,
     /// Highest queue-wait p99 (seconds) over fresh engines that are up.
     QueueWaitP99,
+    /// Offered load over measured capacity: the arrival rate (every request the fresh engines
+    /// answered, refusals included; mean of the last 3 s) over the highest 5 s completion rate
+    /// seen in the admission ramp's capacity window (0 until 1 request/s was measured).
+    DemandRatio,
 }
 
 impl Signal {
@@ -394,9 +412,10 @@ impl Signal {
             Signal::NewPatternRate => "new_pattern",
             Signal::TtftP99 => "ttft_p99",
             Signal::QueueWaitP99 => "queue_wait_p99",
+            Signal::DemandRatio => "demand_ratio",
         }
     }
-    pub const ALL: [Signal; 7] = [
+    pub const ALL: [Signal; 8] = [
         Signal::GpuUtil,
         Signal::KvUsage,
         Signal::Vram,
@@ -404,6 +423,7 @@ impl Signal {
         Signal::NewPatternRate,
         Signal::TtftP99,
         Signal::QueueWaitP99,
+        Signal::DemandRatio,
     ];
 
     /// The per-engine latency signals a `p99_jump` may watch.
@@ -1096,6 +1116,23 @@ fn validate_tier(
             }
             OneCondition::TtftP99(r) => secs(Signal::TtftP99, r, "ttft_p99")?,
             OneCondition::QueueWaitP99(r) => secs(Signal::QueueWaitP99, r, "queue_wait_p99")?,
+            OneCondition::Demand(r) => {
+                if !(r.above.is_finite() && r.above > 0.0 && r.exit_below.is_finite())
+                    || r.exit_below < 0.0
+                    || r.exit_below >= r.above
+                {
+                    return Err(invalid(
+                        format!("{f}.demand_ratio"),
+                        "above must be positive and exit_below in [0, above) (hysteresis)",
+                    ));
+                }
+                Condition::Threshold {
+                    signal: Signal::DemandRatio,
+                    above: r.above,
+                    exit_below: r.exit_below,
+                    for_ms: r.for_secs * 1000,
+                }
+            }
             OneCondition::Jump(j) => {
                 let g = format!("{f}.p99_jump");
                 let signal = Signal::parse_latency(&j.signal).ok_or_else(|| {

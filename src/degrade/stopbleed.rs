@@ -127,7 +127,16 @@ pub struct StopBleedState {
     ramp: Option<RampState>,
     last_t3_ms: Option<u64>,
     storm_since: Option<u64>,
+    /// When the engines first completed at least 1 request/s (the demand ratio waits for
+    /// [`DEMAND_WARMUP_MS`] of completions before it says anything).
+    completing_since: Option<u64>,
+    last_observed_ms: u64,
 }
+
+/// How long completions must have been measured before [`StopBleedState::demand_ratio`] reads
+/// anything but 0: at the start of a load the completions lag the arrivals, and the highest
+/// completion rate seen is not yet a capacity.
+pub const DEMAND_WARMUP_MS: u64 = 10_000;
 
 /// The normalised autocorrelation of `x` at `lag` (0 when undefined).
 pub fn autocorrelation(x: &[f64], lag: usize) -> f64 {
@@ -262,6 +271,10 @@ impl StopBleedState {
             _ => self.arrivals.push_back((sec, arrivals)),
         }
         self.completions.push_back((now, completions));
+        self.last_observed_ms = now;
+        if completions >= 1.0 {
+            self.completing_since.get_or_insert(now);
+        }
         let keep_s = policy.storm.as_ref().map_or(64, |s| s.window_secs);
         while self
             .arrivals
@@ -303,6 +316,26 @@ impl StopBleedState {
             best = best.max(sum / n);
         }
         best
+    }
+
+    /// Offered load over measured capacity ([`Signal::DemandRatio`](super::policy::Signal)):
+    /// the mean arrival rate of the last 3 seconds seen over [`Self::capacity_rps`]; 0 until the
+    /// engines have completed at least 1 request/s for [`DEMAND_WARMUP_MS`] and a capacity of
+    /// at least 1 request/s was measured.
+    pub fn demand_ratio(&self) -> f64 {
+        let warm = self
+            .completing_since
+            .is_some_and(|t| self.last_observed_ms.saturating_sub(t) >= DEMAND_WARMUP_MS);
+        let cap = self.capacity_rps();
+        if !warm || cap < 1.0 {
+            return 0.0;
+        }
+        let n = self.arrivals.len().min(3);
+        if n == 0 {
+            return 0.0;
+        }
+        let sum: f64 = self.arrivals.iter().rev().take(n).map(|(_, v)| v).sum();
+        sum / n as f64 / cap
     }
 
     /// The per-second arrival series, oldest first (missing seconds are 0).

@@ -416,6 +416,67 @@ fn admission_ramp_holds_70_percent_of_measured_capacity_after_t3_and_opens_in_st
     assert_eq!(d.tier, Tier::T0);
 }
 
+#[test]
+fn demand_ratio_holds_t3_while_the_offered_load_exceeds_the_measured_capacity() {
+    let policy = Policy::from_yaml(
+        r#"
+features: []
+tiers:
+  t1: { hold_down_secs: 5 }
+  t2:
+    hold_down_secs: 5
+    params: { model_route: fallback, max_tokens_cap: 128, max_num_seqs: 8 }
+  t3:
+    hold_down_secs: 5
+    enter:
+      - demand_ratio: { above: 1.4, exit_below: 1.1, for_secs: 2 }
+    params: { admit_min_criticality: critical, retry_after_base_secs: 8, jitter_ratio: 0.5, recovery_eta_max_secs: 60 }
+"#,
+    )
+    .unwrap();
+    let mut c = Controller::new(policy);
+    let mut load = Load {
+        answered: [0; 2],
+        completed: [0; 2],
+    };
+    let mut t = 0;
+    // 30 s served as offered (50/s per engine): demand 1, nothing happens.
+    for _ in 0..30 {
+        t += 1000;
+        let d = c.step(&load.inputs(t, 50, 50, false));
+        assert_eq!(d.tier, Tier::T0);
+    }
+    // Offered 150/s, completed 50/s (shedding keeps the queue empty): T3 after 2 s above 1.4,
+    // held for as long as it lasts, with demand_ratio as the reason.
+    let mut entered = None;
+    for i in 0..60u64 {
+        t += 1000;
+        let d = c.step(&load.inputs(t, 50, 150, false));
+        if d.tier == Tier::T3 && entered.is_none() {
+            entered = Some(i);
+            assert!(
+                d.reasons.iter().any(|r| r.trigger == "demand_ratio"),
+                "{:?}",
+                d.reasons
+            );
+        }
+        if entered.is_some() {
+            assert_eq!(d.tier, Tier::T3, "held at {i} s");
+        }
+    }
+    assert!(entered.is_some_and(|i| i <= 4), "{entered:?}");
+    // Back to the capacity: the ratio drops below 1.1, T3 is left after its hold-down.
+    let mut left = None;
+    for i in 0..20u64 {
+        t += 1000;
+        let d = c.step(&load.inputs(t, 50, 50, false));
+        if d.tier < Tier::T3 && left.is_none() {
+            left = Some(i);
+        }
+    }
+    assert!(left.is_some_and(|i| (5..=9).contains(&i)), "{left:?}");
+}
+
 /// Arrivals per second: `base` plus retry bursts every `period` seconds.
 fn waves(n: usize, period: usize, base: f64, burst: f64) -> Vec<f64> {
     (0..n)
@@ -544,6 +605,14 @@ EXTRA
     assert_eq!(
         bad("{ ttft_p99: { above_secs: 1, exit_below_secs: 2 } }", ""),
         "tiers.t1.enter[0].ttft_p99"
+    );
+    assert_eq!(
+        bad("{ demand_ratio: { above: 1.2, exit_below: 1.5 } }", ""),
+        "tiers.t1.enter[0].demand_ratio"
+    );
+    assert_eq!(
+        bad("{ demand_ratio: { above: 0, exit_below: 0 } }", ""),
+        "tiers.t1.enter[0].demand_ratio"
     );
     assert_eq!(
         bad(

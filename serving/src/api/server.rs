@@ -73,6 +73,9 @@ pub struct ServeOptions {
     pub critical_reserve_ratio: f64,
     /// The admission gate (`--user-concurrency`, `--max-tracked-users`).
     pub gate: GateConfig,
+    /// `--simulate-step-ms` (0: off): each engine step takes at least this long, a simulated
+    /// GPU pace for small CPU models in benchmarks (see [`EngineConfig::simulate_step`]).
+    pub simulate_step_ms: u64,
 }
 
 impl Default for ServeOptions {
@@ -93,6 +96,7 @@ impl Default for ServeOptions {
             scheduling_policy: SchedulingPolicy::Priority,
             critical_reserve_ratio: 0.2,
             gate: GateConfig::default(),
+            simulate_step_ms: 0,
         }
     }
 }
@@ -184,6 +188,8 @@ pub async fn build_state(
         eos_token_ids: eos,
         max_queue_wait: opts.max_queue_wait,
         inbox_capacity: 4096,
+        simulate_step: (opts.simulate_step_ms > 0)
+            .then(|| Duration::from_millis(opts.simulate_step_ms)),
     };
     let engine = match &loaded {
         None => spawn_engine(

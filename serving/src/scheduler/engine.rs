@@ -48,6 +48,11 @@ pub struct EngineConfig {
     pub max_queue_wait: Duration,
     /// Capacity of the inbox; a full inbox refuses new requests (HTTP 503).
     pub inbox_capacity: usize,
+    /// Simulated GPU pace (`--simulate-step-ms`): every scheduler step that runs the model takes
+    /// at least this long (the real forward runs, then the thread sleeps for the rest, as a GPU
+    /// step would keep the batch busy), so a small CPU model has a GPU-like capacity bound by
+    /// step time and sequence slots rather than by the CPU it shares. `None`: no padding.
+    pub simulate_step: Option<Duration>,
 }
 
 impl Default for EngineConfig {
@@ -59,6 +64,7 @@ impl Default for EngineConfig {
             eos_token_ids: Vec::new(),
             max_queue_wait: Duration::from_secs(60),
             inbox_capacity: 4096,
+            simulate_step: None,
         }
     }
 }
@@ -658,6 +664,7 @@ impl<B: ModelBackend> Engine<B> {
                 r.scheduled_at.get_or_insert(now);
             }
         }
+        let mut padded = false;
         for route in [Route::Primary, Route::Fallback] {
             let chunks: Vec<_> = plan
                 .chunks
@@ -695,6 +702,16 @@ impl<B: ModelBackend> Engine<B> {
                     .collect();
                 self.backend.forward(route, &seq_chunks)
             };
+            if !padded {
+                // The simulated GPU pace: the step's tokens come out no earlier than `min`.
+                padded = true;
+                if let Some(min) = self.cfg.simulate_step {
+                    let spent = now.elapsed();
+                    if spent < min {
+                        std::thread::sleep(min - spent);
+                    }
+                }
+            }
             match result {
                 Ok(logits) if logits.len() == chunks.len() => {
                     for (c, l) in chunks.iter().zip(logits) {
