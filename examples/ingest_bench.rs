@@ -4,6 +4,8 @@
 //! ```text
 //! cargo run --release --example ingest_bench -- --store sqlite --seconds 30
 //! CLICKHOUSE_URL=http://127.0.0.1:8123 cargo run --release --example ingest_bench -- --store clickhouse --seconds 30
+//! # into the 2-shard cluster of bench/with-clickhouse-cluster.sh (it exports CLICKHOUSE_CLUSTER)
+//! bench/with-clickhouse-cluster.sh bash -c 'CLICKHOUSE_URL=${CLICKHOUSE_NODES%% *} target/release/examples/ingest_bench --store clickhouse --seconds 30'
 //! ```
 //!
 //! The parent runs the control plane in-process (real sockets, the chosen store), starts itself
@@ -189,6 +191,10 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
             user: None,
             password: None,
             table_prefix: prefix.clone(),
+            // bench/with-clickhouse-cluster.sh sets it: Distributed tables over its shards.
+            cluster: std::env::var("CLICKHOUSE_CLUSTER")
+                .ok()
+                .filter(|c| !c.is_empty()),
         });
     }
     let tokens = Tokens::random();

@@ -15,6 +15,9 @@ command -v redis-cli >/dev/null || need+=(redis-tools)
 command -v redis-sentinel >/dev/null || need+=(redis-sentinel)   # demo tests: degrade_sentinel
 command -v clickhouse-server >/dev/null || need+=(clickhouse-server)
 command -v clickhouse-client >/dev/null || need+=(clickhouse-client)
+# store_cluster: ZooKeeper for the test's own 2-shard ClickHouse cluster (18.16 needs it for
+# ReplicatedMergeTree and ON CLUSTER DDL); run with java from its jars, not as a service.
+[ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v chromium >/dev/null || need+=(chromium)
 command -v curl >/dev/null || need+=(curl)

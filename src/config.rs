@@ -6,7 +6,8 @@
 //! field and the reason.
 //!
 //! Environment overrides (applied after the file, before validation):
-//! `BROWNOUT_DATA_DIR`, `CLICKHOUSE_URL`, `REDIS_URL`, and the secrets `BROWNOUT_INGEST_TOKEN`,
+//! `BROWNOUT_DATA_DIR`, `CLICKHOUSE_URL`, `CLICKHOUSE_CLUSTER`, `REDIS_URL`,
+//! `BROWNOUT_SHARE_SLO_COUNTERS`, and the secrets `BROWNOUT_INGEST_TOKEN`,
 //! `BROWNOUT_READ_TOKEN`, `BROWNOUT_ADMIN_TOKEN`, `BROWNOUT_COMMAND_KEY` — each secret also as
 //! `<NAME>_FILE` naming a file that holds it (trailing whitespace trimmed).
 
@@ -80,6 +81,7 @@ pub struct RawStorage {
     pub clickhouse_database: Option<String>,
     pub clickhouse_user: Option<String>,
     pub clickhouse_password: Option<String>,
+    pub clickhouse_cluster: Option<String>,
     pub table_prefix: Option<String>,
     pub retention_days: Option<u32>,
     pub write_timeout_ms: Option<u64>,
@@ -130,6 +132,7 @@ pub struct RawControl {
     pub redis_url: Option<String>,
     pub slo_file: Option<PathBuf>,
     pub policy_file: Option<PathBuf>,
+    pub share_slo_counters: Option<bool>,
 }
 
 /// A secret that never prints itself.
@@ -184,6 +187,9 @@ pub struct Config {
     pub redis_url: Option<String>,
     pub slo_file: Option<PathBuf>,
     pub policy_file: Option<PathBuf>,
+    /// Every replica of the cluster adds the others' SLO counts to its own through Redis
+    /// (`slo::share`): on when several replicas ingest behind a load balancer.
+    pub share_slo_counters: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -194,6 +200,10 @@ pub struct ClickHouseConfig {
     pub password: Option<Secret>,
     /// Prepended to every table name (tests use a unique one each).
     pub table_prefix: String,
+    /// A cluster name from the servers' `remote_servers`: tables are then `ReplicatedMergeTree`
+    /// local tables created `ON CLUSTER` plus `Distributed` tables that every read and write
+    /// goes through (docs/SCALING.md "ClickHouse cluster"). `None`: one node, `MergeTree`.
+    pub cluster: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -517,12 +527,27 @@ impl RawConfig {
                         format!("{database:?}: only ASCII letters, digits and _"),
                     ));
                 }
+                let cluster = env
+                    .var("CLICKHOUSE_CLUSTER")
+                    .or(self.storage.clickhouse_cluster)
+                    .filter(|s| !s.is_empty());
+                if let Some(c) = &cluster
+                    && !c.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+                {
+                    return Err(field_err(
+                        "storage.clickhouse_cluster",
+                        format!(
+                            "{c:?}: only ASCII letters, digits and _ (a cluster name from the servers' remote_servers)"
+                        ),
+                    ));
+                }
                 Some(ClickHouseConfig {
                     url,
                     database,
                     user: self.storage.clickhouse_user,
                     password: self.storage.clickhouse_password.map(Secret),
                     table_prefix: table_prefix.clone(),
+                    cluster,
                 })
             }
         };
@@ -703,6 +728,26 @@ impl RawConfig {
             }
         }
 
+        let share_slo_counters = env
+            .var("BROWNOUT_SHARE_SLO_COUNTERS")
+            .map(|v| match v.as_str() {
+                "1" | "true" => Ok(true),
+                "0" | "false" | "" => Ok(false),
+                other => Err(field_err(
+                    "BROWNOUT_SHARE_SLO_COUNTERS",
+                    format!("{other:?}: true, false, 1 or 0"),
+                )),
+            })
+            .transpose()?
+            .or(self.control.share_slo_counters)
+            .unwrap_or(false);
+        if share_slo_counters && redis_url.is_none() {
+            return Err(field_err(
+                "control.share_slo_counters",
+                "needs control.redis_url (the replicas share their counts through Redis)".into(),
+            ));
+        }
+
         Ok(Config {
             http_addr,
             otlp_http_addr,
@@ -744,6 +789,7 @@ impl RawConfig {
             redis_url,
             slo_file: self.control.slo_file,
             policy_file: self.control.policy_file,
+            share_slo_counters,
         })
     }
 }
@@ -790,9 +836,22 @@ mod tests {
         ]);
         let c = Config::from_toml_str("x.toml", text, &e).unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/from/env"));
-        assert_eq!(c.clickhouse.unwrap().url, "http://127.0.0.1:8123");
+        let ch = c.clickhouse.unwrap();
+        assert_eq!(ch.url, "http://127.0.0.1:8123");
+        assert_eq!(ch.cluster, None);
         assert_eq!(c.read_token.unwrap().expose(), "env-token-0123456789");
         assert_eq!(c.redis_url.as_deref(), Some("redis://127.0.0.1:6379"));
+    }
+
+    #[test]
+    fn clickhouse_cluster_from_the_file_or_the_environment() {
+        let text =
+            "[storage]\nclickhouse_url = \"http://127.0.0.1:8123\"\nclickhouse_cluster = \"bt2\"\n";
+        let c = Config::from_toml_str("x.toml", text, &BTreeMap::new()).unwrap();
+        assert_eq!(c.clickhouse.unwrap().cluster.as_deref(), Some("bt2"));
+        let e = env(&[("CLICKHOUSE_CLUSTER", "prod_3x2")]);
+        let c = Config::from_toml_str("x.toml", text, &e).unwrap();
+        assert_eq!(c.clickhouse.unwrap().cluster.as_deref(), Some("prod_3x2"));
     }
 
     #[test]
@@ -838,6 +897,10 @@ mod tests {
                 "storage.table_prefix",
             ),
             (
+                "[storage]\nclickhouse_url = \"http://x:8123\"\nclickhouse_cluster = \"a b\"\n",
+                "storage.clickhouse_cluster",
+            ),
+            (
                 "[control]\nredis_url = \"redis+sentinel://s1:26379/\"\n",
                 "control.redis_url",
             ),
@@ -846,6 +909,10 @@ mod tests {
                 "control.redis_url",
             ),
             ("[auth]\nread_token = \"short\"\n", "auth.read_token"),
+            (
+                "[control]\nshare_slo_counters = true\n",
+                "control.share_slo_counters",
+            ),
             ("[storage]\nretention_days = \"ten\"\n", "retention_days"),
         ];
         for (text, want) in cases {

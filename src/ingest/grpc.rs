@@ -5,8 +5,22 @@
 //! raw message, so that its decoded size is bounded and its memory reserved *before* prost
 //! decodes it (as on OTLP/HTTP), and a malformed message is `INVALID_ARGUMENT`, not
 //! `INTERNAL`.
+//!
+//! What is buffered before that reservation is bounded too ([`Budgeted`]):
+//! - the token and tenant are checked on the request headers, before one byte of the body is
+//!   read (`UNAUTHENTICATED` / `INVALID_ARGUMENT`: an unauthenticated client makes the server
+//!   buffer nothing);
+//! - a message whose gRPC length prefix says more than `ingest.max_body_bytes` is refused from
+//!   those 5 bytes, before its body is buffered (`RESOURCE_EXHAUSTED`, counted as
+//!   `body_too_large`); a gzip message that inflates past it is `RESOURCE_EXHAUSTED` too;
+//! - every body byte is taken from the in-flight budget (`ingest.max_inflight_bytes`) as it
+//!   arrives, and that reservation becomes part of the request's reservation for its decoded
+//!   size; so concurrent streams, however many, buffer at most the budget, and wait for it
+//!   (then `UNAVAILABLE`) like every other request.
 
 use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
@@ -22,12 +36,13 @@ use tonic::server::UnaryService;
 use tonic::{Request, Response, Status};
 
 use super::limits::Signal;
+use super::pipeline::{Pipeline, Reservation};
 use super::{Accepted, IngestState, SubmitError, accept_reserved, otlp};
 
-/// Checks the ingest token and returns the tenant (`x-brownout-tenant` metadata).
-fn check_auth<T>(state: &IngestState, req: &Request<T>) -> Result<String, Status> {
-    let presented = req
-        .metadata()
+/// Checks the ingest token (`authorization` metadata, i.e. the HTTP/2 request headers) and
+/// returns the tenant (`x-brownout-tenant`).
+fn check_auth(state: &IngestState, headers: &axum::http::HeaderMap) -> Result<String, Status> {
+    let presented = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
@@ -38,7 +53,7 @@ fn check_auth<T>(state: &IngestState, req: &Request<T>) -> Result<String, Status
         .trim();
     if state.tokens.allows(crate::auth::Role::Ingest, token) {
         super::limits::tenant_name(
-            req.metadata()
+            headers
                 .get(super::limits::TENANT_HEADER)
                 .map(|v| v.as_bytes()),
         )
@@ -114,24 +129,153 @@ impl<E: Message> Encoder for ProstEncoder<E> {
     }
 }
 
-/// Checks the token and tenant, bounds the decoded size, reserves memory for it, then decodes.
+/// What [`Otlp::call`] learnt from the headers and what the body took from the budget while it
+/// arrived, handed to the handler in the request's extensions.
+#[derive(Clone)]
+struct Admitted {
+    tenant: String,
+    body: Arc<Mutex<Option<Reservation>>>,
+}
+
+/// A request body whose bytes are taken from the in-flight budget as they arrive (before
+/// tonic buffers them), and whose gRPC length prefix is checked against
+/// `ingest.max_body_bytes` before the message is buffered.
+struct Budgeted {
+    inner: tonic::body::Body,
+    pipeline: Pipeline,
+    metrics: crate::metrics::Metrics,
+    max: usize,
+    held: Arc<Mutex<Option<Reservation>>>,
+    /// The first 5 bytes (compressed flag, big-endian length) until all have arrived.
+    prefix: Vec<u8>,
+    /// A data frame waiting for its reservation.
+    pending: Option<(
+        http_body::Frame<Bytes>,
+        futures::future::BoxFuture<'static, Result<Reservation, SubmitError>>,
+    )>,
+}
+
+impl Budgeted {
+    /// Looks at the gRPC length prefix in `data` (the first frames); an error when it says
+    /// more than the limit.
+    fn check_prefix(&mut self, data: &[u8]) -> Result<(), Status> {
+        if self.prefix.len() >= 5 {
+            return Ok(());
+        }
+        let take = (5 - self.prefix.len()).min(data.len());
+        self.prefix.extend_from_slice(&data[..take]);
+        if self.prefix.len() < 5 {
+            return Ok(());
+        }
+        let len = u32::from_be_bytes([
+            self.prefix[1],
+            self.prefix[2],
+            self.prefix[3],
+            self.prefix[4],
+        ]) as usize;
+        if len > self.max {
+            self.metrics.reject("body_too_large");
+            return Err(Status::resource_exhausted(format!(
+                "the gRPC message is {len} bytes, more than ingest.max_body_bytes ({} bytes); it was refused before it was read: send smaller batches",
+                self.max
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl http_body::Body for Budgeted {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        if let Some((_, wait)) = &mut this.pending {
+            let r = std::task::ready!(wait.as_mut().poll(cx));
+            let (frame, _) = this.pending.take().expect("pending frame");
+            return Poll::Ready(Some(match r {
+                Ok(r) => {
+                    if let Ok(mut held) = this.held.lock() {
+                        match held.as_mut() {
+                            Some(h) => h.merge(r),
+                            None => *held = Some(r),
+                        }
+                    }
+                    Ok(frame)
+                }
+                Err(e) => Err(submit_status(e)),
+            }));
+        }
+        let frame = match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+            Some(Ok(f)) => f,
+            other => return Poll::Ready(other),
+        };
+        let n = match frame.data_ref() {
+            Some(d) if !d.is_empty() => {
+                let d = d.clone();
+                if let Err(e) = this.check_prefix(&d) {
+                    return Poll::Ready(Some(Err(e)));
+                }
+                d.len()
+            }
+            _ => return Poll::Ready(Some(Ok(frame))),
+        };
+        let pipeline = this.pipeline.clone();
+        this.pending = Some((frame, Box::pin(async move { pipeline.reserve(n).await })));
+        // Poll the reservation at once (it is usually free).
+        http_body::Body::poll_frame(self, cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pending.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Bounds the decoded size, reserves memory for it (on top of what the body took while it
+/// arrived), then decodes.
 async fn admit<T: Message + Default>(
     state: &IngestState,
     req: Request<Bytes>,
     signal: Signal,
-) -> Result<(String, T, super::pipeline::Reservation), Status> {
-    let tenant = check_auth(state, &req)?;
+) -> Result<(String, T, Reservation), Status> {
+    let admitted = req
+        .extensions()
+        .get::<Admitted>()
+        .cloned()
+        .ok_or_else(|| Status::internal("request was not admitted"))?;
     let bytes = req.into_inner();
     let need = super::protobuf_reservation(&state.config, &bytes, signal).map_err(|e| {
         state.metrics.reject("decoded_too_large");
         Status::invalid_argument(e)
     })?;
-    let reservation = state.pipeline.reserve(need).await.map_err(submit_status)?;
+    let held = admitted.body.lock().ok().and_then(|mut h| h.take());
+    let reservation = match held {
+        Some(mut r) => {
+            if need > r.bytes() {
+                r.merge(
+                    state
+                        .pipeline
+                        .reserve(need - r.bytes())
+                        .await
+                        .map_err(submit_status)?,
+                );
+            }
+            r
+        }
+        None => state.pipeline.reserve(need).await.map_err(submit_status)?,
+    };
     let msg = T::decode(bytes).map_err(|e| {
         state.metrics.reject("malformed");
         Status::invalid_argument(format!("request is not a valid OTLP protobuf message: {e}"))
     })?;
-    Ok((tenant, msg, reservation))
+    Ok((admitted.tenant, msg, reservation))
 }
 
 async fn export_traces(
@@ -232,6 +376,27 @@ impl<const LOGS: bool> tower::Service<axum::http::Request<tonic::body::Body>> fo
         let path = req.uri().path().to_string();
         Box::pin(async move {
             let max = state.config.max_body_bytes;
+            // Token and tenant from the headers, before the body is read.
+            let tenant = match check_auth(&state, req.headers()) {
+                Ok(t) => t,
+                Err(status) => return Ok(status.into_http()),
+            };
+            let held = Arc::new(Mutex::new(None));
+            let (mut parts, body) = req.into_parts();
+            parts.extensions.insert(Admitted {
+                tenant,
+                body: Arc::clone(&held),
+            });
+            let body = Budgeted {
+                inner: body,
+                pipeline: state.pipeline.clone(),
+                metrics: state.metrics.clone(),
+                max,
+                held,
+                prefix: Vec::with_capacity(5),
+                pending: None,
+            };
+            let req = axum::http::Request::from_parts(parts, tonic::body::Body::new(body));
             macro_rules! grpc {
                 ($codec:expr) => {
                     tonic::server::Grpc::new($codec)

@@ -30,7 +30,7 @@ use crate::api::ApiDeps;
 use crate::auth::Tokens;
 use crate::config::Config;
 use crate::ingest::hosts::HostRegistry;
-use crate::ingest::listen::{CappedListener, ConnLimits, OverCap, serve_http};
+use crate::ingest::listen::{OverCap, capped, serve_http};
 use crate::ingest::pipeline::PipelineTask;
 use crate::ingest::{FailureTagger, IngestState, Pipeline, WriterStatus};
 use crate::metrics::Metrics;
@@ -268,12 +268,7 @@ impl App {
             .fallback(crate::error::no_route)
             .method_not_allowed_fallback(crate::error::method_not_allowed);
         let cap = |l: TcpListener, name: &str, over: OverCap| {
-            let refused = state
-                .metrics
-                .ingest
-                .connections_refused_total
-                .with_label_values(&[name]);
-            CappedListener::new(l, ConnLimits::from_config(&state.config), over, refused)
+            capped(l, &state.config, &state.metrics, name, over)
         };
         let http_srv = serve_http(
             cap(listeners.http, "http", OverCap::Http503),

@@ -63,6 +63,9 @@ pub struct PlaneOptions {
     pub patterns_interval: Duration,
     /// This replica's name in the leader lease; `None`: `<hostname>-<pid>`.
     pub replica_id: Option<String>,
+    /// Share SLO counters with the cluster's other replicas through this Redis
+    /// (`control.share_slo_counters`, [`crate::slo::share`]); `None`: count locally only.
+    pub share_slo_counters: Option<String>,
 }
 
 impl PlaneOptions {
@@ -86,6 +89,7 @@ impl PlaneOptions {
             slo_interval: Duration::from_secs(2),
             patterns_interval: crate::patterns::feed::DEFAULT_EVERY,
             replica_id: None,
+            share_slo_counters: None,
         })
     }
 
@@ -107,6 +111,9 @@ impl PlaneOptions {
         )?;
         opts.slos = crate::defaults::slos_or(config.slo_file.as_deref())?;
         opts.policy = crate::defaults::policy_or(config.policy_file.as_deref())?;
+        if config.share_slo_counters {
+            opts.share_slo_counters = config.redis_url.clone();
+        }
         match &config.redis_url {
             Some(url) => opts.transport = Transport::Redis { url: url.clone() },
             None => {
@@ -323,6 +330,21 @@ impl Plane {
                 stopped(),
             )),
         ));
+        if let Some(url) = opts.share_slo_counters.clone() {
+            // Before the feeder starts: every count from the first one is shared.
+            slo.enable_sharing();
+            tasks.push((
+                "slo counter sharing",
+                tokio::spawn(crate::slo::share::run(
+                    slo.clone(),
+                    url,
+                    opts.cluster.clone(),
+                    degrade.config().replica_id.clone(),
+                    Duration::from_secs(1),
+                    stopped(),
+                )),
+            ));
+        }
         tasks.push((
             "slo feeder",
             tokio::spawn(feeders::feed_slo(

@@ -230,9 +230,9 @@ impl RefusedRings {
             minutely: super::ring::Ring::new(60_000, 3_600_000),
         }
     }
-    fn add(&mut self, ts_ms: u64) -> bool {
-        let a = self.hourly.add(ts_ms, 0, 1);
-        let b = self.minutely.add(ts_ms, 0, 1);
+    fn add(&mut self, ts_ms: u64, n: u64) -> bool {
+        let a = self.hourly.add(ts_ms, 0, n);
+        let b = self.minutely.add(ts_ms, 0, n);
         a || b
     }
     fn heap_bytes(&self) -> usize {
@@ -331,12 +331,61 @@ pub fn absent_alert_name(spec: &SloSpec) -> String {
     }
 }
 
+/// What one replica counted for one SLO in one second: the unit replicas share so that each
+/// one's counters hold every replica's events (`slo::share`, docs/SCALING.md). One second
+/// divides every ring bucket and every time slice, so a replica that applies another's deltas
+/// ends with exactly the counters it would have had from the events themselves.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SharedDelta {
+    /// The SLO's name (stable across replicas; indexes may differ).
+    pub slo: String,
+    /// Unix seconds.
+    pub sec: u64,
+    pub good: u64,
+    pub total: u64,
+    /// Deliberate refusals.
+    pub refused: u64,
+    /// The earliest event in this second, unix ms (the SLO's history starts there).
+    pub first_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct DeltaCounts {
+    good: u64,
+    total: u64,
+    refused: u64,
+    first_ms: u64,
+}
+
 /// All SLOs' counters and alert states.
 #[derive(Debug, Default)]
 pub struct Evaluator {
     slos: Vec<SloState>,
     service_to_slos: HashMap<String, Vec<u32>>,
     stats: EvalStats,
+    /// `Some` once sharing is on: what this replica counted since the last
+    /// [`Evaluator::take_shared`], by (SLO index, second).
+    outbox: Option<HashMap<(u32, u64), DeltaCounts>>,
+}
+
+fn note_delta(
+    outbox: &mut Option<HashMap<(u32, u64), DeltaCounts>>,
+    id: u32,
+    ts_ms: u64,
+    good: u64,
+    total: u64,
+    refused: u64,
+) {
+    if let Some(o) = outbox {
+        let d = o.entry((id, ts_ms / 1000)).or_insert(DeltaCounts {
+            first_ms: ts_ms,
+            ..DeltaCounts::default()
+        });
+        d.good += good;
+        d.total += total;
+        d.refused += refused;
+        d.first_ms = d.first_ms.min(ts_ms);
+    }
 }
 
 impl Evaluator {
@@ -446,8 +495,9 @@ impl Evaluator {
             if obs.deliberate {
                 // A refusal on purpose: reported apart, never good or bad for the SLI.
                 if matches_selector(&slo.spec, obs) && classify_kind(&slo.spec, obs) {
-                    if slo.refused.add(obs.ts_ms) {
+                    if slo.refused.add(obs.ts_ms, 1) {
                         note_first(slo, obs.ts_ms);
+                        note_delta(&mut self.outbox, id, obs.ts_ms, 0, 0, 1);
                     } else {
                         self.stats.dropped_late += 1;
                     }
@@ -456,6 +506,7 @@ impl Evaluator {
             }
             if let Some(good) = classify(&slo.spec, obs) {
                 if add_to(slo, obs.ts_ms, u64::from(good), 1) {
+                    note_delta(&mut self.outbox, id, obs.ts_ms, u64::from(good), 1, 0);
                     n += 1;
                 } else {
                     self.stats.dropped_late += 1;
@@ -475,10 +526,67 @@ impl Evaluator {
     pub fn record_counts(&mut self, id: SloId, ts_ms: u64, good: u64, total: u64) {
         let good = good.min(total);
         if add_to(&mut self.slos[id.0], ts_ms, good, total) {
+            note_delta(&mut self.outbox, id.0 as u32, ts_ms, good, total, 0);
             self.stats.counted += total;
         } else {
             self.stats.dropped_late += total;
         }
+    }
+
+    /// Starts keeping what this evaluator counts from now on for [`Evaluator::take_shared`].
+    pub fn enable_sharing(&mut self) {
+        self.outbox.get_or_insert_with(HashMap::new);
+    }
+
+    /// What was counted here since the last call (empty while sharing is off), by SLO name and
+    /// second, in time order.
+    pub fn take_shared(&mut self) -> Vec<SharedDelta> {
+        let Some(o) = self.outbox.as_mut() else {
+            return Vec::new();
+        };
+        let mut out: Vec<SharedDelta> = o
+            .drain()
+            .map(|((id, sec), d)| SharedDelta {
+                slo: self.slos[id as usize].spec.name.clone(),
+                sec,
+                good: d.good,
+                total: d.total,
+                refused: d.refused,
+                first_ms: d.first_ms,
+            })
+            .collect();
+        out.sort_by(|a, b| (a.sec, &a.slo).cmp(&(b.sec, &b.slo)));
+        out
+    }
+
+    /// Adds what another replica counted (never kept for sharing again). Deltas of SLOs this
+    /// evaluator does not have are skipped. Returns how many events were counted.
+    pub fn apply_shared(&mut self, deltas: &[SharedDelta]) -> u64 {
+        let mut n = 0;
+        for d in deltas {
+            let Some(SloId(id)) = self.find(&d.slo) else {
+                continue;
+            };
+            let slo = &mut self.slos[id];
+            let ts_ms = d.first_ms.clamp(d.sec * 1000, d.sec * 1000 + 999);
+            let good = d.good.min(d.total);
+            if d.total > 0 {
+                if add_to(slo, ts_ms, good, d.total) {
+                    n += d.total;
+                    self.stats.counted += d.total;
+                } else {
+                    self.stats.dropped_late += d.total;
+                }
+            }
+            if d.refused > 0 {
+                if slo.refused.add(ts_ms, d.refused) {
+                    note_first(slo, ts_ms);
+                } else {
+                    self.stats.dropped_late += d.refused;
+                }
+            }
+        }
+        n
     }
 
     /// Evaluates every SLO at `now_ms` and advances the alert state machines. Call it every
@@ -677,5 +785,104 @@ fn evaluate_one(s: &mut SloState, now_ms: u64) -> SloStatus {
         burn_rates,
         alerts,
         evaluated_at_ms: now_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn specs() -> Vec<SloSpec> {
+        let text = [
+            "version: brownout/v1",
+            "slos:",
+            "  - name: avail",
+            "    service: chat",
+            "    objective_percent: 99",
+            "    period: 28d",
+            "    sli: {kind: availability}",
+            "  - name: slices",
+            "    service: chat",
+            "    objective_percent: 99",
+            "    period: 7d",
+            "    sli: {kind: availability}",
+            "    budgeting: timeslices",
+            "    timeslice: {slice: 1m, good_ratio: 0.9}",
+        ]
+        .join("\n");
+        super::super::spec::parse_str(&text, "t.yaml").expect("specs")
+    }
+
+    fn obs(ts_ms: u64, ok: bool, deliberate: bool) -> Observation<'static> {
+        Observation {
+            ts_ms,
+            kind: EventKind::Request,
+            service: "chat",
+            feature: "",
+            criticality: Criticality::Default,
+            ok,
+            deliberate,
+            latency_ms: Some(10.0),
+            ttft_ms: None,
+        }
+    }
+
+    #[test]
+    fn nothing_is_kept_for_sharing_until_it_is_enabled() {
+        let mut e = Evaluator::new(specs());
+        e.record(&obs(1_000_000, true, false));
+        assert!(e.take_shared().is_empty());
+        e.enable_sharing();
+        e.record(&obs(1_000_500, false, false));
+        e.record(&obs(1_000_900, true, true));
+        let d = e.take_shared();
+        let avail: Vec<_> = d.iter().filter(|d| d.slo == "avail").collect();
+        assert_eq!(avail.len(), 1);
+        assert_eq!(
+            (
+                avail[0].sec,
+                avail[0].good,
+                avail[0].total,
+                avail[0].refused,
+                avail[0].first_ms
+            ),
+            (1_000, 0, 1, 1, 1_000_500)
+        );
+        assert!(e.take_shared().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn two_halves_exchanging_deltas_equal_the_whole() {
+        let t0 = 1_767_225_600_000u64;
+        let (mut whole, mut a, mut b) = (
+            Evaluator::new(specs()),
+            Evaluator::new(specs()),
+            Evaluator::new(specs()),
+        );
+        a.enable_sharing();
+        b.enable_sharing();
+        for i in 0..4_000u64 {
+            let o = obs(t0 + i * 150, i % 7 != 0 || (i / 400) % 3 != 1, i % 23 == 0);
+            whole.record(&o);
+            let replica = if i % 5 < 2 { &mut a } else { &mut b };
+            replica.record(&o);
+            if i % 6 == 5 {
+                let (da, db) = (a.take_shared(), b.take_shared());
+                a.apply_shared(&db);
+                b.apply_shared(&da);
+                assert!(
+                    a.take_shared().is_empty(),
+                    "applied deltas are not shared again"
+                );
+            }
+        }
+        let (da, db) = (a.take_shared(), b.take_shared());
+        a.apply_shared(&db);
+        b.apply_shared(&da);
+        let at = t0 + 4_000 * 150 + 1_000;
+        let want = whole.evaluate(at);
+        assert_eq!(a.evaluate(at), want);
+        assert_eq!(b.evaluate(at), want);
+        assert!(want[0].burn_rates.iter().any(|w| w.burn_rate > 0.0));
     }
 }

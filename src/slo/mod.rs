@@ -14,7 +14,9 @@
 //! - [`budget`]: burn rates, budgets, window pairs and their period-derived factors — pure;
 //! - [`ring`]: bucketed good/total counters; [`alert`]: pending/firing/resolved;
 //! - [`eval`]: the evaluator; [`task`]: the shared handle, the periodic task and the gauges;
-//! - [`http`]: `GET /api/v1/slos`; [`rules`]: rule generation; [`cli`]: `brownout slo …`.
+//! - [`http`]: `GET /api/v1/slos`; [`rules`]: rule generation; [`cli`]: `brownout slo …`;
+//! - [`share`]: counters shared by N control-plane replicas through Redis (each replica's
+//!   per-second deltas on one stream), so every replica's burn rates cover the whole traffic.
 //!
 //! docs/SLO.md describes the spec format, the metrics assumed and the alert conventions.
 
@@ -29,6 +31,7 @@ pub mod openslo;
 pub mod raw;
 pub mod ring;
 pub mod rules;
+pub mod share;
 pub mod sloth;
 pub mod spec;
 pub mod task;

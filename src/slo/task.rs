@@ -15,7 +15,7 @@ use brownout_protocol::FailureEvent;
 use prometheus::{GaugeVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::watch;
 
-use super::eval::{EvalStats, Evaluator, Observation, SloStatus};
+use super::eval::{EvalStats, Evaluator, Observation, SharedDelta, SloStatus};
 
 /// All SLOs at one instant.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -118,6 +118,22 @@ impl SloHandle {
     /// A receiver that wakes on every new report (the degradation controller's input).
     pub fn subscribe(&self) -> watch::Receiver<Arc<SloReport>> {
         self.report_tx.subscribe()
+    }
+
+    /// Turns on sharing with other replicas (`slo::share`): what this replica counts from now
+    /// on is also kept for [`SloHandle::take_shared`].
+    pub fn enable_sharing(&self) {
+        self.lock().enable_sharing();
+    }
+
+    /// What this replica counted since the last call (per SLO and second).
+    pub fn take_shared(&self) -> Vec<SharedDelta> {
+        self.lock().take_shared()
+    }
+
+    /// Adds what another replica counted; returns the events counted.
+    pub fn apply_shared(&self, deltas: &[SharedDelta]) -> u64 {
+        self.lock().apply_shared(deltas)
     }
 
     pub fn stats(&self) -> EvalStats {

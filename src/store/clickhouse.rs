@@ -1,7 +1,8 @@
 //! The ClickHouse store, within what ClickHouse 18.16 supports (docs/ARCHITECTURE.md §4).
 //!
 //! - The client is built with `.with_validation(false)` (18.16 has no
-//!   `RowBinaryWithNamesAndTypes`), queries use `.bind()`, and no server setting is sent.
+//!   `RowBinaryWithNamesAndTypes`), queries use `.bind()`, and no server setting is sent
+//!   (on a cluster: `insert_distributed_sync = 1`, which 18.16 knows).
 //! - Time is `DateTime` (seconds, for partitioning and coarse filters) plus a `UInt64` of
 //!   microseconds; attributes are parallel `Array(String)` key/value columns.
 //! - Row tables are `MergeTree` partitioned by `toYYYYMMDD(ts)`; retention drops whole
@@ -10,6 +11,15 @@
 //! - Every row carries `batch_id` and `seq` (its index in the batch). A replayed batch first
 //!   asks which `seq`s of that batch each table already holds and writes only the rest, so a
 //!   write that succeeded on the server but whose answer was lost is not doubled.
+//! - **Cluster** (`storage.clickhouse_cluster`, docs/SCALING.md): each table `t` becomes a
+//!   `Replicated…MergeTree` `t_local` created `ON CLUSTER` (ZooKeeper path
+//!   `/clickhouse/tables/{shard}/<db>.t_local`, replica `{replica}`: the servers' macros) and a
+//!   `Distributed` table `t` over it, sharded by `cityHash64(trace_id)` (spans),
+//!   `cityHash64(id)` (failures), `cityHash64(host)` (snapshots), `cityHash64(kind, key)`
+//!   (documents). Every write and read goes through the Distributed tables (writes with
+//!   `insert_distributed_sync = 1`: the insert returns once every shard has its rows), so the
+//!   queries above are unchanged; column migrations and retention's `DROP PARTITION` run
+//!   `ON CLUSTER` on the local tables.
 
 use std::collections::HashSet;
 
@@ -30,6 +40,9 @@ pub struct ClickHouseStore {
     /// the control plane can start while ClickHouse is down and catch up when it returns.
     migrated: std::sync::atomic::AtomicBool,
     database: String,
+    /// `Some(name)`: a cluster (module docs); the table names below are then the
+    /// database-qualified `Distributed` tables, and `<name>_local` the replicated ones.
+    cluster: Option<String>,
     spans: String,
     logs: String,
     failures: String,
@@ -130,6 +143,20 @@ fn unzip(attrs: &[(String, String)]) -> (Vec<String>, Vec<String>) {
     attrs.iter().cloned().unzip()
 }
 
+/// One table as [`ClickHouseStore::migrate`] creates it.
+struct TableDef<'a> {
+    name: &'a str,
+    columns: &'static str,
+    /// The one-node engine: `MergeTree()` or `ReplacingMergeTree(version_us)`.
+    engine: &'static str,
+    /// `PARTITION BY … ORDER BY …`.
+    rest: String,
+    /// The Distributed table's sharding key (cluster only).
+    shard_key: &'static str,
+    /// The DEFAULT of the `deliberate` column, on tables that have one.
+    deliberate: Option<&'static str>,
+}
+
 impl ClickHouseStore {
     /// A client for `config` (no connection is made until the first call).
     pub fn new(config: &ClickHouseConfig) -> ClickHouseStore {
@@ -143,11 +170,23 @@ impl ClickHouseStore {
         if let Some(p) = &config.password {
             client = client.with_password(p.expose());
         }
-        let t = |name: &str| format!("{}{name}", config.table_prefix);
+        if config.cluster.is_some() {
+            // A write returns once every shard holds its rows, so the replay check (which
+            // reads them back through the Distributed table) sees them. 18.16 takes it only as a
+            // query setting (not inside `INSERT … SELECT`); current versions still accept the
+            // name (an alias of `distributed_foreground_insert`).
+            client = client.with_setting("insert_distributed_sync", "1");
+        }
+        let t = |name: &str| match &config.cluster {
+            None => format!("{}{name}", config.table_prefix),
+            // ON CLUSTER DDL runs on every host without this session's database: qualify.
+            Some(_) => format!("{}.{}{name}", config.database, config.table_prefix),
+        };
         ClickHouseStore {
             client,
             migrated: std::sync::atomic::AtomicBool::new(false),
             database: config.database.clone(),
+            cluster: config.cluster.clone(),
             spans: t("spans"),
             logs: t("logs"),
             failures: t("failures"),
@@ -160,18 +199,158 @@ impl ClickHouseStore {
         [&self.spans, &self.logs, &self.failures, &self.snapshots]
     }
 
-    /// Drops this store's tables (tests).
+    /// The cluster name, when this store runs on one.
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
+    }
+
+    /// ` ON CLUSTER <name>`, or nothing on one node.
+    fn on_cluster(&self) -> String {
+        self.cluster
+            .as_ref()
+            .map_or_else(String::new, |c| format!(" ON CLUSTER {c}"))
+    }
+
+    /// The table holding the rows of `t` on each shard: `t` itself on one node, `<t>_local`
+    /// (the `ReplicatedMergeTree` under the `Distributed` table `t`) on a cluster.
+    pub fn local_table(&self, t: &str) -> String {
+        match self.cluster {
+            None => t.to_string(),
+            Some(_) => format!("{t}_local"),
+        }
+    }
+
+    /// The spans table every read and write goes through (tests count rows per shard with
+    /// [`ClickHouseStore::local_table`] of it).
+    pub fn spans_table(&self) -> &str {
+        &self.spans
+    }
+
+    /// The failures table every read and write goes through.
+    pub fn failures_table(&self) -> &str {
+        &self.failures
+    }
+
+    /// Drops this store's tables (tests); on a cluster the Distributed and the local ones, on
+    /// every host.
     ///
     /// # Errors
     /// When ClickHouse refuses.
     pub async fn drop_tables(&self) -> Result<(), StoreError> {
+        let on = self.on_cluster();
         for t in self.row_tables().into_iter().chain([self.docs.as_str()]) {
             self.client
-                .query(&format!("DROP TABLE IF EXISTS {t}"))
+                .query(&format!("DROP TABLE IF EXISTS {t}{on}"))
+                .execute()
+                .await?;
+            if self.cluster.is_some() {
+                self.client
+                    .query(&format!("DROP TABLE IF EXISTS {}{on}", self.local_table(t)))
+                    .execute()
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates one table if missing: on one node `t` with its engine; on a cluster the
+    /// replicated `<t>_local` on every host (ZooKeeper path
+    /// `/clickhouse/tables/{shard}/<db>.<t>_local`, replica `{replica}`: the servers' macros)
+    /// and the `Distributed` table `t` over it. Then adds the `deliberate` column where the
+    /// table has one and it is missing.
+    async fn create_table(&self, d: &TableDef<'_>) -> Result<(), StoreError> {
+        let Some(cluster) = &self.cluster else {
+            self.client
+                .query(&format!(
+                    "CREATE TABLE IF NOT EXISTS {} ({}) ENGINE = {} {}",
+                    d.name, d.columns, d.engine, d.rest
+                ))
+                .execute()
+                .await?;
+            if let Some(expr) = d.deliberate {
+                self.add_deliberate_column(d.name, expr).await?;
+            }
+            return Ok(());
+        };
+        let local = self.local_table(d.name);
+        let (engine, args) = d
+            .engine
+            .split_once('(')
+            .ok_or_else(|| StoreError::BadQuery(format!("engine {:?}", d.engine)))?;
+        let args = args.trim_end_matches(')');
+        let zk_path = format!("/clickhouse/tables/{{shard}}/{local}");
+        let replicated = if args.is_empty() {
+            format!("Replicated{engine}('{zk_path}', '{{replica}}')")
+        } else {
+            format!("Replicated{engine}('{zk_path}', '{{replica}}', {args})")
+        };
+        self.client
+            .query(&format!(
+                "CREATE TABLE IF NOT EXISTS {local} ON CLUSTER {cluster} ({}) ENGINE = {replicated} {}",
+                d.columns, d.rest
+            ))
+            .execute()
+            .await?;
+        if let Some(expr) = d.deliberate {
+            self.add_deliberate_column(&local, expr).await?;
+        }
+        // The Distributed table only describes the local ones, and 18.16 refuses `ALTER … ON
+        // CLUSTER` on it when the shards replicate internally ("isn't replicated, but shard #1
+        // is replicated according to its cluster definition"). So it is created with every
+        // column, and one that lacks a column (made by an older version) is dropped and made
+        // again; it holds no rows (inserts are synchronous), so nothing is lost.
+        let columns = match d.deliberate {
+            None => d.columns.to_string(),
+            Some(expr) => format!("{}, deliberate UInt8 DEFAULT {expr}", d.columns),
+        };
+        if d.deliberate.is_some()
+            && self.table_exists(d.name).await?
+            && !self.has_deliberate(d.name).await?
+        {
+            self.client
+                .query(&format!(
+                    "DROP TABLE IF EXISTS {} ON CLUSTER {cluster}",
+                    d.name
+                ))
                 .execute()
                 .await?;
         }
+        let bare_local = local.rsplit('.').next().unwrap_or(&local);
+        self.client
+            .query(&format!(
+                "CREATE TABLE IF NOT EXISTS {} ON CLUSTER {cluster} ({columns}) \
+                 ENGINE = Distributed({cluster}, {}, {bare_local}, {})",
+                d.name, self.database, d.shard_key
+            ))
+            .execute()
+            .await?;
         Ok(())
+    }
+
+    async fn table_exists(&self, t: &str) -> Result<bool, StoreError> {
+        let bare = t.rsplit('.').next().unwrap_or(t);
+        let n: u64 = self
+            .client
+            .query("SELECT count() FROM system.tables WHERE database = ? AND name = ?")
+            .bind(self.database.as_str())
+            .bind(bare)
+            .fetch_one()
+            .await?;
+        Ok(n > 0)
+    }
+
+    async fn has_deliberate(&self, t: &str) -> Result<bool, StoreError> {
+        let bare = t.rsplit('.').next().unwrap_or(t);
+        let n: u64 = self
+            .client
+            .query(
+                "SELECT count() FROM system.columns WHERE database = ? AND table = ? AND name = 'deliberate'",
+            )
+            .bind(self.database.as_str())
+            .bind(bare)
+            .fetch_one()
+            .await?;
+        Ok(n > 0)
     }
 
     /// Which `seq`s of `batch_id` table `t` already holds.
@@ -193,6 +372,9 @@ impl ClickHouseStore {
     where
         T: Row + Serialize + for<'a> clickhouse::RowWrite<Value<'a> = T>,
     {
+        // The crate quotes the name as one identifier: `db.t` would not resolve. The session's
+        // database is the configured one, where a cluster store's tables are.
+        let table = table.rsplit('.').next().unwrap_or(table);
         let mut ins = self.client.insert::<T>(table).await?;
         let mut n = 0usize;
         for r in rows {
@@ -211,36 +393,17 @@ impl ClickHouseStore {
     /// Deliberate refusals (docs/SLO.md "Deliberate refusals"): a `deliberate UInt8` column on
     /// spans and failures whose DEFAULT reads the attribute arrays, so rows of older parts get
     /// it computed on read and inserts (which name their columns) need no change. 18.16 has no
-    /// `ADD COLUMN IF NOT EXISTS`: `system.columns` is asked first.
-    async fn add_deliberate_columns(&self) -> Result<(), StoreError> {
-        for (table, expr) in [
-            (
-                &self.spans,
-                "attr_values[indexOf(attr_keys, 'brownout.deliberate')] = 'true'",
-            ),
-            (
-                &self.failures,
-                "attr_values[indexOf(attr_keys, 'deliberate')] = 'true' \
-                 OR attr_values[indexOf(attr_keys, 'brownout.deliberate')] = 'true'",
-            ),
-        ] {
-            let n: u64 = self
-                .client
-                .query(
-                    "SELECT count() FROM system.columns WHERE database = ? AND table = ? AND name = 'deliberate'",
-                )
-                .bind(self.database.as_str())
-                .bind(table.as_str())
-                .fetch_one()
+    /// `ADD COLUMN IF NOT EXISTS`: `system.columns` is asked first. On a cluster `t` is the
+    /// local table and the ALTER runs `ON CLUSTER` (once per shard, replicated from there).
+    async fn add_deliberate_column(&self, t: &str, expr: &str) -> Result<(), StoreError> {
+        if !self.has_deliberate(t).await? {
+            self.client
+                .query(&format!(
+                    "ALTER TABLE {t}{} ADD COLUMN deliberate UInt8 DEFAULT {expr}",
+                    self.on_cluster()
+                ))
+                .execute()
                 .await?;
-            if n == 0 {
-                self.client
-                    .query(&format!(
-                        "ALTER TABLE {table} ADD COLUMN deliberate UInt8 DEFAULT {expr}"
-                    ))
-                    .execute()
-                    .await?;
-            }
         }
         Ok(())
     }
@@ -432,46 +595,70 @@ impl Store for ClickHouseStore {
 
     fn migrate(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let ddl = [
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {} (ts DateTime, start_us UInt64, duration_us UInt64, trace_id String, \
+            let by_day = "PARTITION BY toYYYYMMDD(ts)";
+            let defs = [
+                TableDef {
+                    name: &self.spans,
+                    columns: "ts DateTime, start_us UInt64, duration_us UInt64, trace_id String, \
                      span_id String, parent_span_id String, service String, name String, kind UInt8, status UInt8, \
                      status_message String, feature String, criticality String, host String, is_request UInt8, \
-                     attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32) \
-                     ENGINE = MergeTree() PARTITION BY toYYYYMMDD(ts) ORDER BY (service, ts)",
-                    self.spans
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {} (ts DateTime, ts_us UInt64, trace_id String, span_id String, \
+                     attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32",
+                    engine: "MergeTree()",
+                    rest: format!("{by_day} ORDER BY (service, ts)"),
+                    // A trace's spans stay together on one shard, and traces spread evenly.
+                    shard_key: "cityHash64(trace_id)",
+                    deliberate: Some(
+                        "attr_values[indexOf(attr_keys, 'brownout.deliberate')] = 'true'",
+                    ),
+                },
+                TableDef {
+                    name: &self.logs,
+                    columns: "ts DateTime, ts_us UInt64, trace_id String, span_id String, \
                      service String, host String, severity_number UInt8, severity_text String, body String, \
-                     attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32) \
-                     ENGINE = MergeTree() PARTITION BY toYYYYMMDD(ts) ORDER BY (service, ts)",
-                    self.logs
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {} (ts DateTime, ts_ms UInt64, id String, service String, host String, \
+                     attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32",
+                    engine: "MergeTree()",
+                    rest: format!("{by_day} ORDER BY (service, ts)"),
+                    // Many logs carry no trace id: spread by record, not by trace.
+                    shard_key: "cityHash64(trace_id, span_id, ts_us)",
+                    deliberate: None,
+                },
+                TableDef {
+                    name: &self.failures,
+                    columns: "ts DateTime, ts_ms UInt64, id String, service String, host String, \
                      request_id String, trace_id String, user_id String, feature String, criticality String, \
                      category String, error_type String, message String, latency_ms Float64, pattern String, \
-                     attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32) \
-                     ENGINE = MergeTree() PARTITION BY toYYYYMMDD(ts) ORDER BY (ts, id)",
-                    self.failures
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {} (ts DateTime, ts_ms UInt64, host String, json String, \
-                     batch_id UInt64, seq UInt32) \
-                     ENGINE = MergeTree() PARTITION BY toYYYYMMDD(ts) ORDER BY (host, ts)",
-                    self.snapshots
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {} (kind String, key String, version_us UInt64, json String) \
-                     ENGINE = ReplacingMergeTree(version_us) ORDER BY (kind, key)",
-                    self.docs
-                ),
+                     attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32",
+                    engine: "MergeTree()",
+                    rest: format!("{by_day} ORDER BY (ts, id)"),
+                    // The id is unique and random: an even spread even when most events carry
+                    // no trace id (which would put them all on one shard).
+                    shard_key: "cityHash64(id)",
+                    deliberate: Some(
+                        "attr_values[indexOf(attr_keys, 'deliberate')] = 'true' \
+                         OR attr_values[indexOf(attr_keys, 'brownout.deliberate')] = 'true'",
+                    ),
+                },
+                TableDef {
+                    name: &self.snapshots,
+                    columns: "ts DateTime, ts_ms UInt64, host String, json String, batch_id UInt64, seq UInt32",
+                    engine: "MergeTree()",
+                    rest: format!("{by_day} ORDER BY (host, ts)"),
+                    shard_key: "cityHash64(host)",
+                    deliberate: None,
+                },
+                TableDef {
+                    name: &self.docs,
+                    columns: "kind String, key String, version_us UInt64, json String",
+                    engine: "ReplacingMergeTree(version_us)",
+                    rest: "ORDER BY (kind, key)".into(),
+                    // Every version of a document on one shard, where merges replace it.
+                    shard_key: "cityHash64(kind, key)",
+                    deliberate: None,
+                },
             ];
-            for q in ddl {
-                self.client.query(&q).execute().await?;
+            for d in &defs {
+                self.create_table(d).await?;
             }
-            self.add_deliberate_columns().await?;
             self.migrated
                 .store(true, std::sync::atomic::Ordering::Release);
             Ok(())
@@ -699,21 +886,50 @@ impl Store for ClickHouseStore {
             .unwrap_or(0);
             let mut dropped = 0u64;
             for t in self.row_tables() {
-                let parts: Vec<String> = self
-                    .client
-                    .query("SELECT DISTINCT partition FROM system.parts WHERE database = ? AND table = ? AND active")
-                    .bind(self.database.as_str())
-                    .bind(t)
-                    .fetch_all()
-                    .await?;
-                for p in parts {
-                    // Partition ids are YYYYMMDD numbers; anything else is not ours to drop.
-                    let Ok(day) = p.trim_matches('\'').parse::<u32>() else {
-                        continue;
-                    };
+                let days: Vec<u32> = match &self.cluster {
+                    None => {
+                        let parts: Vec<String> = self
+                            .client
+                            .query("SELECT DISTINCT partition FROM system.parts WHERE database = ? AND table = ? AND active")
+                            .bind(self.database.as_str())
+                            .bind(t)
+                            .fetch_all()
+                            .await?;
+                        // Partition ids are YYYYMMDD numbers; anything else is not ours to drop.
+                        parts
+                            .iter()
+                            .filter_map(|p| p.trim_matches('\'').parse::<u32>().ok())
+                            .collect()
+                    }
+                    // system.parts only knows this host's parts: ask one replica of every
+                    // shard (the table function `cluster`, in 18.16 and since).
+                    Some(c) => {
+                        let local = self.local_table(t);
+                        let bare = local.rsplit('.').next().unwrap_or(&local);
+                        let parts: Vec<String> = self
+                            .client
+                            .query(&format!(
+                                "SELECT DISTINCT partition FROM cluster('{c}', system, parts) \
+                                 WHERE database = ? AND table = ? AND active"
+                            ))
+                            .bind(self.database.as_str())
+                            .bind(bare)
+                            .fetch_all()
+                            .await?;
+                        parts
+                            .iter()
+                            .filter_map(|p| p.trim_matches('\'').parse::<u32>().ok())
+                            .collect()
+                    }
+                };
+                let local = self.local_table(t);
+                for day in days {
                     if day < cutoff_day {
                         self.client
-                            .query(&format!("ALTER TABLE {t} DROP PARTITION {day}"))
+                            .query(&format!(
+                                "ALTER TABLE {local}{} DROP PARTITION {day}",
+                                self.on_cluster()
+                            ))
                             .execute()
                             .await?;
                         dropped += 1;

@@ -8,11 +8,14 @@
 //! - [`redis_url`] / [`require_redis`]: the shared test Redis (`REDIS_TEST_URL`);
 //!   [`OwnRedis`]: a redis-server of the test's own on a spare port, to kill and restart.
 //! - [`repo_root`] and [`free_port`].
+//! - [`clickhouse_cluster::ClickHouseCluster`]: ZooKeeper and two clickhouse-server processes
+//!   (2 shards × 1 replica) of the test's own, or a SKIPPED message when they are not installed.
 //! - `ui` (feature `ui`): [`ui::SampleDataSource`], the web UI over fixed sample data.
 //! - `pipes`: a binary's output to pipes until its first log line, and the no-colour-codes check.
 //! - `engines` (feature `engines`): fixture engines in vLLM's and the bundled tier's formats and
 //!   a snapshot sink (the same file `gpu-agent bench` runs).
 
+pub mod clickhouse_cluster;
 #[cfg(feature = "engines")]
 #[path = "../../gpu-agent/src/bench/engines.rs"]
 pub mod engines;

@@ -3,7 +3,9 @@
 //! INVALID_ARGUMENT); an 8 MiB `service.name` and thousands of attributes are cut to the
 //! per-item limits with a marker, said in `partial_success` and counted; a malformed gRPC
 //! message is INVALID_ARGUMENT; `ts` past 2106 or before 1970 is refused saying so; `/reports`
-//! carries a CSP, `nosniff` and `frame-ancestors 'none'`.
+//! carries a CSP, `nosniff` and `frame-ancestors 'none'`; a gRPC message over
+//! `ingest.max_body_bytes` is RESOURCE_EXHAUSTED from its length prefix (and without a token,
+//! UNAUTHENTICATED from the headers), a gzip one that inflates past it too.
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -175,6 +177,94 @@ async fn a_million_attributes_is_refused_before_decoding() {
             "brownout_ingest_rejected_total{reason=\"decoded_too_large\"}"
         ) >= 2.0
     );
+    cp.plane.stop().await.unwrap();
+}
+
+/// A trace export of `n` attributes of 1 MiB each (`n + ε` MiB of protobuf).
+fn megabytes(n: usize) -> ExportTraceServiceRequest {
+    let attrs: Vec<KeyValue> = (0..n)
+        .map(|i| kv(format!("big{i}"), "x".repeat(1 << 20)))
+        .collect();
+    export("svc-oversize", attrs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_grpc_message_is_refused_before_it_is_buffered() {
+    let cp = start().await;
+    let c = reqwest::Client::new();
+    let connect = || async {
+        TraceServiceClient::connect(cp.grpc.clone())
+            .await
+            .unwrap()
+            .max_encoding_message_size(64 << 20)
+    };
+    let big = megabytes(20);
+    assert!(big.encoded_len() > 16 << 20, "over the 16 MiB body limit");
+
+    // Over the limit: RESOURCE_EXHAUSTED naming the limit (not OUT_OF_RANGE or INTERNAL).
+    let mut r = tonic::Request::new(big.clone());
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {INGEST}").parse().unwrap());
+    let e = connect().await.export(r).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("ingest.max_body_bytes"),
+        "{}",
+        e.message()
+    );
+
+    // Without a token the headers are enough to refuse it.
+    let e = connect()
+        .await
+        .export(tonic::Request::new(big))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+
+    // A gzip message of a few KiB that inflates past the limit: RESOURCE_EXHAUSTED as well.
+    let mut bomb = tonic::Request::new(megabytes(20));
+    bomb.metadata_mut()
+        .insert("authorization", format!("Bearer {INGEST}").parse().unwrap());
+    let e = connect()
+        .await
+        .send_compressed(tonic::codec::CompressionEncoding::Gzip)
+        .export(bomb)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+
+    // The channel and the budget are fine afterwards: a normal export is stored, and nothing
+    // of the refused ones is still held.
+    let mut ok = tonic::Request::new(megabytes(2));
+    ok.metadata_mut()
+        .insert("authorization", format!("Bearer {INGEST}").parse().unwrap());
+    connect().await.export(ok).await.unwrap();
+    let m = metrics(&c, &cp).await;
+    assert!(
+        metric(
+            &m,
+            "brownout_ingest_rejected_total{reason=\"body_too_large\"}"
+        ) >= 1.0
+    );
+    assert!(
+        metric(
+            &m,
+            "brownout_ingest_rejected_total{reason=\"unauthorized\"}"
+        ) >= 1.0
+    );
+    brownout_test_support::eventually_async(
+        "the in-flight budget to be given back",
+        Duration::from_secs(10),
+        || {
+            let c = c.clone();
+            let cp = &cp;
+            async move {
+                (metric(&metrics(&c, cp).await, "brownout_ingest_inflight_bytes") == 0.0)
+                    .then_some(())
+            }
+        },
+    )
+    .await;
     cp.plane.stop().await.unwrap();
 }
 

@@ -135,6 +135,7 @@ fn config(dir: &std::path::Path, ch_url: &str, prefix: &str, spool_max: u64) -> 
         user: None,
         password: None,
         table_prefix: prefix.into(),
+        cluster: None,
     });
     c.ingest.batch_max_delay = Duration::from_millis(20);
     c.ingest.batch_max_rows = std::num::NonZeroUsize::new(500).unwrap();

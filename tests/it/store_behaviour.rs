@@ -53,6 +53,7 @@ async fn clickhouse() -> Backend {
         user: None,
         password: None,
         table_prefix: format!("t{}_", uuid::Uuid::new_v4().simple()),
+        cluster: None,
     };
     let s = Arc::new(ClickHouseStore::new(&cfg));
     if let Err(e) = s.ping().await {
@@ -702,6 +703,7 @@ async fn an_older_clickhouse_table_gains_the_deliberate_columns() {
         user: None,
         password: None,
         table_prefix: prefix.clone(),
+        cluster: None,
     };
     let s = Arc::new(ClickHouseStore::new(&cfg));
     s.migrate().await.unwrap();

@@ -11,7 +11,7 @@ use axum::Router;
 use brownout_protocol::Criticality;
 use tokio::net::TcpListener;
 
-use super::listen::{CappedListener, ConnLimits, OverCap};
+use super::listen::ConnLimits;
 use super::{ApiOptions, AppState, ModelCodec, TextCodec, ToyCodec};
 use crate::control::ControlHandle;
 use crate::gate::GateConfig;
@@ -297,14 +297,11 @@ where
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
     // TCP_NODELAY is set on every accepted connection (super::listen): each SSE token is a
     // small write that must not wait for the peer's delayed ACK.
-    let server = super::listen::serve_http(
-        CappedListener::new(listener, limits, OverCap::Http503),
-        app,
-        async move {
+    let server =
+        super::listen::serve_http(super::listen::capped(listener, limits), app, async move {
             shutdown.await;
             let _ = drain_tx.send(());
-        },
-    );
+        });
     let mut server = std::pin::pin!(server);
     tokio::select! {
         r = &mut server => r,

@@ -1,0 +1,295 @@
+//! SLO counters shared by every control-plane replica of one cluster, through Redis
+//! (`control.share_slo_counters`, docs/SCALING.md "N control-plane replicas").
+//!
+//! Behind a load balancer each replica ingests part of the traffic. Each one keeps what it
+//! counts per SLO and second ([`SharedDelta`]), and once per round
+//!
+//! 1. appends it to the stream `brownout:{<cluster>}:slo-deltas` (`XADD … MAXLEN ~`), one
+//!    entry per round: `o` = this process's origin id, `s` = its sequence number, `d` = the
+//!    deltas as JSON;
+//! 2. reads every entry after the last one it read (`XREAD`) and adds the others' deltas to
+//!    its own counters.
+//!
+//! So every replica — the leader among them — holds the counters of the whole stream, and its
+//! burn rates are those one replica fed everything would compute (one second divides every
+//! ring bucket and time slice, so the sums are exact; tests/it/slo_share.rs).
+//!
+//! - **Exactly once.** An entry whose `XADD` answer was lost is sent again with the same `s`;
+//!   readers apply each (origin, `s`) once. Entries not yet sent wait in order (up to
+//!   [`MAX_PENDING`] rounds, then the oldest go, with a warning).
+//! - **Restarts.** The origin id is new per process and a replica reads the stream from its
+//!   start, so a restarted replica gets back what the stream still holds — its own earlier
+//!   counts included. The stream keeps about [`DEFAULT_MAX_LEN`] entries (one per replica and
+//!   round): with 3 replicas at 1 s about 9 hours. Older history is lost on a restart, as it is
+//!   with one replica today.
+//! - **Late deltas.** A delta older than the counters hold, or for a time slice already closed
+//!   (5 s after it ends), is dropped and counted in `dropped_late`, as a late event is.
+//! - **Redis down.** Counting goes on locally; deltas wait and are sent when Redis answers.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use brownout_protocol::{HaConnection, RedisKeys, RedisTarget};
+use redis::aio::ConnectionManagerConfig;
+use redis::streams::StreamReadReply;
+
+use super::eval::SharedDelta;
+use super::task::SloHandle;
+
+/// Entries the stream keeps (approximately: `MAXLEN ~`).
+pub const DEFAULT_MAX_LEN: u64 = 100_000;
+/// Rounds of deltas kept while Redis does not answer.
+pub const MAX_PENDING: usize = 3_600;
+/// Entries read per `XREAD`.
+const READ_COUNT: usize = 1_000;
+
+/// The stream's key for `cluster`.
+pub fn stream_key(keys: &RedisKeys) -> String {
+    format!("brownout:{{{}}}:slo-deltas", keys.cluster())
+}
+
+/// One delta on the wire: `[slo, sec, good, total, refused, first_ms]`.
+type WireDelta = (String, u64, u64, u64, u64, u64);
+
+/// What one round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoundStats {
+    /// Entries this replica appended.
+    pub sent: u64,
+    /// Entries of other origins applied.
+    pub applied_entries: u64,
+    /// Events (good + bad) those entries counted here.
+    pub applied_events: u64,
+}
+
+/// One replica's side of the sharing.
+pub struct SloShare {
+    conn: HaConnection,
+    key: String,
+    origin: String,
+    max_len: u64,
+    seq: u64,
+    pending: VecDeque<(u64, String)>,
+    /// The last stream id read (`0`: from the start).
+    last_id: String,
+    /// Per origin, the highest `s` applied.
+    applied: HashMap<String, u64>,
+    op_timeout: Duration,
+}
+
+impl SloShare {
+    /// Connects (a Sentinel URL as well as a plain one). `replica` names this replica in the
+    /// origin id (a random suffix makes it unique per process).
+    ///
+    /// # Errors
+    /// A bad URL or cluster name, or Redis not answering within a few `op_timeout`s.
+    pub async fn connect(
+        url: &str,
+        cluster: &str,
+        replica: &str,
+        op_timeout: Duration,
+    ) -> anyhow::Result<SloShare> {
+        let keys = RedisKeys::new(cluster)?;
+        let target = RedisTarget::parse(url)?;
+        let cfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(op_timeout))
+            .set_response_timeout(Some(op_timeout))
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(Duration::from_millis(250))
+            .set_number_of_retries(2);
+        let conn = tokio::time::timeout(
+            op_timeout * 4,
+            HaConnection::connect(&target, cfg, op_timeout),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("Redis did not answer within {:?}", op_timeout * 4))??;
+        Ok(SloShare {
+            conn,
+            key: stream_key(&keys),
+            origin: format!(
+                "{replica}/{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..12]
+            ),
+            max_len: DEFAULT_MAX_LEN,
+            seq: 0,
+            pending: VecDeque::new(),
+            last_id: "0".into(),
+            applied: HashMap::new(),
+            op_timeout,
+        })
+    }
+
+    /// This process's origin id in the stream.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// Sends what `slo` counted since the last round, then applies what the other replicas
+    /// sent. `slo` must have sharing on ([`SloHandle::enable_sharing`]).
+    ///
+    /// # Errors
+    /// Redis errors and timeouts: what was not sent is kept for the next round.
+    pub async fn round(&mut self, slo: &SloHandle) -> anyhow::Result<RoundStats> {
+        let deltas = slo.take_shared();
+        if !deltas.is_empty() {
+            let wire: Vec<WireDelta> = deltas
+                .into_iter()
+                .map(|d| (d.slo, d.sec, d.good, d.total, d.refused, d.first_ms))
+                .collect();
+            self.seq += 1;
+            self.pending
+                .push_back((self.seq, serde_json::to_string(&wire)?));
+            if self.pending.len() > MAX_PENDING {
+                self.pending.pop_front();
+                tracing::warn!(
+                    "SLO deltas waited too long for Redis; the oldest round is dropped (other replicas will not count it)"
+                );
+            }
+        }
+        let mut stats = RoundStats::default();
+        while let Some((seq, json)) = self.pending.front() {
+            let mut cmd = redis::cmd("XADD");
+            cmd.arg(&self.key)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(self.max_len)
+                .arg("*")
+                .arg("o")
+                .arg(&self.origin)
+                .arg("s")
+                .arg(*seq)
+                .arg("d")
+                .arg(json.as_str());
+            let _: String = self.timed(cmd.query_async(&mut self.conn.clone())).await?;
+            self.pending.pop_front();
+            stats.sent += 1;
+        }
+        loop {
+            let mut cmd = redis::cmd("XREAD");
+            cmd.arg("COUNT")
+                .arg(READ_COUNT)
+                .arg("STREAMS")
+                .arg(&self.key)
+                .arg(&self.last_id);
+            let reply: Option<StreamReadReply> =
+                self.timed(cmd.query_async(&mut self.conn.clone())).await?;
+            let entries: Vec<_> = reply
+                .into_iter()
+                .flat_map(|r| r.keys)
+                .flat_map(|k| k.ids)
+                .collect();
+            let n = entries.len();
+            for e in entries {
+                self.last_id.clone_from(&e.id);
+                let (Some(origin), Some(seq), Some(json)) = (
+                    e.get::<String>("o"),
+                    e.get::<u64>("s"),
+                    e.get::<String>("d"),
+                ) else {
+                    tracing::warn!(id = %e.id, "an SLO delta entry without o, s or d; skipped");
+                    continue;
+                };
+                if origin == self.origin
+                    || self.applied.get(&origin).is_some_and(|&last| seq <= last)
+                {
+                    continue;
+                }
+                let wire: Vec<WireDelta> = match serde_json::from_str(&json) {
+                    Ok(w) => w,
+                    Err(err) => {
+                        tracing::warn!(id = %e.id, error = %err, "an SLO delta entry that does not parse; skipped");
+                        continue;
+                    }
+                };
+                let deltas: Vec<SharedDelta> = wire
+                    .into_iter()
+                    .map(|(slo, sec, good, total, refused, first_ms)| SharedDelta {
+                        slo,
+                        sec,
+                        good,
+                        total,
+                        refused,
+                        first_ms,
+                    })
+                    .collect();
+                stats.applied_events += slo.apply_shared(&deltas);
+                stats.applied_entries += 1;
+                self.applied.insert(origin, seq);
+            }
+            if n < READ_COUNT {
+                break;
+            }
+        }
+        Ok(stats)
+    }
+
+    async fn timed<T>(
+        &self,
+        f: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> anyhow::Result<T> {
+        match tokio::time::timeout(self.op_timeout, f).await {
+            Ok(r) => Ok(r?),
+            Err(_) => anyhow::bail!("Redis did not answer within {:?}", self.op_timeout),
+        }
+    }
+}
+
+/// Shares `slo`'s counters through Redis every `interval` until `shutdown` (then one last
+/// round, so the last counts reach the others). Counting is captured from the start; the
+/// connection is retried every interval until it succeeds.
+pub async fn run(
+    slo: SloHandle,
+    url: String,
+    cluster: String,
+    replica: String,
+    interval: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    slo.enable_sharing();
+    let op_timeout = Duration::from_secs(2);
+    tokio::pin!(shutdown);
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut share: Option<SloShare> = None;
+    let mut failing = false;
+    loop {
+        let stopping = tokio::select! {
+            () = &mut shutdown => true,
+            _ = ticker.tick() => false,
+        };
+        if share.is_none() {
+            match SloShare::connect(&url, &cluster, &replica, op_timeout).await {
+                Ok(s) => share = Some(s),
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(error = %e, "SLO counter sharing: cannot reach Redis; counting locally until it answers");
+                        failing = true;
+                    }
+                    if stopping {
+                        break;
+                    }
+                    continue;
+                }
+            }
+        }
+        if let Some(s) = share.as_mut() {
+            match s.round(&slo).await {
+                Ok(_) => {
+                    if failing {
+                        tracing::info!("SLO counter sharing: Redis answers again");
+                        failing = false;
+                    }
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(error = %e, "SLO counter sharing: a round failed; deltas are kept and sent later");
+                        failing = true;
+                    }
+                }
+            }
+        }
+        if stopping {
+            break;
+        }
+    }
+}
