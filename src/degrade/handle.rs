@@ -65,6 +65,20 @@ pub struct DecisionRecord {
     /// waves).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub instance_actions: Vec<InstanceAction>,
+    /// The acks of those actions' entries by instance (`"*"` included), updated while this is
+    /// the latest decision and stored again when they change (the weekly report reads them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub instance_acks: BTreeMap<String, InstanceAckRecord>,
+}
+
+/// The ack of one instance's entry, as a stored decision keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceAckRecord {
+    /// `applied`, `pending` or `unknown_instance` (as in [`InstanceActionView::ack`]).
+    pub status: String,
+    /// Decision → applied, when known (for `"*"`: the slowest instance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_ms: Option<u64>,
 }
 
 /// One serving instance's ack, as shown by the API.
@@ -642,6 +656,7 @@ impl DegradeHandle {
                 dry_run,
                 published: None,
                 instance_actions: d.instance_actions.clone(),
+                instance_acks: BTreeMap::new(),
             };
             s.history.push_back(rec.clone());
             while s.history.len() > self.inner.cfg.policy.decision_history {
@@ -659,6 +674,13 @@ impl DegradeHandle {
             .tier
             .with_label_values(&[self.inner.cfg.cluster.as_str()])
             .set(i64::from(d.tier.as_u8()));
+        self.persist(&rec);
+        true
+    }
+
+    /// Hands a (new or updated) decision to the persistence hook; an update has the same
+    /// `at_ms`, so the store's copy is replaced.
+    fn persist(&self, rec: &DecisionRecord) {
         let hook = self
             .inner
             .hook
@@ -666,27 +688,33 @@ impl DegradeHandle {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         if let Some(h) = hook {
-            h(&rec);
+            h(rec);
         }
-        true
     }
 
     pub(super) fn published(&self, cmd: &Command, elapsed: Option<Duration>) {
         if let Some(e) = elapsed {
             self.inner.metrics.publish_seconds.observe(e.as_secs_f64());
         }
-        let mut s = self.lock();
-        s.issued.push_back((cmd.version, cmd.issued_at_ms));
-        while s.issued.len() > ISSUED_KEPT {
-            s.issued.pop_front();
+        let updated = {
+            let mut s = self.lock();
+            s.issued.push_back((cmd.version, cmd.issued_at_ms));
+            while s.issued.len() > ISSUED_KEPT {
+                s.issued.pop_front();
+            }
+            s.command = Some(cmd.clone());
+            match s.history.back_mut() {
+                Some(last) if last.published.is_none() && last.tier == cmd.tier => {
+                    last.published = Some((cmd.epoch, cmd.version));
+                    Some(last.clone())
+                }
+                _ => None,
+            }
+        };
+        // The store's copy was written before the command went out: say which one carried it.
+        if let Some(rec) = updated {
+            self.persist(&rec);
         }
-        if let Some(last) = s.history.back_mut()
-            && last.published.is_none()
-            && last.tier == cmd.tier
-        {
-            last.published = Some((cmd.epoch, cmd.version));
-        }
-        s.command = Some(cmd.clone());
     }
 
     pub(super) fn set_leader(&self, epoch: Option<u64>) {
@@ -775,9 +803,15 @@ impl DegradeHandle {
                     .set(lag as f64 / 1000.0);
             }
         }
-        let mut s = self.lock();
-        s.acks = views;
-        self.check_unacked(&mut s, brownout_protocol::now_ms());
+        let updated = {
+            let mut s = self.lock();
+            s.acks = views;
+            self.check_unacked(&mut s, brownout_protocol::now_ms());
+            record_instance_acks(&mut s)
+        };
+        if let Some(rec) = updated {
+            self.persist(&rec);
+        }
     }
 
     /// Whether the commands this replica published are acknowledged by anyone: sets
@@ -893,6 +927,56 @@ impl DegradeHandle {
                 .unwrap_or(0.0),
         );
     }
+}
+
+/// Copies the acks of the per-instance actions in force into the latest recorded decision;
+/// returns it when they changed (to be stored again).
+fn record_instance_acks(s: &mut Shared) -> Option<DecisionRecord> {
+    let views = instance_views(s.last.as_ref(), s.command.as_ref(), &s.acks);
+    let mut acks: BTreeMap<String, InstanceAckRecord> = BTreeMap::new();
+    for v in views.iter().filter(|v| v.entry.is_some()) {
+        let lag_ms = if v.action.instance == brownout_protocol::ALL_INSTANCES {
+            (v.ack == "applied")
+                .then(|| s.acks.iter().filter_map(|a| a.lag_ms).max())
+                .flatten()
+        } else {
+            s.acks
+                .iter()
+                .find(|a| a.instance == v.action.instance)
+                .filter(|_| v.ack == "applied")
+                .and_then(|a| a.lag_ms)
+        };
+        acks.insert(
+            v.action.instance.clone(),
+            InstanceAckRecord {
+                status: v.ack.clone(),
+                lag_ms,
+            },
+        );
+    }
+    let rec = s.history.back_mut()?;
+    // Only while the latest decision is the recorded one's continuation (same actions).
+    let same = s
+        .last
+        .as_ref()
+        .is_some_and(|d| action_keys(&d.instance_actions) == action_keys(&rec.instance_actions));
+    if !same || rec.dry_run {
+        return None;
+    }
+    // An ack once applied stays as it was for this decision (a later "pending" or lag is a
+    // republished command's), so the record is stored again only when an ack changes state.
+    for (k, old) in &rec.instance_acks {
+        if old.status == "applied"
+            && let Some(new) = acks.get_mut(k)
+        {
+            *new = old.clone();
+        }
+    }
+    if acks.is_empty() || acks == rec.instance_acks {
+        return None;
+    }
+    rec.instance_acks = acks;
+    Some(rec.clone())
 }
 
 /// The per-instance actions of the last decision with the entry in force and its ack.

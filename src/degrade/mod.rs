@@ -39,7 +39,8 @@ pub use controller::{
     PatternRate, SloAlert, Transition,
 };
 pub use handle::{
-    AckView, DecisionRecord, DegradeConfig, DegradeHandle, DegradeStatus, UNACKED_WARN_MS, Unacked,
+    AckView, DecisionRecord, DegradeConfig, DegradeHandle, DegradeStatus, InstanceAckRecord,
+    UNACKED_WARN_MS, Unacked,
 };
 pub use http::{AlertmanagerAlert, AlertmanagerWebhook, OverrideRequest, router};
 pub use policy::{Condition, FeaturePolicy, Policy, PolicyError, Signal};

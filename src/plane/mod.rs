@@ -244,16 +244,21 @@ impl Plane {
             DegradeHandle::new(dcfg, registry).context("registering degradation metrics")?;
         degrade.set_agent_guards(agents.clone());
         {
+            // One writer, in order: a decision is stored when made and again when its command
+            // is published and acked (same key), and the later copy must win.
             let store = state.store.clone();
+            let (tx, mut rx) =
+                tokio::sync::mpsc::unbounded_channel::<(String, serde_json::Value)>();
+            tokio::spawn(async move {
+                while let Some((key, json)) = rx.recv().await {
+                    if let Err(e) = store.put_doc("decision", &key, &json).await {
+                        tracing::warn!(error = %e, "cannot store a degradation decision");
+                    }
+                }
+            });
             degrade.on_decision(move |d| {
                 if let Ok(json) = serde_json::to_value(d) {
-                    let store = store.clone();
-                    let key = format!("{:020}", d.at_ms);
-                    tokio::spawn(async move {
-                        if let Err(e) = store.put_doc("decision", &key, &json).await {
-                            tracing::warn!(error = %e, "cannot store a degradation decision");
-                        }
-                    });
+                    let _ = tx.send((format!("{:020}", d.at_ms), json));
                 }
             });
         }

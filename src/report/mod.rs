@@ -20,7 +20,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-pub use model::{Episode, PatternWeek, Playbook, Report, SloWeek, WeekData, build};
+pub use model::{
+    Episode, InstanceIncident, PatternWeek, Playbook, Report, SloWeek, WeekData, build,
+};
 pub use render::{Format, render};
 
 use crate::patterns::PatternEngine;
@@ -179,6 +181,7 @@ pub fn synth_week(week: &str, cluster: &str, seed: u64, lines: usize) -> anyhow:
         patterns,
         as_of_ms: None,
         refusals: Vec::new(),
+        instance_actions: Vec::new(),
     })
 }
 

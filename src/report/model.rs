@@ -27,6 +27,40 @@ pub struct WeekData {
     /// refusals"): its degradation cost, never ranked as failures.
     #[serde(default)]
     pub refusals: Vec<RefusalCount>,
+    /// Per-instance stop-bleed actions of the week (halved `max_num_seqs`, drains, operator
+    /// actions, the admission ramp, recovery storms), from the stored decisions.
+    #[serde(default)]
+    pub instance_actions: Vec<InstanceIncident>,
+}
+
+/// One per-instance action over its life: from the decision that started it to the one that
+/// ended it (docs/DEGRADATION.md "Per-instance actions").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceIncident {
+    /// The instance id (`"*"`: every instance, for the ramp and retry waves).
+    pub instance: String,
+    /// `halve`, `drain`, `operator`, `ramp` or `recovery_storm`.
+    pub action: String,
+    /// What caused it (`kv_usage`, `operator`, `admission_ramp`, `recovery_storm`).
+    pub trigger: String,
+    /// Why, as the decision that started it said.
+    #[serde(default)]
+    pub detail: String,
+    pub start_ms: u64,
+    pub end_ms: u64,
+    /// Still in force at the report's end.
+    #[serde(default)]
+    pub open: bool,
+    /// The ramp's admitted shares in order (`0.7`, `0.8`, …); empty for other actions.
+    #[serde(default)]
+    pub steps: Vec<f64>,
+    /// `applied`, `pending`, `unknown_instance`, `-` (nothing to apply: a retry wave), or
+    /// `not recorded` (decisions stored before acks were kept).
+    pub ack: String,
+    /// Decision → applied, when the ack said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ack_lag_ms: Option<u64>,
 }
 
 /// Deliberate refusals of one outcome (`feature_disabled`, `shed`, …).
@@ -298,6 +332,22 @@ pub struct EpisodeRow {
     pub width_pct: f64,
 }
 
+/// A per-instance action, as shown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceActionRow {
+    pub start: String,
+    pub end: String,
+    pub duration: String,
+    pub instance: String,
+    pub action: String,
+    /// The action in words (`max_num_seqs halved`, `drained`, `admission ramp 70% → 80%`).
+    pub what: String,
+    pub trigger: String,
+    pub detail: String,
+    /// `applied (lag 120 ms)`, `pending`, …
+    pub ack: String,
+}
+
 /// An SLO row.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SloRow {
@@ -334,6 +384,8 @@ pub struct Report {
     pub refusals: Vec<RefusalCount>,
     /// The same as a sentence, or empty.
     pub refusals_text: String,
+    /// Per-instance stop-bleed actions, oldest first.
+    pub instance_actions: Vec<InstanceActionRow>,
     /// Inline SVG (built from numbers and escaped text only).
     pub burn_chart_svg: String,
     pub trend_chart_svg: String,
@@ -407,6 +459,45 @@ pub fn refusals_sentence(r: &[RefusalCount]) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// A span of a per-instance action: seconds count (a drain can be short).
+fn fmt_span(ms: u64) -> String {
+    if ms < 60_000 {
+        format!("{} s", ms / 1000)
+    } else {
+        fmt_duration(ms)
+    }
+}
+
+/// What a per-instance action did, in words.
+fn action_words(i: &InstanceIncident) -> String {
+    match i.action.as_str() {
+        "halve" => "max_num_seqs halved".into(),
+        "drain" => "drained (only critical admitted)".into(),
+        "operator" => "operator action".into(),
+        "ramp" => {
+            let steps: Vec<String> = i
+                .steps
+                .iter()
+                .map(|s| format!("{:.0}%", s * 100.0))
+                .collect();
+            if steps.is_empty() {
+                "admission ramp".into()
+            } else {
+                format!("admission ramp {}", steps.join(" \u{2192} "))
+            }
+        }
+        "recovery_storm" => "recovery storm (retry waves)".into(),
+        other => other.to_string(),
+    }
+}
+
+fn ack_words(i: &InstanceIncident) -> String {
+    match (i.ack.as_str(), i.ack_lag_ms) {
+        ("applied", Some(l)) => format!("applied (lag {l} ms)"),
+        (a, _) => a.to_string(),
+    }
 }
 
 /// `T2 1 min (operator) → T1 2 min (queue_depth)`: each step with the time until the next (or
@@ -537,10 +628,41 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
             }
         })
         .collect();
+    let mut incidents = data.instance_actions.clone();
+    incidents.sort_by(|a, b| {
+        (a.start_ms, a.end_ms, &a.instance, &a.action).cmp(&(
+            b.start_ms,
+            b.end_ms,
+            &b.instance,
+            &b.action,
+        ))
+    });
+    let instance_actions: Vec<InstanceActionRow> = incidents
+        .iter()
+        .map(|i| {
+            let end = i.end_ms.max(i.start_ms);
+            InstanceActionRow {
+                start: fmt_ts(i.start_ms),
+                end: if i.open {
+                    "still in force".into()
+                } else {
+                    fmt_ts(end)
+                },
+                duration: fmt_span(end - i.start_ms),
+                instance: i.instance.clone(),
+                action: i.action.clone(),
+                what: action_words(i),
+                trigger: i.trigger.clone(),
+                detail: i.detail.clone(),
+                ack: ack_words(i),
+            }
+        })
+        .collect();
     let empty = data.slos.is_empty()
         && data.episodes.is_empty()
         && data.patterns.is_empty()
-        && data.refusals.is_empty();
+        && data.refusals.is_empty()
+        && data.instance_actions.is_empty();
     let summary = if empty {
         format!(
             "No data was recorded for {} on cluster {}: no SLO budgets, no degradation episodes and no failures.",
@@ -591,6 +713,39 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
                 data.episodes.iter().map(|e| e.max_tier).max().unwrap_or(0)
             )),
         }
+        if !incidents.is_empty() {
+            let mut instances: Vec<&str> = incidents
+                .iter()
+                .filter(|i| i.instance != brownout_protocol::ALL_INSTANCES)
+                .map(|i| i.instance.as_str())
+                .collect();
+            instances.sort_unstable();
+            instances.dedup();
+            let count = |a: &str| incidents.iter().filter(|i| i.action == a).count();
+            let mut what = Vec::new();
+            for (a, one, many) in [
+                ("halve", "max_num_seqs halving", "max_num_seqs halvings"),
+                ("drain", "drain", "drains"),
+                ("operator", "operator action", "operator actions"),
+                ("ramp", "admission ramp", "admission ramps"),
+                ("recovery_storm", "recovery storm", "recovery storms"),
+            ] {
+                match count(a) {
+                    0 => {}
+                    1 => what.push(format!("1 {one}")),
+                    n => what.push(format!("{n} {many}")),
+                }
+            }
+            s.push_str(&format!(
+                "Stop-bleed acted on single instances: {}{}. ",
+                what.join(", "),
+                match instances.len() {
+                    0 => String::new(),
+                    1 => " on 1 instance".into(),
+                    n => format!(" on {n} instances"),
+                }
+            ));
+        }
         let refused: u64 = data.refusals.iter().map(|r| r.count).sum();
         if refused > 0 {
             s.push_str(&format!(
@@ -626,5 +781,6 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
         roadmap,
         refusals_text: refusals_sentence(&data.refusals),
         refusals: data.refusals.clone(),
+        instance_actions,
     }
 }

@@ -20,6 +20,9 @@
 //! - Episodes: stored degradation decisions (not dry-run), a span from the first raise above T0
 //!   to the return to T0, clipped to the week (an episode still open ends now or at the week's
 //!   end).
+//! - Per-instance actions: the same decisions' `instance_actions` (watches left out), each from
+//!   the first decision carrying it to the first without it, with the ack the decisions
+//!   recorded ([`instance_incidents_from_decisions`]).
 
 use std::sync::Arc;
 
@@ -31,7 +34,9 @@ use axum::response::{IntoResponse, Response};
 use brownout_protocol::now_ms;
 use chrono::Datelike as _;
 
-use super::model::{Episode, PatternWeek, Playbook, RefusalCount, SloWeek, TierStep, WeekData};
+use super::model::{
+    Episode, InstanceIncident, PatternWeek, Playbook, RefusalCount, SloWeek, TierStep, WeekData,
+};
 use super::render::{Format, render};
 use crate::degrade::DecisionRecord;
 use crate::error::{ApiError, Path, Query};
@@ -367,6 +372,97 @@ pub fn episodes_from_decisions(
     out
 }
 
+/// Per-instance stop-bleed actions of `[start_ms, start_ms + 7 d)` from stored decisions (not
+/// dry-run): each `(instance, action)` from the decision that first carries it to the first
+/// one without it (still open: until `now`, or the week's end), clipped to the week. P2 watches
+/// are reasons, not actions, and are left out. The ack is the best one any of its decisions
+/// recorded (`applied` wins); the ramp lists its admitted shares.
+pub fn instance_incidents_from_decisions(
+    decisions: &[DecisionRecord],
+    start_ms: u64,
+    now: u64,
+) -> Vec<InstanceIncident> {
+    use std::collections::BTreeMap;
+    let end_ms = start_ms + WEEK_MS;
+    let mut ds: Vec<&DecisionRecord> = decisions
+        .iter()
+        .filter(|d| !d.dry_run && d.at_ms < end_ms)
+        .collect();
+    ds.sort_by_key(|d| d.at_ms);
+    let mut open: BTreeMap<(String, String), InstanceIncident> = BTreeMap::new();
+    let mut done = Vec::new();
+    let rank = |a: &str| match a {
+        "applied" => 4,
+        "pending" => 3,
+        "unknown_instance" => 2,
+        "-" => 1,
+        _ => 0,
+    };
+    for d in ds {
+        let mut seen = Vec::new();
+        for a in d.instance_actions.iter().filter(|a| a.action != "watch") {
+            let key = (a.instance.clone(), a.action.clone());
+            seen.push(key.clone());
+            let inc = open.entry(key).or_insert_with(|| InstanceIncident {
+                instance: a.instance.clone(),
+                action: a.action.clone(),
+                trigger: a.trigger.clone(),
+                detail: a.detail.clone(),
+                start_ms: if a.since_ms > 0 && a.since_ms <= d.at_ms {
+                    a.since_ms
+                } else {
+                    d.at_ms
+                },
+                end_ms: d.at_ms,
+                open: true,
+                steps: Vec::new(),
+                ack: if a.action == "recovery_storm" {
+                    "-".into()
+                } else {
+                    "not recorded".into()
+                },
+                ack_lag_ms: None,
+            });
+            inc.end_ms = d.at_ms;
+            if a.action == "ramp"
+                && let Some(v) = a.value
+                && inc.steps.last().is_none_or(|l| (l - v).abs() > 1e-9)
+            {
+                inc.steps.push(v);
+            }
+            if a.action != "recovery_storm"
+                && let Some(ack) = d.instance_acks.get(&a.instance)
+                && rank(&ack.status) >= rank(&inc.ack)
+            {
+                inc.ack = ack.status.clone();
+                inc.ack_lag_ms = ack.lag_ms.or(inc.ack_lag_ms);
+            }
+        }
+        let ended: Vec<(String, String)> =
+            open.keys().filter(|k| !seen.contains(k)).cloned().collect();
+        for k in ended {
+            if let Some(mut inc) = open.remove(&k) {
+                inc.end_ms = d.at_ms;
+                inc.open = false;
+                done.push(inc);
+            }
+        }
+    }
+    for (_, mut inc) in open {
+        inc.end_ms = now.clamp(start_ms, end_ms).max(inc.end_ms);
+        done.push(inc);
+    }
+    done.retain(|i| i.end_ms > start_ms || (i.open && i.start_ms >= start_ms));
+    for i in &mut done {
+        i.start_ms = i.start_ms.max(start_ms);
+        i.end_ms = i.end_ms.max(i.start_ms);
+    }
+    done.sort_by(|a, b| {
+        (a.start_ms, &a.instance, &a.action).cmp(&(b.start_ms, &b.instance, &b.action))
+    });
+    done
+}
+
 /// The week's data from the store: patterns (with last week's counts), SLO budgets, episodes.
 /// A week without data gives a [`WeekData`] with every list empty (rendered as "no data").
 ///
@@ -438,6 +534,7 @@ pub async fn week_data_at(
         .into_iter()
         .filter_map(|d| serde_json::from_value::<DecisionRecord>(d.value).ok())
         .collect();
+    let instance_actions = instance_incidents_from_decisions(&decisions, start_ms, now);
     let mut episodes = episodes_from_decisions(&decisions, start_ms, now);
     for e in &mut episodes {
         // A refusal belongs to the episode it happened in (plus the command's propagation:
@@ -459,6 +556,7 @@ pub async fn week_data_at(
         patterns,
         as_of_ms,
         refusals: refusal_counts(refused_rows.iter()),
+        instance_actions,
     })
 }
 

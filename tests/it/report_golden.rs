@@ -63,6 +63,63 @@ fn top_three_by_impact_map_to_playbook_items() {
 }
 
 #[test]
+fn per_instance_actions_are_listed_with_instance_time_reason_duration_and_ack() {
+    let r = build(&week(), &Playbook::bundled());
+    let rows: Vec<(&str, &str, &str, &str)> = r
+        .instance_actions
+        .iter()
+        .map(|a| {
+            (
+                a.instance.as_str(),
+                a.what.as_str(),
+                a.duration.as_str(),
+                a.ack.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (
+                "gpu-3/engine-0",
+                "max_num_seqs halved",
+                "1 min",
+                "applied (lag 42 ms)"
+            ),
+            (
+                "gpu-3/engine-0",
+                "drained (only critical admitted)",
+                "9 min",
+                "applied (lag 38 ms)"
+            ),
+            (
+                "*",
+                "admission ramp 70% \u{2192} 80% \u{2192} 90%",
+                "1 min",
+                "pending"
+            ),
+            ("*", "recovery storm (retry waves)", "30 s", "-"),
+            (
+                "gpu-<b>4</b>|x",
+                "operator action",
+                "2 h 46 min",
+                "unknown_instance"
+            ),
+        ]
+    );
+    assert_eq!(r.instance_actions[0].start, "Mon 2026-11-23 20:05 UTC");
+    assert_eq!(r.instance_actions[4].end, "still in force");
+    assert!(r.instance_actions[1].detail.contains("drained"));
+    assert!(
+        r.summary.contains(
+            "Stop-bleed acted on single instances: 1 max_num_seqs halving, 1 drain, 1 operator action, 1 admission ramp, 1 recovery storm on 2 instances."
+        ),
+        "{}",
+        r.summary
+    );
+}
+
+#[test]
 fn user_controlled_text_is_escaped() {
     let r = build(&week(), &Playbook::bundled());
     let html = render(&r, Format::Html).unwrap();
@@ -78,6 +135,21 @@ fn user_controlled_text_is_escaped() {
     for line in md.lines() {
         let outside: String = line.split('`').step_by(2).collect();
         assert!(!outside.contains('<'), "raw < outside a code span: {line}");
+    }
+    // Per-instance actions: instance ids and reasons are escaped too, and a `|` in them adds no
+    // cell to the Markdown table.
+    assert!(!html.contains("<img") && html.contains("&lt;img src=x onerror=alert(1)&gt;"));
+    assert!(!html.contains("<b>4</b>") && html.contains("gpu-&lt;b&gt;4&lt;&#x2F;b&gt;|x"));
+    for line in md
+        .lines()
+        .filter(|l| l.starts_with("| ") && l.contains("operator action"))
+    {
+        let outside: String = line.split('`').step_by(2).collect();
+        assert_eq!(
+            outside.matches(" | ").count() + 1,
+            7,
+            "a | in an instance id or reason must not add table cells: {line}"
+        );
     }
     for line in md.lines().filter(|l| l.starts_with("| 3 |")) {
         assert_eq!(
@@ -99,6 +171,7 @@ fn an_empty_week_says_so() {
         patterns: vec![],
         as_of_ms: None,
         refusals: vec![],
+        instance_actions: vec![],
     };
     let r = build(&data, &Playbook::bundled());
     assert!(r.empty && r.roadmap.is_empty());

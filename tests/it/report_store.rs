@@ -255,6 +255,222 @@ fn episodes_are_clipped_to_the_week_and_left_open_until_now() {
     assert!(rstore::episodes_from_decisions(&ds[..2], start + 7 * D, start + 30 * D).is_empty());
 }
 
+/// A stored decision carrying per-instance actions `(instance, action, value)` and the acks it
+/// recorded `(instance, status, lag)`.
+fn stopbleed_decision(
+    at_ms: u64,
+    actions: &[(&str, &str, Option<f64>)],
+    acks: &[(&str, &str, Option<u64>)],
+    dry_run: bool,
+) -> serde_json::Value {
+    let mut d = decision(at_ms, 0, 0, "hold", "none", dry_run);
+    d["instance_actions"] = actions
+        .iter()
+        .map(|(i, a, v)| {
+            serde_json::json!({"instance": i, "action": a, "trigger": if *a == "ramp" { "admission_ramp" } else { "kv_usage" },
+                "detail": format!("{a} <b>{i}</b>"), "value": v, "since_ms": at_ms.saturating_sub(1_000)})
+        })
+        .collect();
+    d["instance_acks"] = acks
+        .iter()
+        .map(|(i, st, lag)| {
+            (
+                (*i).to_string(),
+                serde_json::json!({"status": st, "lag_ms": lag}),
+            )
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    d
+}
+
+/// gpu-1 halved then drained then restored (acked), gpu-2 only watched, the ramp's steps, a
+/// dry-run halving (not shown), and a drain left open.
+fn stopbleed_decisions(start: u64) -> Vec<serde_json::Value> {
+    let m = 60_000;
+    vec![
+        stopbleed_decision(
+            start + H,
+            &[
+                ("gpu-1/e0", "watch", Some(0.9)),
+                ("gpu-2/e0", "watch", Some(0.86)),
+            ],
+            &[],
+            false,
+        ),
+        stopbleed_decision(
+            start + H + m,
+            &[
+                ("gpu-1/e0", "halve", Some(0.95)),
+                ("gpu-2/e0", "watch", Some(0.86)),
+            ],
+            &[("gpu-1/e0", "pending", None)],
+            false,
+        ),
+        stopbleed_decision(
+            start + H + 2 * m,
+            &[("gpu-1/e0", "drain", Some(0.96))],
+            &[("gpu-1/e0", "applied", Some(35))],
+            false,
+        ),
+        stopbleed_decision(start + H + 9 * m, &[], &[], false),
+        stopbleed_decision(
+            start + 2 * H,
+            &[("gpu-9/e0", "halve", Some(0.99))],
+            &[],
+            true,
+        ),
+        stopbleed_decision(
+            start + 3 * H,
+            &[("*", "ramp", Some(0.7))],
+            &[("*", "applied", Some(20))],
+            false,
+        ),
+        stopbleed_decision(
+            start + 3 * H + m,
+            &[("*", "ramp", Some(0.8))],
+            &[("*", "pending", None)],
+            false,
+        ),
+        stopbleed_decision(
+            start + 3 * H + 2 * m,
+            &[("*", "ramp", Some(0.9)), ("*", "recovery_storm", Some(0.8))],
+            &[],
+            false,
+        ),
+        stopbleed_decision(start + 3 * H + 3 * m, &[], &[], false),
+        stopbleed_decision(
+            start + 5 * D,
+            &[("gpu-2/e0", "drain", Some(0.97))],
+            &[("gpu-2/e0", "unknown_instance", None)],
+            false,
+        ),
+    ]
+}
+
+#[test]
+fn stop_bleed_actions_become_incidents_with_their_span_steps_and_ack() {
+    let start = week_start_ms(WEEK).unwrap();
+    let ds: Vec<brownout::degrade::DecisionRecord> = stopbleed_decisions(start)
+        .into_iter()
+        .map(|v| serde_json::from_value(v).unwrap())
+        .collect();
+    let now = start + 5 * D + H;
+    let inc = rstore::instance_incidents_from_decisions(&ds, start, now);
+    let got: Vec<(&str, &str, u64, u64, bool, &str)> = inc
+        .iter()
+        .map(|i| {
+            (
+                i.instance.as_str(),
+                i.action.as_str(),
+                i.start_ms - start,
+                i.end_ms - start,
+                i.open,
+                i.ack.as_str(),
+            )
+        })
+        .collect();
+    let m = 60_000;
+    assert_eq!(
+        got,
+        [
+            // since_ms is a second before the decision that first carried it.
+            (
+                "gpu-1/e0",
+                "halve",
+                H + m - 1_000,
+                H + 2 * m,
+                false,
+                "pending"
+            ),
+            (
+                "gpu-1/e0",
+                "drain",
+                H + 2 * m - 1_000,
+                H + 9 * m,
+                false,
+                "applied"
+            ),
+            ("*", "ramp", 3 * H - 1_000, 3 * H + 3 * m, false, "applied"),
+            (
+                "*",
+                "recovery_storm",
+                3 * H + 2 * m - 1_000,
+                3 * H + 3 * m,
+                false,
+                "-"
+            ),
+            (
+                "gpu-2/e0",
+                "drain",
+                5 * D - 1_000,
+                5 * D + H,
+                true,
+                "unknown_instance"
+            ),
+        ],
+        "{inc:#?}"
+    );
+    assert_eq!(inc[1].ack_lag_ms, Some(35));
+    assert_eq!(inc[2].steps, [0.7, 0.8, 0.9]);
+    assert_eq!(inc[0].detail, "halve <b>gpu-1/e0</b>");
+    // The next week sees only the drain still in force, from its Monday.
+    let next = rstore::instance_incidents_from_decisions(&ds, start + 7 * D, now + 7 * D);
+    assert_eq!(next.len(), 1, "{next:#?}");
+    assert_eq!(
+        (next[0].instance.as_str(), next[0].start_ms, next[0].open),
+        ("gpu-2/e0", start + 7 * D, true)
+    );
+    // The week before sees nothing.
+    assert!(rstore::instance_incidents_from_decisions(&ds, start - 7 * D, start - D).is_empty());
+}
+
+#[tokio::test]
+async fn a_report_built_from_stored_decisions_lists_the_stop_bleed_actions_escaped() {
+    let (store, _dir) = store().await;
+    let start = week_start_ms(WEEK).unwrap();
+    for d in stopbleed_decisions(start) {
+        let key = format!("{:020}", d["at_ms"].as_u64().unwrap());
+        store.put_doc("decision", &key, &d).await.unwrap();
+    }
+    let data = rstore::week_data_at(store.as_ref(), &slos(), WEEK, "prod", start + 7 * D)
+        .await
+        .unwrap();
+    assert_eq!(
+        data.instance_actions.len(),
+        5,
+        "{:#?}",
+        data.instance_actions
+    );
+    assert!(
+        data.episodes.is_empty(),
+        "per-instance actions are not tier episodes"
+    );
+    let r = brownout::report::build(&data, &brownout::report::Playbook::bundled());
+    assert!(!r.empty);
+    assert_eq!(
+        r.instance_actions[1].what,
+        "drained (only critical admitted)"
+    );
+    assert_eq!(r.instance_actions[1].duration, "7 min");
+    assert_eq!(r.instance_actions[1].ack, "applied (lag 35 ms)");
+    let html = brownout::report::render(&r, brownout::report::Format::Html).unwrap();
+    assert!(html.contains("<section id=\"instance-actions\">"));
+    assert!(html.contains("data-action=\"drain\""));
+    assert!(
+        html.contains("&lt;b&gt;gpu-1&#x2F;e0&lt;&#x2F;b&gt;"),
+        "escaped"
+    );
+    assert!(!html.contains("<b>gpu-1"), "no raw markup");
+    let md = brownout::report::render(&r, brownout::report::Format::Md).unwrap();
+    assert!(
+        md.contains("admission ramp 70% \u{2192} 80% \u{2192} 90%"),
+        "{md}"
+    );
+    assert!(md.contains("recovery storm (retry waves)"));
+    assert!(!md.contains("<b>"));
+}
+
 async fn get(app: &axum::Router, uri: &str) -> (StatusCode, String, String) {
     let res = app
         .clone()

@@ -3,6 +3,7 @@
 //! `cargo test -p brownout-demo --test it [module::]`. `tests/redis_tls.rs` is a binary of its
 //! own: it sets process environment variables, which no other test may see.
 
+mod agent_queue_wait;
 mod agents_guards;
 mod bench_overload;
 mod degrade_redis;
@@ -18,3 +19,4 @@ mod metrics_promtool;
 mod no_ansi;
 mod prometheus_scrape;
 mod report_refusals;
+mod report_stopbleed;
