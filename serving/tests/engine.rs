@@ -31,6 +31,7 @@ fn cfg(max_queue_wait: Duration) -> EngineConfig {
         eos_token_ids: vec![],
         max_queue_wait,
         inbox_capacity: 16,
+        simulate_step: None,
     }
 }
 
@@ -240,6 +241,7 @@ fn reserve_cfg() -> EngineConfig {
         eos_token_ids: vec![],
         max_queue_wait: Duration::from_secs(600),
         inbox_capacity: 64,
+        simulate_step: None,
     }
 }
 

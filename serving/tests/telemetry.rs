@@ -106,6 +106,7 @@ async fn requests_become_otlp_spans_and_failures_become_ndjson_events() {
         otlp_endpoint: Some(otlp),
         queue_capacity: 64,
         batch_max: 16,
+        ..TelemetryConfig::default()
     });
     let control = ControlHandle::new("t");
     let st = api::build_state(&opts(), control.clone(), tel.clone())

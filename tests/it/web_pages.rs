@@ -691,6 +691,7 @@ mod degradation_timeline {
             dry_run: false,
             published: Some((1, at_ms / 1000)),
             instance_actions: vec![],
+            instance_acks: Default::default(),
         }
     }
 
