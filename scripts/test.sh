@@ -72,4 +72,4 @@ log "redis and clickhouse are up"
 export REDIS_TEST_URL=${REDIS_TEST_URL:-redis://127.0.0.1:6379}
 export CLICKHOUSE_TEST_URL=${CLICKHOUSE_TEST_URL:-http://127.0.0.1:8123}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/brownout-target}
-cargo test --workspace --locked "$@"
+cargo test --workspace --locked --no-fail-fast "$@"

@@ -21,7 +21,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 pub use model::{
-    Episode, InstanceIncident, PatternWeek, Playbook, Report, SloWeek, WeekData, build,
+    Episode, IdleSlo, InstanceIncident, NO_REQUESTS, PatternWeek, Playbook, Report, SloWeek,
+    WeekData, build,
 };
 pub use render::{Format, render};
 
@@ -182,6 +183,7 @@ pub fn synth_week(week: &str, cluster: &str, seed: u64, lines: usize) -> anyhow:
         as_of_ms: None,
         refusals: Vec::new(),
         instance_actions: Vec::new(),
+        slos_without_data: Vec::new(),
     })
 }
 

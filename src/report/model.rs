@@ -31,6 +31,19 @@ pub struct WeekData {
     /// actions, the admission ramp, recovery storms), from the stored decisions.
     #[serde(default)]
     pub instance_actions: Vec<InstanceIncident>,
+    /// Configured SLOs that had no requests this week or the week before: listed (so the
+    /// report names every SLO the overview shows), with no figures.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slos_without_data: Vec<IdleSlo>,
+}
+
+/// A configured SLO without a single request in the two weeks the report reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdleSlo {
+    pub name: String,
+    /// e.g. 0.995
+    pub objective: f64,
 }
 
 /// One per-instance action over its life: from the decision that started it to the one that
@@ -348,6 +361,9 @@ pub struct InstanceActionRow {
     pub ack: String,
 }
 
+/// The note on an SLO row without data.
+pub const NO_REQUESTS: &str = "no requests this week or the week before";
+
 /// An SLO row.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SloRow {
@@ -601,6 +617,17 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
             }),
             refused: s.refused,
         })
+        .chain(data.slos_without_data.iter().map(|s| SloRow {
+            name: s.name.clone(),
+            objective_pct: format!("{:.2}%", s.objective * 100.0),
+            spent_pct: "\u{2014}".into(),
+            last_week_pct: "\u{2014}".into(),
+            delta: "\u{2014}".into(),
+            burn_rate: "\u{2014}".into(),
+            runs_out: "\u{2014}".into(),
+            history_note: NO_REQUESTS.into(),
+            refused: 0,
+        }))
         .collect();
     let mut episodes_sorted = data.episodes.clone();
     episodes_sorted.sort_by_key(|e| (e.start_ms, e.end_ms));
@@ -697,6 +724,17 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
                 ));
             }
             s.push_str(". ");
+        }
+        if !data.slos_without_data.is_empty() {
+            let names: Vec<&str> = data
+                .slos_without_data
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect();
+            s.push_str(&format!(
+                "{} had no requests this week or the week before. ",
+                names.join(", ")
+            ));
         }
         let total_ms: u64 = data
             .episodes

@@ -35,7 +35,8 @@ use brownout_protocol::now_ms;
 use chrono::Datelike as _;
 
 use super::model::{
-    Episode, InstanceIncident, PatternWeek, Playbook, RefusalCount, SloWeek, TierStep, WeekData,
+    Episode, IdleSlo, InstanceIncident, PatternWeek, Playbook, RefusalCount, SloWeek, TierStep,
+    WeekData,
 };
 use super::render::{Format, render};
 use crate::degrade::DecisionRecord;
@@ -520,9 +521,14 @@ pub async fn week_data_at(
     let refused_rows = read_failures(store, start_ms, end_ms, true).await?;
 
     let mut slo_weeks = Vec::new();
+    let mut slos_without_data = Vec::new();
     for spec in slos {
-        if let Some(s) = slo_week(store, spec, start_ms, as_of_ms.unwrap_or(end_ms)).await? {
-            slo_weeks.push(s);
+        match slo_week(store, spec, start_ms, as_of_ms.unwrap_or(end_ms)).await? {
+            Some(s) => slo_weeks.push(s),
+            None => slos_without_data.push(IdleSlo {
+                name: spec.name.clone(),
+                objective: spec.objective_ratio,
+            }),
         }
     }
 
@@ -557,6 +563,7 @@ pub async fn week_data_at(
         as_of_ms,
         refusals: refusal_counts(refused_rows.iter()),
         instance_actions,
+        slos_without_data,
     })
 }
 

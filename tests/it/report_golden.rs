@@ -172,6 +172,7 @@ fn an_empty_week_says_so() {
         as_of_ms: None,
         refusals: vec![],
         instance_actions: vec![],
+        slos_without_data: vec![],
     };
     let r = build(&data, &Playbook::bundled());
     assert!(r.empty && r.roadmap.is_empty());

@@ -229,6 +229,54 @@ async fn week_from_the_store_has_patterns_slo_spend_and_episodes() {
     assert_eq!(r.episodes[0].duration, "2 h 00 min");
 }
 
+/// The overview lists every configured SLO; the report must too, also one without a single
+/// request (the demo's agent SLO before any agent traffic), with no figures made up for it.
+#[tokio::test]
+async fn an_slo_without_requests_is_listed_without_figures() {
+    let (store, _dir) = store().await;
+    fill(store.as_ref()).await;
+    let mut specs = slos();
+    specs.extend(
+        brownout::slo::spec::parse_str(
+            "version: brownout/v1\nslos:\n  - name: agent-<b>task</b>\n    service: agent-nobody-calls\n    objective_percent: 95\n    period: 7d\n    sli:\n      kind: availability\n",
+            "idle.yaml",
+        )
+        .unwrap(),
+    );
+    let data = week_data(store.as_ref(), &specs, WEEK, "c").await.unwrap();
+    assert_eq!(data.slos.len(), 1, "{:#?}", data.slos);
+    assert_eq!(data.slos_without_data.len(), 1);
+    assert_eq!(data.slos_without_data[0].name, "agent-<b>task</b>");
+    let r = brownout::report::build(&data, &brownout::report::Playbook::bundled());
+    assert_eq!(r.slos.len(), 2, "both SLOs are rows");
+    let idle = &r.slos[1];
+    assert_eq!(
+        (idle.objective_pct.as_str(), idle.spent_pct.as_str()),
+        ("95.00%", "\u{2014}")
+    );
+    assert_eq!(idle.history_note, brownout::report::NO_REQUESTS);
+    assert!(
+        r.summary
+            .contains("agent-<b>task</b> had no requests this week or the week before"),
+        "{}",
+        r.summary
+    );
+    let html = brownout::report::render(&r, brownout::report::Format::Html).unwrap();
+    assert!(
+        html.contains("agent-&lt;b&gt;task&lt;&#x2F;b&gt;")
+            || html.contains("agent-&lt;b&gt;task&lt;/b&gt;"),
+        "escaped name"
+    );
+    assert!(!html.contains("<b>task</b>"));
+    assert!(html.contains(brownout::report::NO_REQUESTS));
+    // An SLO without data does not make an otherwise empty week look like it has data.
+    let empty = week_data(store.as_ref(), &specs, "2025-W01", "c")
+        .await
+        .unwrap();
+    assert_eq!(empty.slos_without_data.len(), 2);
+    assert!(brownout::report::build(&empty, &brownout::report::Playbook::bundled()).empty);
+}
+
 #[test]
 fn episodes_are_clipped_to_the_week_and_left_open_until_now() {
     let start = week_start_ms(WEEK).unwrap();

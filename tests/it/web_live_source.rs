@@ -702,7 +702,12 @@ async fn a_service_with_spans_only_owns_the_engines_nothing_else_claims() {
     assert_eq!(services[0]["num_instances"], 1, "{services}");
     let (status, body) = get(&app, "/services/chat").await;
     assert_eq!(status, StatusCode::OK);
-    assert!(body.contains("gpu-node-a/engine-0"), "{body}");
+    // The instance id, HTML-escaped (`/` is `&#x2F;`) and in its link.
+    assert!(body.contains("gpu-node-a&#x2F;engine-0"), "{body}");
+    assert!(
+        body.contains("/services/chat/instances/gpu-node-a%2Fengine-0"),
+        "{body}"
+    );
     p.run.stop().await.unwrap();
 }
 

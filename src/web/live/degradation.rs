@@ -45,13 +45,9 @@ pub const ACK_GRACE_MS: u64 = 2_000;
 /// The timeline's start: from the oldest decision of the last [`TIER_WINDOW_MS`] (with a
 /// little room before it), at least [`TIER_WINDOW_MIN_MS`] before `now`.
 pub fn window_start(records: &[DecisionRecord], now: u64) -> u64 {
-    let earliest = now.saturating_sub(TIER_WINDOW_MS);
-    let first = records
-        .iter()
-        .map(|r| r.at_ms)
-        .filter(|t| *t >= earliest)
-        .min()
-        .unwrap_or(now);
+    // A decision older than the window means the state has held at least that long: the
+    // whole window (the clamp below).
+    let first = records.iter().map(|r| r.at_ms).min().unwrap_or(now);
     let span = now.saturating_sub(first);
     let span = (span + span / 20).clamp(TIER_WINDOW_MIN_MS, TIER_WINDOW_MS);
     now.saturating_sub(span)
