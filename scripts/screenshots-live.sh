@@ -31,7 +31,7 @@ demo_pid=""
 proxy_pid=""
 cleanup() {
   [ -n "$proxy_pid" ] && kill "$proxy_pid" 2>/dev/null
-  [ -n "$demo_pid" ] && kill "$demo_pid" 2>/dev/null && wait "$demo_pid" 2>/dev/null
+  [ -n "$demo_pid" ] && kill "$demo_pid" 2>/dev/null && { wait "$demo_pid" 2>/dev/null || true; }
   rm -rf "$tmp"
 }
 trap cleanup EXIT

@@ -522,21 +522,32 @@ pub fn budget_bar(remaining: f64, text: &str) -> Svg {
     Svg(s)
 }
 
-/// A window name (`5m`, `1h`, `3d`, `30s`, `1w`) in seconds; `None` when it is not one.
+/// A window name (`5m`, `1h`, `3d`, `30s`, `1w`, or compound like `2m30s`) in seconds; `None`
+/// when it is not one.
 pub fn window_secs(w: &str) -> Option<u64> {
-    let w = w.trim();
-    let split = w.find(|c: char| !c.is_ascii_digit())?;
-    let (n, unit) = w.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    let mult = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 7 * 86_400,
-        _ => return None,
-    };
-    Some(n * mult)
+    let mut rest = w.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0u64;
+    while !rest.is_empty() {
+        let split = rest.find(|c: char| !c.is_ascii_digit())?;
+        let (n, tail) = rest.split_at(split);
+        let n: u64 = n.parse().ok()?;
+        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_len);
+        let mult = match unit {
+            "s" => 1,
+            "m" => 60,
+            "h" => 3600,
+            "d" => 86_400,
+            "w" => 7 * 86_400,
+            _ => return None,
+        };
+        total = total.checked_add(n.checked_mul(mult)?)?;
+        rest = next;
+    }
+    Some(total)
 }
 
 /// The union of the windows in `lists`, shortest first (names that are no duration last, in
@@ -662,9 +673,13 @@ mod tests {
         assert_eq!(window_secs("5m"), Some(300));
         assert_eq!(window_secs("3d"), Some(259_200));
         assert_eq!(window_secs("soon"), None);
+        assert_eq!(window_secs("2m30s"), Some(150));
+        assert_eq!(window_secs("1h5"), None);
+        assert_eq!(window_secs(""), None);
+        // The demo's timeslice SLO has a 2m30s window: it sorts by its length (first), not last.
         assert_eq!(
-            window_union(["1h", "6h", "3d", "5m", "30m", "1h", "6h", "x"]),
-            vec!["5m", "30m", "1h", "6h", "3d", "x"]
+            window_union(["1h", "6h", "3d", "5m", "2m30s", "30m", "1h", "6h", "x"]),
+            vec!["2m30s", "5m", "30m", "1h", "6h", "3d", "x"]
         );
     }
 
