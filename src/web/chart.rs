@@ -534,7 +534,9 @@ pub fn window_secs(w: &str) -> Option<u64> {
         let split = rest.find(|c: char| !c.is_ascii_digit())?;
         let (n, tail) = rest.split_at(split);
         let n: u64 = n.parse().ok()?;
-        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
         let (unit, next) = tail.split_at(unit_len);
         let mult = match unit {
             "s" => 1,
