@@ -309,6 +309,16 @@ pub fn refusal_counts<'a>(rows: impl Iterator<Item = &'a FailureRow>) -> Vec<Ref
     out
 }
 
+/// The decisions that were carried out (not dry runs) before `end_ms`, oldest first.
+fn published_until(decisions: &[DecisionRecord], end_ms: u64) -> Vec<&DecisionRecord> {
+    let mut ds: Vec<&DecisionRecord> = decisions
+        .iter()
+        .filter(|d| !d.dry_run && d.at_ms < end_ms)
+        .collect();
+    ds.sort_by_key(|d| d.at_ms);
+    ds
+}
+
 /// Degradation episodes of `[start_ms, start_ms + 7 d)` from stored decisions.
 pub fn episodes_from_decisions(
     decisions: &[DecisionRecord],
@@ -316,11 +326,7 @@ pub fn episodes_from_decisions(
     now: u64,
 ) -> Vec<Episode> {
     let end_ms = start_ms + WEEK_MS;
-    let mut ds: Vec<&DecisionRecord> = decisions
-        .iter()
-        .filter(|d| !d.dry_run && d.at_ms < end_ms)
-        .collect();
-    ds.sort_by_key(|d| d.at_ms);
+    let ds = published_until(decisions, end_ms);
     let mut out = Vec::new();
     let mut open: Option<Episode> = None;
     for d in ds {
@@ -385,11 +391,7 @@ pub fn instance_incidents_from_decisions(
 ) -> Vec<InstanceIncident> {
     use std::collections::BTreeMap;
     let end_ms = start_ms + WEEK_MS;
-    let mut ds: Vec<&DecisionRecord> = decisions
-        .iter()
-        .filter(|d| !d.dry_run && d.at_ms < end_ms)
-        .collect();
-    ds.sort_by_key(|d| d.at_ms);
+    let ds = published_until(decisions, end_ms);
     let mut open: BTreeMap<(String, String), InstanceIncident> = BTreeMap::new();
     let mut done = Vec::new();
     let rank = |a: &str| match a {
