@@ -66,8 +66,10 @@ pub struct OverloadArgs {
     pub settle_secs: u64,
     /// Which configurations to run, in order: `baseline`, `loop_off`, `loop_on`, and ablations of
     /// the loop that switch one mechanism off: `loop_on:no-fast-triggers`,
-    /// `loop_on:no-demand-trigger`, `loop_on:no-admission-ramp`, `loop_on:no-instance-actions`, `loop_on:no-critical-reserve`,
-    /// `loop_on:no-refusal-aware-slis`; `all` = the three and every ablation.
+    /// `loop_on:no-demand-trigger`, `loop_on:no-wait-trigger`, `loop_on:no-admission-ramp`,
+    /// `loop_on:no-instance-actions`, `loop_on:no-critical-reserve`,
+    /// `loop_on:no-critical-step-guard`, `loop_on:no-refusal-aware-slis`; `all` = the three and
+    /// every ablation.
     #[arg(long, default_value = "baseline,loop_off,loop_on")]
     pub configs: String,
     /// Policy YAML for the controller (default: the built-in examples/policy-overload.yaml).
@@ -79,6 +81,12 @@ pub struct OverloadArgs {
     /// 0 (off: the real CPU pace) otherwise.
     #[arg(long)]
     pub simulate_step_ms: Option<u64>,
+    /// The serving tier's critical step guard (`brownout-serve --critical-step-tokens`) in
+    /// loop_off and loop_on: while a critical request runs or waits, an engine step takes
+    /// non-critical tokens only up to this many in all. Default: 0 (off) at a simulated GPU
+    /// pace, where the step time does not grow with the batch; 4 at the real CPU pace.
+    #[arg(long)]
+    pub critical_step_tokens: Option<usize>,
     /// Hold of the overload in the ablation runs (`loop_on:…`), seconds (default: --hold-secs).
     #[arg(long)]
     pub ablation_hold_secs: Option<u64>,
@@ -128,18 +136,24 @@ pub enum Ablation {
     NoInstanceActions,
     /// `--critical-reserve-ratio 0`.
     NoCriticalReserve,
+    /// `--critical-step-tokens 0` (no critical step guard).
+    NoCriticalStepGuard,
+    /// Without the `expected_wait` conditions (work waiting now over the measured service rate).
+    NoWaitTrigger,
     /// Refusals exported as plain errors, so they feed the SLO burn (as before docs/SLO.md
     /// "Deliberate refusals").
     NoRefusalAwareSlis,
 }
 
 impl Ablation {
-    pub const ALL: [Ablation; 6] = [
+    pub const ALL: [Ablation; 8] = [
         Ablation::NoFastTriggers,
         Ablation::NoDemandTrigger,
+        Ablation::NoWaitTrigger,
         Ablation::NoAdmissionRamp,
         Ablation::NoInstanceActions,
         Ablation::NoCriticalReserve,
+        Ablation::NoCriticalStepGuard,
         Ablation::NoRefusalAwareSlis,
     ];
 
@@ -150,6 +164,8 @@ impl Ablation {
             Ablation::NoAdmissionRamp => "no-admission-ramp",
             Ablation::NoInstanceActions => "no-instance-actions",
             Ablation::NoCriticalReserve => "no-critical-reserve",
+            Ablation::NoCriticalStepGuard => "no-critical-step-guard",
+            Ablation::NoWaitTrigger => "no-wait-trigger",
             Ablation::NoRefusalAwareSlis => "no-refusal-aware-slis",
         }
     }
@@ -236,6 +252,7 @@ impl Setup {
         model: &str,
         policy_yaml: &str,
         simulate_step_ms: u64,
+        critical_step_tokens: usize,
     ) -> anyhow::Result<WorldOptions> {
         let mut o = WorldOptions {
             model: model.to_string(),
@@ -245,14 +262,17 @@ impl Setup {
             ..WorldOptions::default()
         };
         o.engine.simulate_step_ms = simulate_step_ms;
+        o.engine.critical_step_tokens = critical_step_tokens;
         // Latency p99s over seconds, not the agent's default 30 s (issue 19: fast triggers).
         o.agent_window_scrapes = Some(5);
         if self.base == Base::Baseline {
             o.engine.scheduling_policy = SchedulingPolicy::Fcfs;
             o.engine.critical_reserve_ratio = 0.0;
+            o.engine.critical_step_tokens = 0;
         }
         match self.ablation {
             Some(Ablation::NoCriticalReserve) => o.engine.critical_reserve_ratio = 0.0,
+            Some(Ablation::NoCriticalStepGuard) => o.engine.critical_step_tokens = 0,
             Some(Ablation::NoRefusalAwareSlis) => o.refusals_as_errors = true,
             _ => {}
         }
@@ -273,11 +293,11 @@ pub fn ablate_policy(yaml: &str, ablation: Option<Ablation>) -> anyhow::Result<S
         anyhow::bail!("the policy YAML is not a mapping");
     };
     match a {
-        Ablation::NoFastTriggers | Ablation::NoDemandTrigger => {
-            let kinds: &[&str] = if a == Ablation::NoFastTriggers {
-                &["ttft_p99", "queue_wait_p99", "p99_jump"]
-            } else {
-                &["demand_ratio"]
+        Ablation::NoFastTriggers | Ablation::NoDemandTrigger | Ablation::NoWaitTrigger => {
+            let kinds: &[&str] = match a {
+                Ablation::NoFastTriggers => &["ttft_p99", "queue_wait_p99", "p99_jump"],
+                Ablation::NoDemandTrigger => &["demand_ratio"],
+                _ => &["expected_wait"],
             };
             if let Some(tiers) = m.get_mut("tiers").and_then(|t| t.as_mapping_mut()) {
                 for (_, tier) in tiers.iter_mut() {
@@ -293,7 +313,9 @@ pub fn ablate_policy(yaml: &str, ablation: Option<Ablation>) -> anyhow::Result<S
         Ablation::NoInstanceActions => {
             m.remove("instances");
         }
-        Ablation::NoCriticalReserve | Ablation::NoRefusalAwareSlis => {}
+        Ablation::NoCriticalReserve
+        | Ablation::NoCriticalStepGuard
+        | Ablation::NoRefusalAwareSlis => {}
     }
     Ok(serde_yaml::to_string(&v)?)
 }
@@ -518,6 +540,8 @@ pub struct Figures {
     pub controller: &'static str,
     /// The simulated GPU pace of the engine (ms per step; 0: the real CPU pace).
     pub simulate_step_ms: u64,
+    /// The engine's critical step guard (tokens; 0: off).
+    pub critical_step_tokens: usize,
     /// Onset and end of the overload in this run (ablations may use shorter phases).
     pub onset_s: f64,
     pub end_s: f64,
@@ -535,6 +559,9 @@ pub struct RunDetail {
     pub decisions: Vec<DecisionLine>,
     /// `(seconds, applied tier)` sampled every 500 ms.
     pub tier_samples: Vec<(f64, u8)>,
+    /// `(seconds, requests waiting, requests running)` from the control plane's latest agent
+    /// snapshots, sampled every 500 ms (what `queue_depth` and `expected_wait` read).
+    pub engine_samples: Vec<(f64, u64, u64)>,
     /// `(window start s, flows/s)` in 5 s windows.
     pub goodput_series: Vec<(f64, f64)>,
     pub load: LoadReport,
@@ -608,10 +635,11 @@ async fn calibrate(
     model: &str,
     policy: &str,
     step_ms: u64,
+    guard: usize,
 ) -> anyhow::Result<f64> {
     let opts = WorldOptions {
         agents: false,
-        ..Setup::LOOP_OFF.world_options(model, policy, step_ms)?
+        ..Setup::LOOP_OFF.world_options(model, policy, step_ms, guard)?
     };
     let cfg = load_config(args, Vec::new(), LoadShape::default(), "calibrate")?;
     calibrate_capacity(
@@ -664,16 +692,18 @@ pub async fn calibrate_capacity(
     Ok(best)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn one_run(
     args: &OverloadArgs,
     model: &str,
     policy: &str,
     step_ms: u64,
+    guard: usize,
     setup: Setup,
     capacity: f64,
     phases: &Phases,
 ) -> anyhow::Result<RunDetail> {
-    let world = World::start(setup.world_options(model, policy, step_ms)?).await?;
+    let world = World::start(setup.world_options(model, policy, step_ms, guard)?).await?;
     let url = world.engine_urls().remove(0);
     let http = brownout::loadgen::http_client()?;
     let before = engine_counters(&http, &url).await;
@@ -690,17 +720,35 @@ async fn one_run(
     let started = Instant::now();
     let control = world.engine_controls().remove(0);
     let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(f64, u8)>::new()));
+    let queue = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(f64, u64, u64)>::new()));
     let sampler = {
-        let (control, samples) = (control.clone(), samples.clone());
+        let (control, samples, queue) = (control.clone(), samples.clone(), queue.clone());
+        let degrade = world.plane().degrade.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
             loop {
                 tick.tick().await;
+                let t = started.elapsed().as_secs_f64();
                 let mut v = samples
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 if v.len() < 100_000 {
-                    v.push((started.elapsed().as_secs_f64(), control.tier().as_u8()));
+                    v.push((t, control.tier().as_u8()));
+                }
+                drop(v);
+                // What the control plane's latest snapshots say the engine holds.
+                let snaps = degrade.inputs(brownout_protocol::now_ms()).snapshots;
+                let (w, r) = snaps
+                    .iter()
+                    .flat_map(|s| &s.engines)
+                    .fold((0, 0), |(w, r), e| {
+                        (w + e.num_requests_waiting, r + e.num_requests_running)
+                    });
+                let mut q = queue
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if q.len() < 100_000 {
+                    q.push((t, w, r));
                 }
             }
         })
@@ -715,6 +763,10 @@ async fn one_run(
     let after = engine_counters(&http, &url).await;
     sampler.abort();
     let tier_samples = samples
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let engine_samples = queue
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
@@ -747,6 +799,10 @@ async fn one_run(
     let df = tier_figures(&decided, phases.onset_s(), phases.end_s());
     let mut figs = figures(setup, &load, capacity, phases, &tf, &df, before, after);
     figs.simulate_step_ms = step_ms;
+    figs.critical_step_tokens = setup
+        .world_options(model, policy, step_ms, guard)?
+        .engine
+        .critical_step_tokens;
     Ok(RunDetail {
         figures: figs,
         phases: *phases,
@@ -754,6 +810,7 @@ async fn one_run(
         decided_changes: decided,
         decisions: decision_lines,
         tier_samples,
+        engine_samples,
         goodput_series: load.timeline.goodput_series(5),
         load,
     })
@@ -859,6 +916,7 @@ fn figures(
             "dry_run"
         },
         simulate_step_ms: 0,
+        critical_step_tokens: 0,
         onset_s: phases.onset_s(),
         end_s: phases.end_s(),
     }
@@ -1053,13 +1111,16 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
         None => OVERLOAD_POLICY.to_string(),
     };
     for s in &setups {
-        let o = s.world_options(&model, &policy, 0)?;
+        let o = s.world_options(&model, &policy, 0, 0)?;
         brownout::degrade::Policy::from_yaml(&o.policy_yaml)
             .with_context(|| format!("the policy of {}", s.as_str()))?;
     }
     let step_ms = args
         .simulate_step_ms
         .unwrap_or(if model == "tiny-random" { 25 } else { 0 });
+    let guard = args
+        .critical_step_tokens
+        .unwrap_or(if step_ms > 0 { 0 } else { 4 });
     let pace = if step_ms > 0 {
         format!("simulated GPU pace {step_ms} ms/step")
     } else {
@@ -1079,7 +1140,7 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
         ..phases
     };
     eprintln!(
-        "bench overload: model {model} ({pace}); load average {}; configurations {}",
+        "bench overload: model {model} ({pace}, critical step guard {guard} tokens); load average {}; configurations {}",
         load_average().unwrap_or_else(|| "?".into()),
         setups
             .iter()
@@ -1095,7 +1156,7 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
             );
             c
         }
-        None => calibrate(&args, &model, &policy, step_ms)
+        None => calibrate(&args, &model, &policy, step_ms, guard)
             .await
             .context("calibrating the capacity")?,
     };
@@ -1133,7 +1194,7 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
             ph.onset_s(),
             ph.end_s()
         );
-        let d = one_run(&args, &model, &policy, step_ms, *setup, capacity, ph)
+        let d = one_run(&args, &model, &policy, step_ms, guard, *setup, capacity, ph)
             .await
             .with_context(|| format!("the {} run", setup.as_str()))?;
         eprintln!("{}", d.load.human());
@@ -1163,6 +1224,7 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
             "model": model,
             "pace": pace,
             "simulate_step_ms": step_ms,
+            "critical_step_tokens": guard,
             "load_average_at_start": load_average(),
             "phases": phases,
             "ablation_phases": ablation_phases,
@@ -1291,24 +1353,33 @@ mod tests {
             3 + Ablation::ALL.len()
         );
         let p = OVERLOAD_POLICY;
-        let b = Setup::BASELINE.world_options("tiny-random", p, 25).unwrap();
+        let b = Setup::BASELINE
+            .world_options("tiny-random", p, 25, 4)
+            .unwrap();
         assert_eq!(b.engine.scheduling_policy, SchedulingPolicy::Fcfs);
         assert_eq!(b.engine.critical_reserve_ratio, 0.0);
         assert_eq!(b.engine.simulate_step_ms, 25);
         assert!(b.dry_run);
-        let off = Setup::LOOP_OFF.world_options("tiny-random", p, 25).unwrap();
+        let off = Setup::LOOP_OFF
+            .world_options("tiny-random", p, 25, 4)
+            .unwrap();
         assert_eq!(off.engine.scheduling_policy, SchedulingPolicy::Priority);
         assert!(off.engine.critical_reserve_ratio > 0.0);
+        assert_eq!(off.engine.critical_step_tokens, 4);
+        assert_eq!(
+            b.engine.critical_step_tokens, 0,
+            "the baseline has no guard"
+        );
         assert!(off.dry_run);
         assert!(
             !Setup::LOOP_ON
-                .world_options("tiny-random", p, 25)
+                .world_options("tiny-random", p, 25, 4)
                 .unwrap()
                 .dry_run
         );
         let abl = |a| {
             Setup::parse_list(&format!("loop_on:{}", Ablation::as_str(a))).unwrap()[0]
-                .world_options("tiny-random", p, 25)
+                .world_options("tiny-random", p, 25, 4)
                 .unwrap()
         };
         assert_eq!(
@@ -1318,6 +1389,13 @@ mod tests {
             0.0
         );
         assert!(abl(Ablation::NoRefusalAwareSlis).refusals_as_errors);
+        assert_eq!(
+            abl(Ablation::NoCriticalStepGuard)
+                .engine
+                .critical_step_tokens,
+            0
+        );
+        assert_eq!(abl(Ablation::NoFastTriggers).engine.critical_step_tokens, 4);
         assert!(!abl(Ablation::NoFastTriggers).refusals_as_errors);
     }
 
@@ -1373,6 +1451,26 @@ mod tests {
         assert_eq!(demand(&nf), demand(&full));
         let nd = get(Ablation::NoDemandTrigger);
         assert_eq!((demand(&nd), fast(&nd)), (0, fast(&full)));
+        let wait = |p: &brownout::degrade::Policy| {
+            p.tiers
+                .iter()
+                .flat_map(|t| &t.enter)
+                .filter(|c| {
+                    matches!(
+                        c,
+                        Condition::Threshold {
+                            signal: Signal::ExpectedWait,
+                            ..
+                        }
+                    )
+                })
+                .count()
+        };
+        assert!(wait(&full) > 0);
+        assert_eq!(wait(&nf), wait(&full), "expected_wait is not a latency p99");
+        let nw = get(Ablation::NoWaitTrigger);
+        assert_eq!(wait(&nw), 0);
+        assert_eq!(total(&nw) + wait(&full), total(&full));
         let nr = get(Ablation::NoAdmissionRamp);
         assert!(nr.ramp.is_none());
         assert_eq!(nr.tiers, full.tiers);

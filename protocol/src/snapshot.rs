@@ -95,6 +95,15 @@ pub struct EngineStats {
     /// `vllm:e2e_request_latency_seconds`): differentiated into the measured capacity.
     #[serde(default)]
     pub requests_completed_total: u64,
+    /// Requests counted on arrival at the engine's admission gate, retries included (the
+    /// bundled tier's `brownout_serving_arrivals_total`); `None` when the engine does not
+    /// export it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_arrived_total: Option<u64>,
+    /// The same, first attempts only (`attempt="first"`: no `x-brownout-attempt` above 1): the
+    /// offered load without the clients' retries, which the demand signal reads when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_first_arrived_total: Option<u64>,
 }
 
 /// What one agent reports each interval.

@@ -216,6 +216,12 @@ struct ServeArgs {
     /// (ignored under fcfs).
     #[arg(long, default_value_t = 0.2)]
     critical_reserve_ratio: f64,
+    /// The critical step guard (priority only; 0: off): while a critical request runs or
+    /// waits, an engine step takes non-critical tokens only up to this many tokens in all, so
+    /// critical requests decode at the pace of a small batch on an engine whose step time grows
+    /// with the batch (a CPU). Leave 0 on a GPU.
+    #[arg(long, default_value_t = 0)]
+    critical_step_tokens: usize,
     /// Simulated GPU pace for benchmarks: every engine step that runs the model takes at least
     /// this many milliseconds (the real model still runs; the engine thread then waits out the
     /// rest, as a GPU step would). 0: off. Labelled "simulated GPU pace" wherever it is used.
@@ -327,6 +333,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
             .parse()
             .map_err(|e: String| anyhow::anyhow!("--scheduling-policy: {e}"))?,
         critical_reserve_ratio: a.critical_reserve_ratio,
+        critical_step_tokens: a.critical_step_tokens,
         simulate_step_ms: a.simulate_step_ms,
         gate: GateConfig {
             user_concurrency: a.user_concurrency,

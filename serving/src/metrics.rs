@@ -117,6 +117,7 @@ pub struct Metrics {
     pub command_version: IntGaugeVec,
     pub abandoned_requests: IntCounterVec,
     pub abandoned_tokens: IntCounterVec,
+    pub arrivals_total: IntCounterVec,
     /// Feature names seen as label values of `requests_total` (client-chosen: capped).
     features_seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
@@ -427,6 +428,19 @@ impl Metrics {
                 "brownout_serving_command_version",
                 "Version of the degradation command in force.",
             ),
+            arrivals_total: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "brownout_serving_arrivals_total",
+                        "Requests that reached the admission gate, counted on arrival (admitted \
+                         or refused), by attempt: `first`, or `retry` when the client's \
+                         x-brownout-attempt header is above 1.",
+                    ),
+                    &["model_name", "attempt"],
+                )
+                .expect("valid"),
+            ),
             abandoned_requests: reg(
                 &r,
                 IntCounterVec::new(
@@ -616,6 +630,14 @@ impl Metrics {
             .with_label_values(&[self.model_name.as_str(), outcome.as_str(), criticality])
             .inc();
         self.inc_request(outcome.as_str(), feature, criticality);
+    }
+
+    /// One request at the admission gate (before it is admitted or refused).
+    pub fn inc_arrival(&self, retry: bool) {
+        let attempt = if retry { "retry" } else { "first" };
+        self.arrivals_total
+            .with_label_values(&[self.model_name.as_str(), attempt])
+            .inc();
     }
 
     /// A request abandoned by its client after `tokens` were generated for it.

@@ -277,6 +277,13 @@ impl Controller {
                 .filter(|v| v.is_finite())
                 .fold(0.0, f64::max),
             Signal::DemandRatio => self.stop_bleed.demand_ratio(),
+            Signal::ExpectedWait => {
+                let in_system: u64 = fresh
+                    .flat_map(|s| s.engines.iter().filter(|e| e.up))
+                    .map(|e| e.num_requests_waiting + e.num_requests_running)
+                    .sum();
+                self.stop_bleed.expected_wait_s(in_system as f64)
+            }
         }
     }
 

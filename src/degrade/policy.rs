@@ -215,6 +215,7 @@ struct RawCondition {
     queue_wait_p99: Option<RawSecs>,
     p99_jump: Option<RawJump>,
     demand_ratio: Option<RawLevel>,
+    expected_wait: Option<RawSecs>,
 }
 
 enum OneCondition {
@@ -229,6 +230,7 @@ enum OneCondition {
     QueueWaitP99(RawSecs),
     Jump(RawJump),
     Demand(RawLevel),
+    ExpectedWait(RawSecs),
 }
 
 impl RawCondition {
@@ -267,10 +269,13 @@ impl RawCondition {
         if let Some(x) = self.demand_ratio {
             v.push(OneCondition::Demand(x));
         }
+        if let Some(x) = self.expected_wait {
+            v.push(OneCondition::ExpectedWait(x));
+        }
         if v.len() != 1 {
             return Err(invalid(
                 field,
-                "must hold exactly one of gpu_util, kv_usage, vram, queue_depth, slo_alert, alertmanager, new_pattern, ttft_p99, queue_wait_p99, p99_jump, demand_ratio",
+                "must hold exactly one of gpu_util, kv_usage, vram, queue_depth, slo_alert, alertmanager, new_pattern, ttft_p99, queue_wait_p99, p99_jump, demand_ratio, expected_wait",
             ));
         }
         Ok(v.remove(0))
@@ -399,6 +404,12 @@ pub enum Signal {
     /// answered, refusals included; mean of the last 3 s) over the highest 5 s completion rate
     /// seen in the admission ramp's capacity window (0 until 1 request/s was measured).
     DemandRatio,
+    /// Work waiting now against the measured service rate (seconds): the requests the fresh
+    /// engines hold (waiting + running) over the same measured capacity `demand_ratio` divides
+    /// by. By Little's law the time a new arrival needs to get through, read from the queue
+    /// as it is now rather than from latencies recorded once requests finish (0 until the
+    /// capacity is measured, as for `demand_ratio`).
+    ExpectedWait,
 }
 
 impl Signal {
@@ -413,9 +424,10 @@ impl Signal {
             Signal::TtftP99 => "ttft_p99",
             Signal::QueueWaitP99 => "queue_wait_p99",
             Signal::DemandRatio => "demand_ratio",
+            Signal::ExpectedWait => "expected_wait",
         }
     }
-    pub const ALL: [Signal; 8] = [
+    pub const ALL: [Signal; 9] = [
         Signal::GpuUtil,
         Signal::KvUsage,
         Signal::Vram,
@@ -424,6 +436,7 @@ impl Signal {
         Signal::TtftP99,
         Signal::QueueWaitP99,
         Signal::DemandRatio,
+        Signal::ExpectedWait,
     ];
 
     /// The per-engine latency signals a `p99_jump` may watch.
@@ -1116,6 +1129,7 @@ fn validate_tier(
             }
             OneCondition::TtftP99(r) => secs(Signal::TtftP99, r, "ttft_p99")?,
             OneCondition::QueueWaitP99(r) => secs(Signal::QueueWaitP99, r, "queue_wait_p99")?,
+            OneCondition::ExpectedWait(r) => secs(Signal::ExpectedWait, r, "expected_wait")?,
             OneCondition::Demand(r) => {
                 if !(r.above.is_finite() && r.above > 0.0 && r.exit_below.is_finite())
                     || r.exit_below < 0.0

@@ -79,6 +79,9 @@ struct Counters {
     completed: u64,
     answered_rps: f64,
     completed_rps: f64,
+    /// First-attempt arrivals, when the engine exports them.
+    first_arrived: Option<u64>,
+    first_arrived_rps: Option<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -124,6 +127,9 @@ pub struct StopBleedState {
     arrivals: VecDeque<(u64, f64)>,
     /// (unix ms, completions/s summed over fresh engines).
     completions: VecDeque<(u64, f64)>,
+    /// (unix s, offered load/s summed over fresh engines: first-attempt arrivals where the
+    /// engine exports them, else every request answered), one per second seen.
+    demand: VecDeque<(u64, f64)>,
     ramp: Option<RampState>,
     last_t3_ms: Option<u64>,
     storm_since: Option<u64>,
@@ -208,6 +214,7 @@ impl StopBleedState {
         let stale = policy.snapshot_stale_ms;
         let mut arrivals = 0.0;
         let mut completions = 0.0;
+        let mut demand = 0.0;
         let mut seen = Vec::new();
         for s in snapshots
             .iter()
@@ -223,9 +230,19 @@ impl StopBleedState {
                     completed: e.requests_completed_total,
                     answered_rps: 0.0,
                     completed_rps: 0.0,
+                    first_arrived: e.requests_first_arrived_total,
+                    first_arrived_rps: None,
                 });
                 if s.ts_ms > c.ts_ms {
                     let dt = (s.ts_ms - c.ts_ms) as f64 / 1000.0;
+                    c.first_arrived_rps = match (e.requests_first_arrived_total, c.first_arrived) {
+                        (Some(now_n), Some(before)) => {
+                            Some(now_n.saturating_sub(before) as f64 / dt)
+                        }
+                        (Some(_), None) => Some(0.0),
+                        (None, _) => None,
+                    };
+                    c.first_arrived = e.requests_first_arrived_total;
                     c.answered_rps =
                         e.requests_answered_total.saturating_sub(c.answered) as f64 / dt;
                     c.completed_rps =
@@ -236,6 +253,7 @@ impl StopBleedState {
                 }
                 arrivals += c.answered_rps;
                 completions += c.completed_rps;
+                demand += c.first_arrived_rps.unwrap_or(c.answered_rps);
                 if policy.instances.is_some() {
                     let st = self.instances.entry(key).or_insert_with(|| InstanceState {
                         last_fresh_ms: now,
@@ -269,6 +287,13 @@ impl StopBleedState {
         match self.arrivals.back_mut() {
             Some((t, v)) if *t == sec => *v = arrivals,
             _ => self.arrivals.push_back((sec, arrivals)),
+        }
+        match self.demand.back_mut() {
+            Some((t, v)) if *t == sec => *v = demand,
+            _ => self.demand.push_back((sec, demand)),
+        }
+        while self.demand.len() > 8 {
+            self.demand.pop_front();
         }
         self.completions.push_back((now, completions));
         self.last_observed_ms = now;
@@ -319,23 +344,40 @@ impl StopBleedState {
     }
 
     /// Offered load over measured capacity ([`Signal::DemandRatio`](super::policy::Signal)):
-    /// the mean arrival rate of the last 3 seconds seen over [`Self::capacity_rps`]; 0 until the
+    /// the mean offered rate of the last 3 seconds seen over [`Self::capacity_rps`]; 0 until the
     /// engines have completed at least 1 request/s for [`DEMAND_WARMUP_MS`] and a capacity of
-    /// at least 1 request/s was measured.
+    /// at least 1 request/s was measured. The offered rate of an engine is its first-attempt
+    /// arrivals (`requests_first_arrived_total`: counted on arrival, the clients' retries left
+    /// out) when it exports them, else every request it answered (refusals included, so
+    /// retries of refused calls count).
     pub fn demand_ratio(&self) -> f64 {
+        let Some(cap) = self.service_rate_rps() else {
+            return 0.0;
+        };
+        let n = self.demand.len().min(3);
+        if n == 0 {
+            return 0.0;
+        }
+        let sum: f64 = self.demand.iter().rev().take(n).map(|(_, v)| v).sum();
+        sum / n as f64 / cap
+    }
+
+    /// The measured service rate (requests/s, all instances) the demand and wait signals divide
+    /// by: [`Self::capacity_rps`] once the engines have completed at least 1 request/s for
+    /// [`DEMAND_WARMUP_MS`] and at least 1 request/s was measured; `None` before.
+    pub fn service_rate_rps(&self) -> Option<f64> {
         let warm = self
             .completing_since
             .is_some_and(|t| self.last_observed_ms.saturating_sub(t) >= DEMAND_WARMUP_MS);
         let cap = self.capacity_rps();
-        if !warm || cap < 1.0 {
-            return 0.0;
-        }
-        let n = self.arrivals.len().min(3);
-        if n == 0 {
-            return 0.0;
-        }
-        let sum: f64 = self.arrivals.iter().rev().take(n).map(|(_, v)| v).sum();
-        sum / n as f64 / cap
+        (warm && cap >= 1.0).then_some(cap)
+    }
+
+    /// [`Signal::ExpectedWait`](super::policy::Signal): `in_system` requests (waiting +
+    /// running, summed over the fresh engines) over [`Self::service_rate_rps`], in seconds; 0
+    /// while no service rate is measured.
+    pub fn expected_wait_s(&self, in_system: f64) -> f64 {
+        self.service_rate_rps().map_or(0.0, |mu| in_system / mu)
     }
 
     /// The per-second arrival series, oldest first (missing seconds are 0).

@@ -4,7 +4,8 @@
 //!  arrivals (Poisson, rate = base × curve × bursts)             [plan.rs: pure, seeded]
 //!     └─> one user per arrival: a task flow (login, Q&A, trip planner, …: calls + think time)
 //!            └─> whole-flow deadline (8 s agent flows, 3 s login, 4 s Q&A)  [client.rs]
-//!                  each call: POST /v1/chat/completions, stream, criticality + feature headers
+//!                  each call: POST /v1/chat/completions, stream, criticality + feature headers,
+//!                  x-brownout-attempt (1 = first try; more = a retry of the call or the flow)
 //!                  refusal/error → retry per client kind (well-behaved / naive / impatient)
 //!                  deadline → hang up (the engine cancels the request on disconnect)
 //!            failed flow → the user retries the whole flow with some probability
@@ -426,6 +427,7 @@ async fn run_flow(
                 cfg,
                 now + timeout,
                 timeout >= remaining,
+                1 + attempt + flow_attempt,
             )
             .await;
             rec.record(crit, &outcome);
@@ -487,7 +489,10 @@ const FAILURE_CODES: [&str; 5] = [
 ];
 
 /// One request, cut at `cut` (the client hangs up there; `cut_is_deadline` says whether that is
-/// the flow's deadline or the impatient client's own timeout).
+/// the flow's deadline or the impatient client's own timeout). `try_no` goes out as
+/// `x-brownout-attempt`: 1 for the first try of a call in the user's first flow try, more for a
+/// retry of the call or any call of a retried flow.
+#[allow(clippy::too_many_arguments)]
 async fn one_call(
     client: &reqwest::Client,
     target: &str,
@@ -496,6 +501,7 @@ async fn one_call(
     cfg: &LoadConfig,
     cut: Instant,
     cut_is_deadline: bool,
+    try_no: u32,
 ) -> CallOutcome {
     let body = serde_json::json!({
         "model": cfg.model,
@@ -519,6 +525,7 @@ async fn one_call(
         .header("x-brownout-feature", a.kind.feature())
         .header("x-brownout-client", a.client.as_str())
         .header("x-brownout-user", format!("user-{:016x}", a.jitter_seed))
+        .header("x-brownout-attempt", try_no.to_string())
         .json(&body);
     let resp = match tokio::time::timeout_at(cut, req.send()).await {
         Err(_) => return abandoned(None, 0),
@@ -836,6 +843,55 @@ mod tests {
         let d = rec.report(Duration::from_secs(1));
         let cl = d.class(Criticality::Critical).unwrap();
         assert_eq!(cl.abandoned, 1);
+    }
+
+    /// Every call says which try it is: the server refuses twice, an impatient client retries
+    /// at once (tries 1, 2, 3); the calls of a retried flow are retries from the start.
+    #[tokio::test]
+    async fn calls_carry_their_attempt_number() {
+        use axum::response::IntoResponse as _;
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let s = seen.clone();
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move |h: axum::http::HeaderMap| {
+                let s = s.clone();
+                async move {
+                    let mut v = s.lock().unwrap();
+                    v.push(
+                        h.get("x-brownout-attempt")
+                            .and_then(|x| x.to_str().ok())
+                            .unwrap_or("")
+                            .to_string(),
+                    );
+                    if v.len() % 3 != 0 {
+                        return (
+                            axum::http::StatusCode::TOO_MANY_REQUESTS,
+                            r#"{"error":{"code":"shed","message":"shed"}}"#,
+                        )
+                            .into_response();
+                    }
+                    (
+                        [("content-type", "text/event-stream")],
+                        "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n",
+                    )
+                        .into_response()
+                }
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        let c = cfg(&url, 5000);
+        let rec = Recorder::new(c.ttft_slo);
+        let client = http_client().unwrap();
+        let a = one_user(FlowKind::Login, ClientKind::Impatient);
+        for flow_attempt in [0, 1] {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let run = run_flow(&client, &url, &a, flow_attempt, deadline, &c, &rec).await;
+            assert_eq!(run.end, FlowEnd::Ok);
+        }
+        assert_eq!(*seen.lock().unwrap(), ["1", "2", "3", "2", "3", "4"]);
     }
 
     #[tokio::test]

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use brownout::degrade::controller::{Controller, Decision, Inputs, InstanceOverride, Transition};
-use brownout::degrade::policy::{Policy, PolicyError};
+use brownout::degrade::policy::{Policy, PolicyError, Signal};
 use brownout::degrade::stopbleed::{autocorrelation, detect_retry_waves};
 use brownout_protocol::{AgentSnapshot, EngineStats, KvStats, Tier};
 use proptest::prelude::*;
@@ -18,6 +18,10 @@ struct Eng {
     queue: f64,
     answered: u64,
     completed: u64,
+    waiting: u64,
+    running: u64,
+    /// First-attempt arrivals (`None`: the engine does not export them).
+    first: Option<u64>,
 }
 
 fn engine(id: &str, e: Eng) -> EngineStats {
@@ -32,6 +36,10 @@ fn engine(id: &str, e: Eng) -> EngineStats {
         queue_wait_p99_s: e.queue,
         requests_answered_total: e.answered,
         requests_completed_total: e.completed,
+        num_requests_waiting: e.waiting,
+        num_requests_running: e.running,
+        requests_first_arrived_total: e.first,
+        requests_arrived_total: e.first.map(|_| e.answered),
         configured_max_num_seqs: Some(256),
         ..EngineStats::default()
     }
@@ -475,6 +483,165 @@ tiers:
         }
     }
     assert!(left.is_some_and(|i| (5..=9).contains(&i)), "{left:?}");
+}
+
+#[test]
+fn expected_wait_raises_at_once_on_work_waiting_now_against_the_measured_service_rate() {
+    let policy = Policy::from_yaml(
+        r#"
+features: []
+tiers:
+  t1:
+    hold_down_secs: 5
+    enter:
+      - expected_wait: { above_secs: 1.5, exit_below_secs: 0.5 }
+  t2:
+    hold_down_secs: 5
+    params: { model_route: fallback, max_tokens_cap: 128, max_num_seqs: 8 }
+  t3:
+    hold_down_secs: 5
+    params: { admit_min_criticality: critical, retry_after_base_secs: 8, jitter_ratio: 0.5, recovery_eta_max_secs: 60 }
+"#,
+    )
+    .unwrap();
+    let mut c = Controller::new(policy);
+    let (mut answered, mut completed) = (0u64, 0u64);
+    // One evaluation a second later: each engine completes 50/s (capacity 100/s over both) and
+    // holds `waiting` + `running` requests.
+    let mut step = |c: &mut Controller, t: u64, waiting: u64, running: u64| {
+        answered += 50;
+        completed += 50;
+        let e = Eng {
+            answered,
+            completed,
+            waiting,
+            running,
+            ..Eng::default()
+        };
+        c.step(&two(t, e, e))
+    };
+    let mut t = 0;
+    // Before the service rate is measured (the first 10 s of completions) a full engine reads
+    // nothing: 300 requests held, no rate to divide by.
+    for _ in 0..5 {
+        t += 1000;
+        let d = step(&mut c, t, 100, 50);
+        assert_eq!(d.tier, Tier::T0, "no service rate measured yet");
+    }
+    // Served as offered: 40 requests held at 100/s = 0.4 s.
+    for _ in 0..15 {
+        t += 1000;
+        let d = step(&mut c, t, 0, 20);
+        assert_eq!(d.tier, Tier::T0);
+    }
+    assert!(
+        (c.signal_value(
+            Signal::ExpectedWait,
+            &two(
+                t,
+                Eng {
+                    running: 20,
+                    ..Eng::default()
+                },
+                Eng {
+                    running: 20,
+                    ..Eng::default()
+                }
+            )
+        ) - 0.4)
+            .abs()
+            < 1e-9
+    );
+    // The queue grows: 2 × (60 waiting + 20 running) = 160 at 100/s = 1.6 s > 1.5 s: T1 in the
+    // same evaluation (no `for`), with expected_wait as the reason.
+    t += 1000;
+    let d = step(&mut c, t, 60, 20);
+    assert_eq!((d.tier, d.transition), (Tier::T1, Transition::Enter));
+    let r = d
+        .reasons
+        .iter()
+        .find(|r| r.trigger == "expected_wait")
+        .expect("expected_wait latched");
+    assert!((r.value.unwrap() - 1.6).abs() < 1e-9, "{r:?}");
+    // Between the exit (0.5 s) and the enter level it stays latched; below the exit it clears
+    // and T1 is left after its 5 s hold-down.
+    for _ in 0..10 {
+        t += 1000;
+        assert_eq!(
+            step(&mut c, t, 20, 20).tier,
+            Tier::T1,
+            "0.8 s: still latched"
+        );
+    }
+    let mut left = None;
+    for i in 0..10u64 {
+        t += 1000;
+        if step(&mut c, t, 0, 20).tier == Tier::T0 && left.is_none() {
+            left = Some(i);
+        }
+    }
+    assert_eq!(left, Some(5), "left after the hold-down");
+}
+
+/// With first-attempt arrivals exported, `demand_ratio` reads them and leaves the retries out: a
+/// retry storm on top of a load the engines serve raises nothing; more first attempts do.
+#[test]
+fn demand_ratio_counts_first_attempts_only_when_the_engines_export_them() {
+    let policy = Policy::from_yaml(
+        r#"
+features: []
+tiers:
+  t1: { hold_down_secs: 5 }
+  t2:
+    hold_down_secs: 5
+    params: { model_route: fallback, max_tokens_cap: 128, max_num_seqs: 8 }
+  t3:
+    hold_down_secs: 5
+    enter:
+      - demand_ratio: { above: 1.4, exit_below: 1.1, for_secs: 2 }
+    params: { admit_min_criticality: critical, retry_after_base_secs: 8, jitter_ratio: 0.5, recovery_eta_max_secs: 60 }
+"#,
+    )
+    .unwrap();
+    // Per engine and second: completed 50, answered `answered`, first attempts `first`.
+    let run = |with_first: bool| {
+        let mut c = Controller::new(policy.clone());
+        let (mut ans, mut comp, mut first) = (0u64, 0u64, 0u64);
+        let mut t = 0;
+        let mut tiers = Vec::new();
+        for i in 0..90u64 {
+            t += 1000;
+            let (a, f) = match i {
+                0..30 => (50, 50),
+                // A retry storm: three times the answers, the same first attempts.
+                30..60 => (150, 50),
+                // Three times the first attempts.
+                _ => (150, 150),
+            };
+            ans += a;
+            comp += 50;
+            first += f;
+            let e = Eng {
+                answered: ans,
+                completed: comp,
+                first: with_first.then_some(first),
+                ..Eng::default()
+            };
+            tiers.push(c.step(&two(t, e, e)).tier);
+        }
+        tiers
+    };
+    let tiers = run(true);
+    assert!(
+        tiers[..60].iter().all(|t| *t == Tier::T0),
+        "retries are no demand: {tiers:?}"
+    );
+    let at = tiers.iter().position(|t| *t == Tier::T3);
+    assert!(at.is_some_and(|i| (60..=64).contains(&i)), "{at:?}");
+    // Without the export, every answer counts: the storm itself raises T3.
+    let tiers = run(false);
+    let at = tiers.iter().position(|t| *t == Tier::T3);
+    assert!(at.is_some_and(|i| (30..=34).contains(&i)), "{at:?}");
 }
 
 /// Arrivals per second: `base` plus retry bursts every `period` seconds.

@@ -79,6 +79,10 @@ fn bench_overload_runs_three_configurations_and_prints_one_json_line() {
     assert_eq!(v["loop_off"]["scheduling_policy"], "priority");
     assert_eq!(v["loop_off"]["controller"], "dry_run");
     assert_eq!(v["loop_on"]["controller"], "on");
+    // The tiny model runs at a simulated GPU pace: no critical step guard anywhere.
+    for c in ["baseline", "loop_off", "loop_on"] {
+        assert_eq!(v[c]["critical_step_tokens"], 0, "{c}");
+    }
     // The dry-run configurations publish nothing.
     assert_eq!(v["baseline"]["tier_changes"], 0);
     assert_eq!(v["loop_off"]["tier_changes"], 0);
@@ -95,6 +99,9 @@ fn bench_overload_runs_three_configurations_and_prints_one_json_line() {
     for c in ["baseline", "loop_off", "loop_on"] {
         assert!(all["runs"][c]["goodput_series"].is_array(), "{c}");
         assert!(all["runs"][c]["load"]["timeline"]["ok"].is_array(), "{c}");
+        // What the control plane saw the engine hold: (s, waiting, running) every 500 ms.
+        let q = all["runs"][c]["engine_samples"].as_array().unwrap();
+        assert!(!q.is_empty() && q[0].as_array().unwrap().len() == 3, "{c}");
     }
     let md = std::fs::read_to_string(out_dir.path().join("overload.md")).unwrap();
     assert!(md.contains("| | baseline | loop_off | loop_on |"), "{md}");

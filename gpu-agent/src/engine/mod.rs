@@ -316,6 +316,9 @@ impl EngineScraper {
         report.stats.instance_id = d.instance_id.clone().unwrap_or_default();
         report.stats.configured_max_num_seqs = d.configured_max_num_seqs;
         report.stats.requests_completed_total = m.completed_total.unwrap_or(0.0).max(0.0) as u64;
+        report.stats.requests_arrived_total = m.arrived_total.map(|v| v.max(0.0) as u64);
+        report.stats.requests_first_arrived_total =
+            m.first_arrived_total.map(|v| v.max(0.0) as u64);
         report.stats.requests_answered_total = m
             .answered_total
             .or(m.completed_total)

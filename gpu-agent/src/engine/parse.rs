@@ -59,6 +59,11 @@ pub struct EngineMetrics {
     /// `brownout_serving_requests_total` summed over label sets: requests answered, refusals
     /// included (the bundled tier).
     pub answered_total: Option<f64>,
+    /// `brownout_serving_arrivals_total` summed over label sets: requests counted on arrival at
+    /// the admission gate (the bundled tier).
+    pub arrived_total: Option<f64>,
+    /// The same, `attempt="first"` only: arrivals that are no client's retry.
+    pub first_arrived_total: Option<f64>,
     /// True when any `brownout_*` series was present: the bundled serving tier, which also
     /// serves `/debug/kv`.
     pub bundled: bool,
@@ -148,6 +153,8 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
     let mut queue_pairs: Vec<(f64, f64)> = Vec::new();
     let mut e2e_pairs: Vec<(f64, f64)> = Vec::new();
     let mut answered = Acc::default();
+    let mut arrived = Acc::default();
+    let mut first_arrived = Acc::default();
     let mut seen_engine_series = false;
 
     for sample in &scrape.samples {
@@ -177,6 +184,18 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
                     &mut e2e_pairs
                 };
                 dst.extend(buckets.iter().map(|b| (b.less_than, b.count)));
+            }
+            continue;
+        }
+        if name == "brownout_serving_arrivals_total" {
+            if let Some(v) = value_of(&sample.value) {
+                arrived.add(v);
+                if sample.labels.get("attempt").is_none_or(|a| a == "first") {
+                    first_arrived.add(v);
+                } else {
+                    // A retry series: present, so the first-attempt total is known (maybe 0).
+                    first_arrived.add(0.0);
+                }
             }
             continue;
         }
@@ -254,6 +273,8 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
         out.completed_total = Some(Histogram::from_pairs(e2e_pairs).total());
     }
     out.answered_total = answered.total();
+    out.arrived_total = arrived.total();
+    out.first_arrived_total = first_arrived.total();
     Ok(out)
 }
 
@@ -403,10 +424,15 @@ mod tests {
             vllm:e2e_request_latency_seconds_count{model_name=\"m\"} 7\n\
             # TYPE brownout_serving_requests_total counter\n\
             brownout_serving_requests_total{outcome=\"stop\"} 7\n\
-            brownout_serving_requests_total{outcome=\"shed\"} 30\n";
+            brownout_serving_requests_total{outcome=\"shed\"} 30\n\
+            # TYPE brownout_serving_arrivals_total counter\n\
+            brownout_serving_arrivals_total{model_name=\"m\",attempt=\"first\"} 21\n\
+            brownout_serving_arrivals_total{model_name=\"m\",attempt=\"retry\"} 16\n";
         let m = parse_metrics(body).unwrap();
         assert_eq!(m.completed_total, Some(7.0));
         assert_eq!(m.answered_total, Some(37.0), "refusals count as answered");
+        assert_eq!(m.arrived_total, Some(37.0));
+        assert_eq!(m.first_arrived_total, Some(21.0), "retries left out");
         let q = m.queue_time.unwrap();
         assert_eq!(q.total(), 10.0);
         assert!(q.quantile(0.5).unwrap() <= 0.1, "half waited under 100 ms");
@@ -419,6 +445,7 @@ mod tests {
             parse_metrics("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n")
                 .unwrap();
         assert_eq!((none.completed_total, none.answered_total), (None, None));
+        assert_eq!((none.arrived_total, none.first_arrived_total), (None, None));
         assert!(none.queue_time.is_none());
     }
 

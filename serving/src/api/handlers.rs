@@ -64,6 +64,7 @@ enum Kind {
 /// The gate's refusal as an HTTP error (counted, traced and exported as a deliberate outcome).
 pub(crate) fn admit(st: &Inner, meta: RequestMeta) -> Result<RequestCtx, ApiError> {
     st.metrics.set_tier(st.control.tier().as_u8());
+    st.metrics.inc_arrival(meta.retry);
     match st.gate.admit(&meta) {
         Ok(a) => Ok(RequestCtx {
             criticality: meta.criticality,

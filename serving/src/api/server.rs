@@ -71,6 +71,10 @@ pub struct ServeOptions {
     /// `--critical-reserve-ratio` (default 0.2): share of sequence slots and KV blocks only
     /// critical requests may take (none under `fcfs`).
     pub critical_reserve_ratio: f64,
+    /// `--critical-step-tokens` (default 0: off): the critical step guard
+    /// ([`crate::scheduler::batch`]): while a critical request runs or waits, a step takes
+    /// non-critical tokens only up to this many tokens in all.
+    pub critical_step_tokens: usize,
     /// The admission gate (`--user-concurrency`, `--max-tracked-users`).
     pub gate: GateConfig,
     /// `--simulate-step-ms` (0: off): each engine step takes at least this long, a simulated
@@ -95,6 +99,7 @@ impl Default for ServeOptions {
             max_queue_wait: Duration::from_secs(60),
             scheduling_policy: SchedulingPolicy::Priority,
             critical_reserve_ratio: 0.2,
+            critical_step_tokens: 0,
             gate: GateConfig::default(),
             simulate_step_ms: 0,
         }
@@ -183,6 +188,7 @@ pub async fn build_state(
             max_model_len,
             policy: opts.scheduling_policy,
             critical_reserve_ratio: opts.critical_reserve_ratio,
+            critical_step_tokens: opts.critical_step_tokens,
         },
         kv,
         eos_token_ids: eos,

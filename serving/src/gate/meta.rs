@@ -9,6 +9,7 @@
 //! | `x-brownout-user`, else the body's `user` | user | 256 bytes; header visible ASCII, body any Unicode but no control characters |
 //! | `x-brownout-conversation` | conversation | 128 bytes, visible ASCII |
 //! | `traceparent` | trace id | W3C form; an invalid header is ignored, as W3C says |
+//! | `x-brownout-attempt` | attempt | 1 = a first try, 2.. = a retry (of the call, or of the user's whole flow); anything else is ignored (a first try) |
 //! | body `tools[].function.name` | tools | 128 tools, names `[A-Za-z0-9_-]{1,64}` (OpenAI's rule) |
 
 use axum::http::HeaderMap;
@@ -21,6 +22,7 @@ pub const FEATURE_HEADER: &str = "x-brownout-feature";
 pub const USER_HEADER: &str = "x-brownout-user";
 pub const CONVERSATION_HEADER: &str = "x-brownout-conversation";
 pub const TRACEPARENT_HEADER: &str = "traceparent";
+pub const ATTEMPT_HEADER: &str = "x-brownout-attempt";
 
 pub const MAX_FEATURE_BYTES: usize = 128;
 pub const MAX_CONVERSATION_BYTES: usize = 128;
@@ -41,6 +43,10 @@ pub struct RequestMeta {
     pub trace_id: Option<String>,
     /// Function names of the request's `tools`.
     pub tools: Vec<String>,
+    /// `x-brownout-attempt` above 1: the client says this request retries an earlier one
+    /// (counted apart in `brownout_serving_arrivals_total`, so the control plane's demand
+    /// signal can leave retries out).
+    pub retry: bool,
 }
 
 /// Bad metadata: a 400 naming the header or field.
@@ -188,6 +194,12 @@ impl RequestMeta {
             conversation,
             trace_id,
             tools: Vec::new(),
+            // Advisory: a value that is not a positive integer counts as a first try.
+            retry: h
+                .get(ATTEMPT_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .is_some_and(|n| n > 1),
         })
     }
 
@@ -292,6 +304,24 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(USER_HEADER, HeaderValue::from_bytes(b"\xff\xfe").unwrap());
         assert!(RequestMeta::from_headers(&h).is_err());
+    }
+
+    #[test]
+    fn the_attempt_header_marks_retries_and_anything_else_is_a_first_try() {
+        let retry = |v: Option<&'static str>| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = v {
+                h.insert(ATTEMPT_HEADER, HeaderValue::from_static(v));
+            }
+            RequestMeta::from_headers(&h).unwrap().retry
+        };
+        assert!(!retry(None));
+        assert!(!retry(Some("1")));
+        assert!(retry(Some("2")));
+        assert!(retry(Some(" 7 ")));
+        for odd in ["0", "-3", "x", "1.5", "99999999999"] {
+            assert!(!retry(Some(odd)), "{odd:?} is no retry");
+        }
     }
 
     #[test]

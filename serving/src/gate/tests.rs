@@ -413,6 +413,7 @@ fn checks_run_in_the_documented_order() {
         conversation: Some("loop".into()),
         trace_id: None,
         tools: vec!["t".into()],
+        retry: false,
     };
     let mut order = Vec::new();
     loop {

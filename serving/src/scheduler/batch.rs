@@ -19,6 +19,15 @@
 //! treated as out of blocks: the lowest-priority one is preempted). Each reserve leaves at least
 //! one slot and one block to non-critical traffic. A critical request arriving while
 //! non-critical traffic fills its share is admitted at once from the reserve, with no preemption.
+//!
+//! **Critical step guard** (priority policy only, `critical_step_tokens` > 0): while a critical
+//! sequence is running or waiting, a step takes non-critical tokens only while it holds fewer
+//! than `critical_step_tokens` tokens in all (critical chunks are planned first and never
+//! limited). On an engine whose step time grows with the tokens in the step — a CPU, where a
+//! step of 16 decodes takes several times a step of one — the batch stays small while critical
+//! requests are being served, so they decode at the pace of a small batch; the non-critical
+//! sequences left out keep their blocks and continue when the critical ones are done (or in
+//! the room the guard leaves). On a GPU the step time barely grows with the batch: leave it 0.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
@@ -71,6 +80,10 @@ pub struct SchedulerConfig {
     /// Share of sequence slots and KV blocks only critical requests may take, in [0, 1)
     /// (ignored under [`SchedulingPolicy::Fcfs`]).
     pub critical_reserve_ratio: f64,
+    /// The critical step guard (module docs): while a critical sequence runs or waits, a step
+    /// takes non-critical tokens only up to this many tokens in all. 0: off (ignored under
+    /// [`SchedulingPolicy::Fcfs`]).
+    pub critical_step_tokens: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -81,6 +94,7 @@ impl Default for SchedulerConfig {
             max_model_len: 2048,
             policy: SchedulingPolicy::Priority,
             critical_reserve_ratio: 0.0,
+            critical_step_tokens: 0,
         }
     }
 }
@@ -493,6 +507,9 @@ impl Scheduler {
         let nc_block_cap = self.noncritical_block_cap();
         let nc_seq_cap = self.cfg.max_num_seqs - self.reserve_seqs();
         let (mut nc_running, mut nc) = self.noncritical_usage();
+        // The critical step guard: a step's tokens non-critical chunks may fill up to.
+        let nc_step_tokens = self.guard_tokens();
+        let planned = |plan: &StepPlan| plan.chunks.iter().map(|c| c.num_tokens).sum::<usize>();
 
         // 1. Running sequences, best first.
         let mut i = 0;
@@ -502,7 +519,15 @@ impl Scheduler {
                 let s = &self.seqs[&id];
                 (s.num_computed, s.tokens.len(), s.is_critical())
             };
-            let n = (total - computed).min(budget);
+            let mut n = (total - computed).min(budget);
+            if !critical && let Some(cap) = nc_step_tokens {
+                // Left out this step (it keeps its blocks), or a shorter prefill chunk.
+                n = n.min(cap.saturating_sub(planned(&plan)));
+                if n == 0 {
+                    i += 1;
+                    continue;
+                }
+            }
             loop {
                 let new_blocks = self.new_blocks_for(id, computed, n);
                 // A non-critical sequence may not grow into the critical reserve.
@@ -578,6 +603,14 @@ impl Scheduler {
             if !critical && nc_running >= nc_seq_cap {
                 break;
             }
+            let nc_room = match nc_step_tokens {
+                Some(cap) if !critical => cap.saturating_sub(planned(&plan)),
+                _ => usize::MAX,
+            };
+            if nc_room == 0 {
+                // The critical step guard: non-critical requests wait for room.
+                break;
+            }
             let cached =
                 match self
                     .kv
@@ -596,7 +629,7 @@ impl Scheduler {
                     ),
                 };
             let total = prompt_tokens.len();
-            let n = (total - cached).min(budget);
+            let n = (total - cached).min(budget).min(nc_room);
             if let Err(e) = self.kv.allocate_slots(id, n) {
                 let _ = self.kv.free(id);
                 if matches!(e, KvError::OutOfBlocks(_))
@@ -635,6 +668,28 @@ impl Scheduler {
             budget -= n;
         }
         plan
+    }
+
+    /// The critical step guard's token cap for this step: `Some(critical_step_tokens)` under
+    /// `priority` while a critical sequence runs or waits, else `None`.
+    fn guard_tokens(&self) -> Option<usize> {
+        if self.cfg.policy != SchedulingPolicy::Priority || self.cfg.critical_step_tokens == 0 {
+            return None;
+        }
+        let critical_present = self
+            .running
+            .first()
+            .is_some_and(|id| self.seqs[id].is_critical())
+            || self
+                .waiting
+                .first()
+                .is_some_and(|k| self.seqs[&k.2].is_critical());
+        critical_present.then_some(self.cfg.critical_step_tokens)
+    }
+
+    /// Changes the critical step guard (0: off).
+    pub fn set_critical_step_tokens(&mut self, n: usize) {
+        self.cfg.critical_step_tokens = n;
     }
 
     /// Preempts the lowest-priority running sequence if it ranks strictly below `key` (undoing

@@ -258,6 +258,7 @@ fn sched_with(
             max_model_len: 1024,
             policy,
             critical_reserve_ratio: ratio,
+            critical_step_tokens: 0,
         },
         kv,
     )
@@ -402,4 +403,90 @@ fn shared_prefix_blocks_count_once_against_the_share() {
     assert!(plan.preempted.is_empty());
     assert_eq!(s.num_running(), 4);
     assert!(s.kv().num_used_blocks() <= 8);
+}
+
+/// The critical step guard, 4 tokens: 8 default sequences decode together while no critical
+/// request is around; once one arrives, every step holds its chunk first and non-critical
+/// tokens only up to 4 in all (the others keep their blocks and wait, nobody is preempted), the
+/// critical one decodes every step and finishes first; afterwards the batch is whole again.
+/// Under `fcfs` the guard does nothing.
+#[test]
+fn the_critical_step_guard_keeps_the_batch_small_while_critical_requests_are_served() {
+    use Criticality::*;
+    let mut s = sched_with(512, 4, 16, SchedulingPolicy::Priority, 0.0);
+    s.set_critical_step_tokens(4);
+    for id in 1..=8 {
+        s.add(req(id, 4, 30, Default)).unwrap();
+    }
+    step(&mut s); // the 8 prompts (32 tokens: no critical request, no guard)
+    let (plan, _) = step(&mut s);
+    assert_eq!(
+        plan.chunks.len(),
+        8,
+        "all 8 decode together without a critical request"
+    );
+    // A critical request arrives: the running ones are planned first, 4 tokens of them (the
+    // oldest), then its 6-token prefill.
+    s.add(req(9, 6, 5, Critical)).unwrap();
+    let (plan, _) = step(&mut s);
+    assert_eq!(
+        plan.chunks.iter().map(|c| c.seq.0).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 9],
+        "4 non-critical decodes, then the critical prefill"
+    );
+    assert!(plan.preempted.is_empty());
+    assert_eq!(s.num_running(), 9, "the others keep their slots and blocks");
+    // While it decodes: its token first, then 3 non-critical ones (oldest first): 4 in all.
+    let mut critical_steps = 0;
+    loop {
+        let (plan, done) = step(&mut s);
+        assert!(plan.preempted.is_empty());
+        critical_steps += 1;
+        let ids: Vec<u64> = plan.chunks.iter().map(|c| c.seq.0).collect();
+        assert_eq!(ids, [9, 1, 2, 3], "step {critical_steps}");
+        let tokens: usize = plan.chunks.iter().map(|c| c.num_tokens).sum();
+        assert_eq!(tokens, 4);
+        if done.contains(&9) {
+            break;
+        }
+    }
+    assert_eq!(
+        critical_steps, 4,
+        "5 tokens: 1 sampled at prefill, 4 decode steps"
+    );
+    // The critical request is done: the whole batch again.
+    let (plan, _) = step(&mut s);
+    assert_eq!(plan.chunks.len(), 8);
+    // A waiting critical request also turns the guard on, for the running ones too; a
+    // non-critical prefill is cut to the room left.
+    s.add(req(10, 2, 3, Critical)).unwrap();
+    s.add(req(11, 8, 3, Sheddable)).unwrap();
+    let (plan, _) = step(&mut s);
+    let ids: Vec<u64> = plan.chunks.iter().map(|c| c.seq.0).collect();
+    assert_eq!(
+        ids,
+        [1, 2, 3, 4, 10],
+        "4 non-critical decodes, then the critical prefill"
+    );
+    let (plan, _) = step(&mut s);
+    let chunks: Vec<(u64, usize)> = plan
+        .chunks
+        .iter()
+        .map(|c| (c.seq.0, c.num_tokens))
+        .collect();
+    assert_eq!(
+        chunks,
+        [(10, 1), (1, 1), (2, 1), (3, 1)],
+        "11 waits: no room"
+    );
+    // Under fcfs the same setting does nothing.
+    let mut f = sched_with(512, 4, 16, SchedulingPolicy::Fcfs, 0.0);
+    f.set_critical_step_tokens(4);
+    for id in 1..=8 {
+        f.add(req(id, 4, 30, Default)).unwrap();
+    }
+    f.add(req(9, 6, 5, Critical)).unwrap();
+    step(&mut f);
+    let (plan, _) = step(&mut f);
+    assert_eq!(plan.chunks.len(), 9, "fcfs: no guard");
 }

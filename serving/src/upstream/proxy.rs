@@ -154,6 +154,7 @@ async fn handle(
 
     // The gate.
     inner.metrics.set_tier(inner.control.tier().as_u8());
+    inner.metrics.inc_arrival(meta.retry);
     let admitted = match inner.gate.admit(&meta) {
         Ok(a) => a,
         Err(r) => {
