@@ -5,7 +5,8 @@
 //! rates: the leader's feed and trigger) of one replica fed the whole stream. Without sharing
 //! the same halves give different ids. Also: a replica started later catches up from the
 //! stream, one restored from a mid-stream checkpoint continues to the same state, and an entry
-//! written twice is mined once.
+//! written twice is mined once. And the same through two real planes (`Plane::start` with
+//! `share_patterns`), with a restart from the stored checkpoint.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -302,4 +303,106 @@ async fn two_replicas_sharing_failures_mine_what_one_fed_the_whole_stream_mines(
             .query_async(&mut conn)
             .await;
     }
+}
+
+/// The wiring of `brownout serve` with `control.share_patterns`: two planes (each its own
+/// store) accept failures through ingest; both end with the same templates, ids and counts
+/// (every failure of both, mined once); a plane restarted on its data directory continues from
+/// its checkpoint without counting anything twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_planes_sharing_failures_agree_and_a_restart_continues_from_the_checkpoint() {
+    use brownout::auth::Tokens;
+    use brownout::config::Config;
+    use brownout::degrade::{InProcBus, Transport};
+    use brownout::ingest::{Accepted, accept};
+    use brownout::plane::{App, Listeners, Plane, PlaneOptions};
+
+    require_redis(&redis_url());
+    let cluster = unique("pat-plane-");
+    async fn start(dir: &std::path::Path, cluster: &str, name: &str) -> Plane {
+        let mut config = Config::defaults();
+        config.data_dir = dir.to_path_buf();
+        let app = App::build(config, Tokens::random()).await.unwrap();
+        let mut opts = PlaneOptions::defaults(
+            cluster,
+            b"key-key-key-key-key",
+            Transport::InProc(InProcBus::new()),
+        )
+        .unwrap();
+        opts.ui = None;
+        opts.replica_id = Some(name.into());
+        opts.share_patterns = Some(redis_url());
+        Plane::start(app, Listeners::loopback().await.unwrap(), opts)
+            .await
+            .unwrap()
+    }
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (pa, pb) = (
+        start(da.path(), &cluster, "cp-a").await,
+        start(db.path(), &cluster, "cp-b").await,
+    );
+    let now = brownout_protocol::now_ms();
+    let apis = ["weather", "hotel", "maps", "flights"];
+    let failures = |n: usize, first: usize| -> Vec<FailureEvent> {
+        (first..first + n)
+            .map(|i| {
+                FailureEvent::from_attributes(
+                    now + i as u64,
+                    &format!(
+                        "tool call to the {} API timed out after {} ms",
+                        apis[i % apis.len()],
+                        100 + i
+                    ),
+                    [
+                        ("service.name", "muse".to_string()),
+                        ("request_id", format!("r{i}")),
+                    ],
+                )
+            })
+            .collect()
+    };
+    // a gets the hotel line first, b the weather line: unshared, their ids would differ.
+    for (p, evs) in [(&pa, failures(30, 1)), (&pb, failures(30, 40))] {
+        let rows = Accepted {
+            failures: evs,
+            ..Accepted::default()
+        };
+        accept(&p.state().ingest, "t", rows, 10_000).await.unwrap();
+    }
+    let observed = |p: &Plane| p.patterns.lock().unwrap().num_observed();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while (observed(&pa) < 60 || observed(&pb) < 60) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!((observed(&pa), observed(&pb)), (60, 60), "both mined all");
+    let want = templates(&pa.patterns);
+    assert_eq!(templates(&pb.patterns), want);
+    assert_eq!(want.iter().map(|t| t.2).sum::<u64>(), 60);
+    pa.stop().await.unwrap();
+
+    // Restarted on its data directory: the checkpoint brings the templates back, the stream is
+    // read after its position, so nothing is mined twice.
+    let pa = start(da.path(), &cluster, "cp-a").await;
+    assert_eq!(
+        templates(&pa.patterns),
+        want,
+        "restored from the checkpoint"
+    );
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(templates(&pa.patterns), want, "nothing mined twice");
+    // The engine's counts start empty after a restart (they are not in the checkpoint): had it
+    // mined the stream again from its start, it would have observed the 60 again.
+    assert_eq!(
+        observed(&pa),
+        0,
+        "the stream was read after the checkpoint's position"
+    );
+    pa.stop().await.unwrap();
+    pb.stop().await.unwrap();
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: Result<(), _> = redis::cmd("DEL")
+        .arg(format!("brownout:{{{cluster}}}:failures"))
+        .query_async(&mut conn)
+        .await;
 }
