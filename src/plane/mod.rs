@@ -18,6 +18,11 @@
 //! - [`feeders`]: the tasks between components;
 //! - [`miner_state`]: the template miner's state in the store.
 //!
+//! With `control.share_patterns` the ingest tagger does not mine: it tags each failure by a
+//! read-only lookup and queues it; [`crate::patterns::share`] appends every replica's failures
+//! to one Redis stream and mines all of them, in one order, into the engine (and saves the
+//! shared checkpoint instead of [`miner_state`]).
+//!
 //! `brownout serve` runs [`Plane::from_config`]; `brownout-demo` builds an [`App`] and
 //! [`PlaneOptions`] of its own (simulated origin, in-process bus) and calls [`Plane::start`].
 //! [`Plane::stop`] signals every task, waits for them up to `server.shutdown_grace_ms` (so the
