@@ -676,6 +676,12 @@ impl Store for ClickHouseStore {
         Box::pin(self.write(batch, mode))
     }
 
+    /// Two inserts at a time: one is serialized and sent while ClickHouse writes the other's
+    /// part, so the round trip is not paid once per group in a row.
+    fn write_concurrency(&self) -> usize {
+        2
+    }
+
     fn trace<'a>(&'a self, trace_id: &'a str) -> StoreFuture<'a, Vec<SpanRow>> {
         Box::pin(async move {
             let rows: Vec<ChSpan> = self

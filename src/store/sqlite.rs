@@ -294,12 +294,14 @@ impl Store for SqliteStore {
         })
     }
 
-    fn write_batch<'a>(&'a self, batch: &'a Batch, _mode: WriteMode) -> StoreFuture<'a, ()> {
-        // SQLite is always idempotent (the batches table), so both modes are the same. The
-        // batch is cloned because spawn_blocking needs 'static; the clone is cheap next to
-        // the inserts.
-        let b = batch.clone();
-        SqliteStore::with(&self.writer, move |c| write_batch_tx(c, &b))
+    fn write_batch<'a>(&'a self, batch: &'a Batch, mode: WriteMode) -> StoreFuture<'a, ()> {
+        // spawn_blocking needs 'static: a borrowed batch is copied (ingest uses write_shared).
+        self.write_shared(Arc::new(batch.clone()), mode)
+    }
+
+    fn write_shared(&self, batch: Arc<Batch>, _mode: WriteMode) -> StoreFuture<'_, ()> {
+        // SQLite is always idempotent (the batches table), so both modes are the same.
+        SqliteStore::with(&self.writer, move |c| write_batch_tx(c, &batch))
     }
 
     fn trace<'a>(&'a self, trace_id: &'a str) -> StoreFuture<'a, Vec<SpanRow>> {
