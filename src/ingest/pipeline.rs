@@ -13,7 +13,11 @@
 //!   fsync'ed spool. [`Pipeline::submit_reserved`] waits for that. The writer commits in
 //!   groups: it takes everything queued (≤ `batch_max_rows`, waiting at most
 //!   `batch_max_delay` for more) and writes it as one batch, so concurrent requests share one
-//!   commit (one fsync) and batches grow with the load.
+//!   commit (one fsync) and batches grow with the load. Pipelined: each group commits in its
+//!   own task, which answers its requests when the store returns, while the writer gathers the
+//!   next group and starts it as soon as one of the store's
+//!   [`Store::write_concurrency`] slots is free (SQLite 1, ClickHouse 2). A group whose write
+//!   fails comes back to the writer and goes to the spool.
 //! - A handler that cannot get memory permits within `backpressure_wait` answers 503 with
 //!   `Retry-After`, and so does one that finds the spool full. Memory is therefore bounded by
 //!   `max_inflight_bytes`.
@@ -21,8 +25,8 @@
 //!   (SQLite: the `batches` table in the same transaction; ClickHouse: `batch_id` + `seq` per
 //!   row, checked before a replay), so a spool record replayed after a crash between the store
 //!   write and the spool commit is stored once.
-//! - While the spool holds anything, new batches go behind it, so the store sees batches in
-//!   acceptance order.
+//! - While the spool holds anything, new batches go behind it (with one write slot the store
+//!   sees batches in acceptance order; with two, the two in flight may land in either order).
 //! - When the spool is full and the store is down, the group in hand is refused (503
 //!   `spool_full` + `Retry-After` to each of its requests: none of them was acknowledged, so
 //!   dropping it loses nothing acknowledged), and so are new requests until the spool has room.
