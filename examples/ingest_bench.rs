@@ -279,7 +279,11 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut config = Config::defaults();
     config.data_dir = dir.path().to_path_buf();
-    config.ingest.batch_max_delay = Duration::from_millis(200);
+    // The product's group-commit delay (0) unless `--batch-delay-ms` says otherwise (before
+    // acknowledgements waited for the commit, this bench used 200).
+    if let Ok(ms) = arg(args, "--batch-delay-ms", "").parse::<u64>() {
+        config.ingest.batch_max_delay = Duration::from_millis(ms);
+    }
     let prefix = format!("bench{}_", uuid::Uuid::new_v4().simple());
     if store == "clickhouse" {
         let url =
@@ -333,7 +337,8 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
     let out = tokio::spawn(child.wait_with_output());
 
     println!(
-        "store={store} transport={transport} threads={threads} rate={rate} seconds={seconds} (load pid {child_pid})"
+        "store={store} transport={transport} threads={threads} rate={rate} seconds={seconds} batch_max_delay_ms={} (load pid {child_pid})",
+        state.config.ingest.batch_max_delay.as_millis()
     );
     println!(
         "{:>5} {:>12} {:>10} {:>9} {:>12}",
