@@ -39,6 +39,20 @@ use crate::model::quant::QK;
 /// Rows per panel (one AVX-512 register of i32 lanes).
 pub const RP: usize = 16;
 
+/// Tokens per tile of the AVX2 kernel (16 rows × 4 tokens).
+const AVX2_T: usize = 8;
+
+// TEMPORARY experiment knob.
+fn avx2_t() -> usize {
+    static T: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        std::env::var("BROWNOUT_AVX2_T")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4)
+    })
+}
+
 /// A quantised matrix repacked for [`repacked_matmul_on`].
 #[derive(Clone)]
 pub struct Repacked {
@@ -245,7 +259,7 @@ unsafe fn panel(path: QuantPath, w: &Repacked, qx: &Q8Act, p: usize, out: OutPtr
     while t < n {
         let tt = match path {
             QuantPath::TilesVnni => (n - t).min(8),
-            QuantPath::Tiles => (n - t).min(4),
+            QuantPath::Tiles => (n - t).min(avx2_t()),
             QuantPath::RowWise => 1,
         };
         let mut acc = [[0f32; RP]; 8];
@@ -299,7 +313,7 @@ fn panel_scalar(w: &Repacked, qx: &Q8Act, p: usize, t0: usize, acc: &mut [[f32; 
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{GgmlType, Q8Act, QK, RP, Repacked, qbytes, record_bytes};
+    use super::{AVX2_T, GgmlType, Q8Act, QK, RP, Repacked, qbytes, record_bytes};
 
     /// Four activation bytes `x[o..o + 4]` of block `xb`, in every i32 lane.
     #[inline(always)]
@@ -448,7 +462,7 @@ mod x86 {
         }
     }
 
-    /// 16 rows × `acc.len()` (≤ 4) tokens, as two halves of 8 rows.
+    /// 16 rows × `acc.len()` (≤ [`AVX2_T`]) tokens.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn panel_avx2(
         w: &Repacked,
@@ -457,27 +471,45 @@ mod x86 {
         t0: usize,
         acc: &mut [[f32; RP]],
     ) {
-        for h in 0..2 {
-            match (w.ty, acc.len()) {
-                (GgmlType::Q4_1, 4) => unsafe { avx2::<1, 4>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q4_1, 3) => unsafe { avx2::<1, 3>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q4_1, 2) => unsafe { avx2::<1, 2>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q4_1, _) => unsafe { avx2::<1, 1>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q8_0, 4) => unsafe { avx2::<2, 4>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q8_0, 3) => unsafe { avx2::<2, 3>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q8_0, 2) => unsafe { avx2::<2, 2>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q8_0, _) => unsafe { avx2::<2, 1>(w, qx, p, t0, h, acc) },
-                (_, 4) => unsafe { avx2::<0, 4>(w, qx, p, t0, h, acc) },
-                (_, 3) => unsafe { avx2::<0, 3>(w, qx, p, t0, h, acc) },
-                (_, 2) => unsafe { avx2::<0, 2>(w, qx, p, t0, h, acc) },
-                (_, _) => unsafe { avx2::<0, 1>(w, qx, p, t0, h, acc) },
-            }
+        debug_assert!(acc.len() <= AVX2_T);
+        match (w.ty, acc.len()) {
+            (_, 0) => {}
+            (GgmlType::Q4_1, 8) => unsafe { avx2::<1, 8>(w, qx, p, t0, acc) },
+            (GgmlType::Q4_1, 7) => unsafe { avx2::<1, 7>(w, qx, p, t0, acc) },
+            (GgmlType::Q4_1, 6) => unsafe { avx2::<1, 6>(w, qx, p, t0, acc) },
+            (GgmlType::Q4_1, 5) => unsafe { avx2::<1, 5>(w, qx, p, t0, acc) },
+            (GgmlType::Q4_1, 4) => unsafe { avx2::<1, 4>(w, qx, p, t0, acc) },
+            (GgmlType::Q4_1, 3) => unsafe { avx2::<1, 3>(w, qx, p, t0, acc) },
+            (GgmlType::Q4_1, 2) => unsafe { avx2::<1, 2>(w, qx, p, t0, acc) },
+            (GgmlType::Q4_1, _) => unsafe { avx2::<1, 1>(w, qx, p, t0, acc) },
+            (GgmlType::Q8_0, 8) => unsafe { avx2::<2, 8>(w, qx, p, t0, acc) },
+            (GgmlType::Q8_0, 7) => unsafe { avx2::<2, 7>(w, qx, p, t0, acc) },
+            (GgmlType::Q8_0, 6) => unsafe { avx2::<2, 6>(w, qx, p, t0, acc) },
+            (GgmlType::Q8_0, 5) => unsafe { avx2::<2, 5>(w, qx, p, t0, acc) },
+            (GgmlType::Q8_0, 4) => unsafe { avx2::<2, 4>(w, qx, p, t0, acc) },
+            (GgmlType::Q8_0, 3) => unsafe { avx2::<2, 3>(w, qx, p, t0, acc) },
+            (GgmlType::Q8_0, 2) => unsafe { avx2::<2, 2>(w, qx, p, t0, acc) },
+            (GgmlType::Q8_0, _) => unsafe { avx2::<2, 1>(w, qx, p, t0, acc) },
+            (_, 8) => unsafe { avx2::<0, 8>(w, qx, p, t0, acc) },
+            (_, 7) => unsafe { avx2::<0, 7>(w, qx, p, t0, acc) },
+            (_, 6) => unsafe { avx2::<0, 6>(w, qx, p, t0, acc) },
+            (_, 5) => unsafe { avx2::<0, 5>(w, qx, p, t0, acc) },
+            (_, 4) => unsafe { avx2::<0, 4>(w, qx, p, t0, acc) },
+            (_, 3) => unsafe { avx2::<0, 3>(w, qx, p, t0, acc) },
+            (_, 2) => unsafe { avx2::<0, 2>(w, qx, p, t0, acc) },
+            (_, _) => unsafe { avx2::<0, 1>(w, qx, p, t0, acc) },
         }
     }
 
-    /// Rows `8h..8h + 8` of the panel × `T` tokens: `maddubs` (unsigned × signed bytes to i16
-    /// pairs, which cannot saturate here: nibbles ≤ 15, and for Q8_0 |w| × ±|x| ≤ 128 · 127)
-    /// then `madd` with ones gives each row's four products in its i32 lane.
+    /// All 16 rows of the panel (two registers of 8 rows' i32 lanes) × `T` tokens, chunk by
+    /// chunk: each 4-byte activation broadcast serves both halves, and each chunk of weights
+    /// is unpacked once for the `T` tokens. `maddubs` (unsigned × signed bytes to i16 pairs)
+    /// then one `madd` with ones gives each row's four products in its i32 lane.
+    ///
+    /// Q4: each i16 of a `maddubs` is at most 2 · 15 · 127 in magnitude, so a block's eight
+    /// chunks add up in i16 (≤ 30 480) and one `madd` per (half, token, block) widens them.
+    /// Q8_0: `maddubs(|w|, sign(x, w))` (|w| ≤ 128, so a pair ≤ 2 · 128 · 127 = 32 512, no
+    /// saturation); two pairs could overflow i16, so each chunk is widened with its own `madd`.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)]
     unsafe fn avx2<const K: u8, const T: usize>(
@@ -485,14 +517,12 @@ mod x86 {
         qx: &Q8Act,
         p: usize,
         t0: usize,
-        h: usize,
         acc: &mut [[f32; RP]],
     ) {
         let nb = w.blocks();
         let (qb, rec) = (qbytes(w.ty), record_bytes(w.ty));
         assert!(
             acc.len() == T
-                && h < 2
                 && (p + 1) * nb * rec <= w.data.len()
                 && (t0 + T) * nb <= qx.d.len()
                 && qx.q.len() >= (t0 + T) * nb * QK,
@@ -504,67 +534,89 @@ mod x86 {
             let m0f = _mm256_set1_epi8(0x0f);
             let bias = _mm256_set1_epi8(-128);
             let ones = _mm256_set1_epi16(1);
-            let mut a = [_mm256_setzero_ps(); T];
-            for j in 0..T {
-                a[j] = _mm256_loadu_ps(acc[j].as_ptr().add(8 * h));
-            }
+            let mut a = [[_mm256_setzero_ps(); 2]; T];
             for b in 0..nb {
                 let r = base.add(b * rec);
-                let mut wv = [_mm256_setzero_si256(); 8];
+                let ahead = r.wrapping_add(PREFETCH_RECORDS * rec);
+                let mut l = 0;
+                while l < rec {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l).cast::<i8>());
+                    l += 64;
+                }
+                // i16 sums (Q4) or i32 sums (Q8_0) per (token, half).
+                let mut s = [[_mm256_setzero_si256(); 2]; T];
                 if K == 2 {
                     for c in 0..8 {
-                        let v = _mm256_loadu_si256(r.add(c * 64 + 32 * h).cast());
-                        wv[c] = _mm256_xor_si256(v, bias);
+                        let o = if c < 4 { 4 * c } else { 16 + 4 * (c - 4) };
+                        let mut wv = [_mm256_setzero_si256(); 2];
+                        let mut wa = [_mm256_setzero_si256(); 2];
+                        for h in 0..2 {
+                            wv[h] = _mm256_xor_si256(
+                                _mm256_loadu_si256(r.add(c * 64 + 32 * h).cast()),
+                                bias,
+                            );
+                            wa[h] = _mm256_sign_epi8(wv[h], wv[h]);
+                        }
+                        for j in 0..T {
+                            let x = bcast4_256(qx, (t0 + j) * nb + b, o);
+                            for h in 0..2 {
+                                let p16 = _mm256_maddubs_epi16(wa[h], _mm256_sign_epi8(x, wv[h]));
+                                s[j][h] = _mm256_add_epi32(s[j][h], _mm256_madd_epi16(p16, ones));
+                            }
+                        }
                     }
                 } else {
                     for c in 0..4 {
-                        let v = _mm256_loadu_si256(r.add(c * 64 + 32 * h).cast());
-                        wv[c] = _mm256_and_si256(v, m0f);
-                        wv[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+                        let mut lo = [_mm256_setzero_si256(); 2];
+                        let mut hi = [_mm256_setzero_si256(); 2];
+                        for h in 0..2 {
+                            let v = _mm256_loadu_si256(r.add(c * 64 + 32 * h).cast());
+                            lo[h] = _mm256_and_si256(v, m0f);
+                            hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+                        }
+                        for j in 0..T {
+                            let xb = (t0 + j) * nb + b;
+                            let xl = bcast4_256(qx, xb, 4 * c);
+                            let xh = bcast4_256(qx, xb, 16 + 4 * c);
+                            for h in 0..2 {
+                                let p16 = _mm256_add_epi16(
+                                    _mm256_maddubs_epi16(lo[h], xl),
+                                    _mm256_maddubs_epi16(hi[h], xh),
+                                );
+                                s[j][h] = _mm256_add_epi16(s[j][h], p16);
+                            }
+                        }
                     }
                 }
-                let wd = _mm256_cvtph_ps(_mm_loadu_si128(r.add(qb + 16 * h).cast()));
-                let wm = if K == 1 {
-                    _mm256_cvtph_ps(_mm_loadu_si128(r.add(qb + 2 * RP + 16 * h).cast()))
-                } else {
-                    _mm256_setzero_ps()
-                };
-                for j in 0..T {
-                    let xb = (t0 + j) * nb + b;
-                    let mut is = _mm256_setzero_si256();
-                    if K == 2 {
-                        for c in 0..8 {
-                            let o = if c < 4 { 4 * c } else { 16 + 4 * (c - 4) };
-                            let x = bcast4_256(qx, xb, o);
-                            let p16 = _mm256_maddubs_epi16(
-                                _mm256_sign_epi8(wv[c], wv[c]),
-                                _mm256_sign_epi8(x, wv[c]),
-                            );
-                            is = _mm256_add_epi32(is, _mm256_madd_epi16(p16, ones));
-                        }
+                for h in 0..2 {
+                    let wd = _mm256_cvtph_ps(_mm_loadu_si128(r.add(qb + 16 * h).cast()));
+                    let wm = if K == 1 {
+                        _mm256_cvtph_ps(_mm_loadu_si128(r.add(qb + 2 * RP + 16 * h).cast()))
                     } else {
-                        // Nibbles: each i16 of a maddubs is at most 2 · 15 · 127 in magnitude,
-                        // so the eight chunks add up in i16 (≤ 30 480) before one madd.
-                        let mut p16 = _mm256_setzero_si256();
-                        for c in 0..8 {
-                            let o = if c < 4 { 4 * c } else { 16 + 4 * (c - 4) };
-                            let x = bcast4_256(qx, xb, o);
-                            p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(wv[c], x));
+                        _mm256_setzero_ps()
+                    };
+                    for j in 0..T {
+                        let xb = (t0 + j) * nb + b;
+                        let mut is = if K == 2 {
+                            s[j][h]
+                        } else {
+                            _mm256_madd_epi16(s[j][h], ones)
+                        };
+                        if K == 0 {
+                            is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * qx.isum[xb]));
                         }
-                        is = _mm256_madd_epi16(p16, ones);
-                    }
-                    if K == 0 {
-                        is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * qx.isum[xb]));
-                    }
-                    let sc = _mm256_mul_ps(wd, _mm256_set1_ps(qx.d[xb]));
-                    a[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), sc, a[j]);
-                    if K == 1 {
-                        a[j] = _mm256_fmadd_ps(wm, _mm256_set1_ps(qx.sum[xb]), a[j]);
+                        let sc = _mm256_mul_ps(wd, _mm256_set1_ps(qx.d[xb]));
+                        a[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), sc, a[j][h]);
+                        if K == 1 {
+                            a[j][h] = _mm256_fmadd_ps(wm, _mm256_set1_ps(qx.sum[xb]), a[j][h]);
+                        }
                     }
                 }
             }
             for j in 0..T {
-                _mm256_storeu_ps(acc[j].as_mut_ptr().add(8 * h), a[j]);
+                for h in 0..2 {
+                    _mm256_storeu_ps(acc[j].as_mut_ptr().add(8 * h), a[j][h]);
+                }
             }
         }
     }
