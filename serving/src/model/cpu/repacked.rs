@@ -39,18 +39,13 @@ use crate::model::quant::QK;
 /// Rows per panel (one AVX-512 register of i32 lanes).
 pub const RP: usize = 16;
 
-/// Tokens per tile of the AVX2 kernel (16 rows × 4 tokens).
-const AVX2_T: usize = 8;
-
-// TEMPORARY experiment knob.
-fn avx2_t() -> usize {
-    static T: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *T.get_or_init(|| {
-        std::env::var("BROWNOUT_AVX2_T")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(4)
-    })
+/// Tokens per tile of the AVX2 kernel: 16 rows × 6 tokens for Q4 (its i16 sums leave registers
+/// for six), × 4 for Q8_0 (i32 sums per chunk). Measured with `examples/bench_quant`.
+const fn avx2_tokens(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q8_0 => 4,
+        _ => 6,
+    }
 }
 
 /// A quantised matrix repacked for [`repacked_matmul_on`].
@@ -237,51 +232,85 @@ pub fn repacked_matmul_on(
     let tasks = ((panels / 4).min(threads * 8) / threads * threads).max(1);
     let out = OutPtr(y.as_mut_ptr());
     let qx = &qx;
+    let group = tile_tokens(path, w.ty, n);
+    // A tall matrix at a batch (the output head): one panel at a time would write one line
+    // into each of `n` output rows per panel, `n` scattered store streams into memory that is
+    // not in cache. A run of panels (in L2) per token group writes longer runs instead.
+    let run = if n > group && n * w.rows * 4 > TALL_OUTPUT_BYTES {
+        PANEL_RUN
+    } else {
+        1
+    };
     (0..tasks).into_par_iter().for_each(|i| {
         #[allow(clippy::redundant_locals)]
         let out = out;
-        for p in i * panels / tasks..(i + 1) * panels / tasks {
-            // SAFETY: this task alone writes rows p·16.. of every token (its own panels), and
-            // the path is available (asserted above).
-            unsafe { panel(path, w, qx, p, out) };
+        let (p0, p1) = (i * panels / tasks, (i + 1) * panels / tasks);
+        let mut ps = p0;
+        while ps < p1 {
+            let pe = (ps + run).min(p1);
+            let mut t = 0;
+            while t < n {
+                let tt = tile_tokens(path, w.ty, n - t);
+                for p in ps..pe {
+                    // SAFETY: this task alone writes rows p·16.. of every token (its own
+                    // panels), and the path is available (asserted above).
+                    unsafe { tile(path, w, qx, p, t, tt, out) };
+                }
+                t += tt;
+            }
+            ps = pe;
         }
     });
 }
 
-/// One panel against every token.
+/// Output bytes above which [`repacked_matmul_on`] walks runs of [`PANEL_RUN`] panels per token
+/// group.
+const TALL_OUTPUT_BYTES: usize = 1 << 20;
+
+/// Panels per run (16 × 16 rows of 576 columns of Q8_0: 157 KiB, in L2).
+const PANEL_RUN: usize = 16;
+
+/// Tokens of the next tile when `left` remain.
+fn tile_tokens(path: QuantPath, ty: GgmlType, left: usize) -> usize {
+    match path {
+        QuantPath::TilesVnni => left.min(8),
+        QuantPath::Tiles => left.min(avx2_tokens(ty)),
+        QuantPath::RowWise => 1,
+    }
+}
+
+/// Panel `p` against tokens `t..t + tt`.
 ///
 /// # Safety
 /// `out` is the `n × rows` output, whose columns of this panel only the caller writes; the
 /// path's features are present.
-unsafe fn panel(path: QuantPath, w: &Repacked, qx: &Q8Act, p: usize, out: OutPtr) {
-    let n = qx.n;
-    let mut t = 0;
-    while t < n {
-        let tt = match path {
-            QuantPath::TilesVnni => (n - t).min(8),
-            QuantPath::Tiles => (n - t).min(avx2_t()),
-            QuantPath::RowWise => 1,
-        };
-        let mut acc = [[0f32; RP]; 8];
-        let acc = &mut acc[..tt];
-        match path {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX-512 F/BW/VNNI are present (the path is available).
-            QuantPath::TilesVnni => unsafe { x86::panel_vnni(w, qx, p, t, acc) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX2, FMA and F16C are present (the path is available).
-            QuantPath::Tiles => unsafe { x86::panel_avx2(w, qx, p, t, acc) },
-            _ => panel_scalar(w, qx, p, t, acc),
+unsafe fn tile(
+    path: QuantPath,
+    w: &Repacked,
+    qx: &Q8Act,
+    p: usize,
+    t: usize,
+    tt: usize,
+    out: OutPtr,
+) {
+    let mut acc = [[0f32; RP]; 8];
+    let acc = &mut acc[..tt];
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX-512 F/BW/VNNI are present (the path is available).
+        QuantPath::TilesVnni => unsafe { x86::panel_vnni(w, qx, p, t, acc) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2, FMA and F16C are present (the path is available).
+        QuantPath::Tiles => unsafe { x86::panel_avx2(w, qx, p, t, acc) },
+        _ => panel_scalar(w, qx, p, t, acc),
+    }
+    let r0 = p * RP;
+    let valid = (w.rows - r0).min(RP);
+    for (j, a) in acc.iter().enumerate() {
+        // SAFETY: row t + j of the output, columns r0..r0 + valid: in bounds, ours.
+        unsafe {
+            std::ptr::copy_nonoverlapping(a.as_ptr(), out.0.add((t + j) * w.rows + r0), valid);
         }
-        let r0 = p * RP;
-        let valid = (w.rows - r0).min(RP);
-        for (j, a) in acc.iter().enumerate() {
-            // SAFETY: row t + j of the output, columns r0..r0 + valid: in bounds, ours.
-            unsafe {
-                std::ptr::copy_nonoverlapping(a.as_ptr(), out.0.add((t + j) * w.rows + r0), valid);
-            }
-        }
-        t += tt;
     }
 }
 
@@ -313,7 +342,7 @@ fn panel_scalar(w: &Repacked, qx: &Q8Act, p: usize, t0: usize, acc: &mut [[f32; 
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{AVX2_T, GgmlType, Q8Act, QK, RP, Repacked, qbytes, record_bytes};
+    use super::{GgmlType, Q8Act, QK, RP, Repacked, avx2_tokens, qbytes, record_bytes};
 
     /// Four activation bytes `x[o..o + 4]` of block `xb`, in every i32 lane.
     #[inline(always)]
@@ -462,7 +491,7 @@ mod x86 {
         }
     }
 
-    /// 16 rows × `acc.len()` (≤ [`AVX2_T`]) tokens.
+    /// 16 rows × `acc.len()` (≤ [`avx2_tokens`]) tokens.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn panel_avx2(
         w: &Repacked,
@@ -471,27 +500,19 @@ mod x86 {
         t0: usize,
         acc: &mut [[f32; RP]],
     ) {
-        debug_assert!(acc.len() <= AVX2_T);
+        debug_assert!(acc.len() <= avx2_tokens(w.ty));
         match (w.ty, acc.len()) {
             (_, 0) => {}
-            (GgmlType::Q4_1, 8) => unsafe { avx2::<1, 8>(w, qx, p, t0, acc) },
-            (GgmlType::Q4_1, 7) => unsafe { avx2::<1, 7>(w, qx, p, t0, acc) },
             (GgmlType::Q4_1, 6) => unsafe { avx2::<1, 6>(w, qx, p, t0, acc) },
             (GgmlType::Q4_1, 5) => unsafe { avx2::<1, 5>(w, qx, p, t0, acc) },
             (GgmlType::Q4_1, 4) => unsafe { avx2::<1, 4>(w, qx, p, t0, acc) },
             (GgmlType::Q4_1, 3) => unsafe { avx2::<1, 3>(w, qx, p, t0, acc) },
             (GgmlType::Q4_1, 2) => unsafe { avx2::<1, 2>(w, qx, p, t0, acc) },
             (GgmlType::Q4_1, _) => unsafe { avx2::<1, 1>(w, qx, p, t0, acc) },
-            (GgmlType::Q8_0, 8) => unsafe { avx2::<2, 8>(w, qx, p, t0, acc) },
-            (GgmlType::Q8_0, 7) => unsafe { avx2::<2, 7>(w, qx, p, t0, acc) },
-            (GgmlType::Q8_0, 6) => unsafe { avx2::<2, 6>(w, qx, p, t0, acc) },
-            (GgmlType::Q8_0, 5) => unsafe { avx2::<2, 5>(w, qx, p, t0, acc) },
             (GgmlType::Q8_0, 4) => unsafe { avx2::<2, 4>(w, qx, p, t0, acc) },
             (GgmlType::Q8_0, 3) => unsafe { avx2::<2, 3>(w, qx, p, t0, acc) },
             (GgmlType::Q8_0, 2) => unsafe { avx2::<2, 2>(w, qx, p, t0, acc) },
             (GgmlType::Q8_0, _) => unsafe { avx2::<2, 1>(w, qx, p, t0, acc) },
-            (_, 8) => unsafe { avx2::<0, 8>(w, qx, p, t0, acc) },
-            (_, 7) => unsafe { avx2::<0, 7>(w, qx, p, t0, acc) },
             (_, 6) => unsafe { avx2::<0, 6>(w, qx, p, t0, acc) },
             (_, 5) => unsafe { avx2::<0, 5>(w, qx, p, t0, acc) },
             (_, 4) => unsafe { avx2::<0, 4>(w, qx, p, t0, acc) },
