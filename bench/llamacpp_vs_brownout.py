@@ -133,7 +133,10 @@ def main():
     ap.add_argument("--isa", default=None, choices=["avx2", "scalar"],
                     help="BROWNOUT_ISA for our side (avx2: AVX-512 masked)")
     args = ap.parse_args()
-    if args.python and os.path.realpath(args.python) != os.path.realpath(sys.executable):
+    # A venv's python is a symlink to the base interpreter (same realpath, other site-packages):
+    # re-run once, marked in the environment.
+    if args.python and os.environ.get("BROWNOUT_LLAMA_BENCH_CHILD") != "1":
+        os.environ["BROWNOUT_LLAMA_BENCH_CHILD"] = "1"
         argv = sys.argv[1:]
         i = argv.index("--python") if "--python" in argv else None
         if i is not None:

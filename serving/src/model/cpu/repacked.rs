@@ -20,7 +20,7 @@
 //! Same bits everywhere: each (row, token) gets the exact i32 sum of its block (any order gives
 //! the same integer), converted to f32, then `acc = fma(isum, d_w·d_x, acc)` (and for Q4_1
 //! `acc = fma(m_w, Σx, acc)`), block after block in order. The AVX-512 VNNI kernel (16 rows ×
-//! up to 8 tokens), the AVX2 kernel (`maddubs`+`madd`, 8 rows × up to 4 tokens) and the scalar
+//! up to 8 tokens), the AVX2 kernel (`maddubs`+`madd`, 16 rows × up to 6 tokens, Q8_0 4) and the scalar
 //! loop do exactly that, so the result depends neither on the batch, nor on the token's place,
 //! nor on the instruction set.
 //!
