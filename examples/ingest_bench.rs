@@ -6,6 +6,10 @@
 //! CLICKHOUSE_URL=http://127.0.0.1:8123 cargo run --release --example ingest_bench -- --store clickhouse --seconds 30
 //! # into the 2-shard cluster of bench/with-clickhouse-cluster.sh (it exports CLICKHOUSE_CLUSTER)
 //! bench/with-clickhouse-cluster.sh bash -c 'CLICKHOUSE_URL=${CLICKHOUSE_NODES%% *} target/release/examples/ingest_bench --store clickhouse --seconds 30'
+//! # against a running `brownout serve` (no control plane in this process): the load goes to
+//! # its OTLP endpoint and the accepted counter is read from its /metrics
+//! target/release/examples/ingest_bench --external http://127.0.0.1:8080/metrics --endpoint http://127.0.0.1:4317 --token "$INGEST_TOKEN" --seconds 30
+//! # both: bench/clickhouse-cluster-serve.sh (one node vs the 2-shard cluster, one session)
 //! ```
 //!
 //! The parent runs the control plane in-process (real sockets, the chosen store), starts itself
@@ -56,7 +60,102 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    if args.iter().any(|a| a == "--external") {
+        return rt.block_on(external(&args));
+    }
     rt.block_on(bench(&args))
+}
+
+/// `brownout_ingest_spans_total` as the server's `/metrics` shows it.
+async fn scrape_spans(c: &reqwest::Client, url: &str) -> anyhow::Result<u64> {
+    let text = c.get(url).send().await?.error_for_status()?.text().await?;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("brownout_ingest_spans_total ")
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .map(|v| v as u64)
+        .context("no brownout_ingest_spans_total in /metrics")
+}
+
+/// Load against a running server (`--external METRICS_URL --endpoint OTLP --token T`): the
+/// accepted counter is sampled from its /metrics once a second; the caller counts the rows.
+async fn external(args: &[String]) -> anyhow::Result<()> {
+    let metrics = arg(args, "--external", "");
+    let endpoint = arg(args, "--endpoint", "");
+    let token = arg(args, "--token", "");
+    let seconds = arg(args, "--seconds", "30");
+    let threads = arg(args, "--threads", "2");
+    let transport = arg(args, "--transport", "grpc");
+    let rate = arg(args, "--rate", "0");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    anyhow::ensure!(
+        !metrics.is_empty() && !endpoint.is_empty(),
+        "--external needs a /metrics URL and --endpoint"
+    );
+    let c = reqwest::Client::new();
+    let base = scrape_spans(&c, &metrics).await?;
+    let exe = std::env::current_exe()?;
+    let child = tokio::process::Command::new(exe)
+        .args([
+            "--load",
+            "--transport",
+            &transport,
+            "--endpoint",
+            &endpoint,
+            "--token",
+            &token,
+            "--seconds",
+            &seconds,
+            "--threads",
+            &threads,
+            "--rate",
+            &rate,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let out = tokio::spawn(child.wait_with_output());
+    println!(
+        "external server {metrics} transport={transport} threads={threads} rate={rate} seconds={seconds}"
+    );
+    let t0 = Instant::now();
+    let mut last = base;
+    let mut rates = Vec::new();
+    while !out.is_finished() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let n = scrape_spans(&c, &metrics).await.unwrap_or(last);
+        rates.push(n - last);
+        println!(
+            "{:>5.0} {:>12} {:>10}",
+            t0.elapsed().as_secs_f64(),
+            n - base,
+            n - last
+        );
+        last = n;
+    }
+    let output = out.await??;
+    let load_secs = t0.elapsed().as_secs_f64();
+    let created: u64 = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("created ")
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0);
+    let accepted = scrape_spans(&c, &metrics).await? - base;
+    let steady: Vec<u64> = if rates.len() > 3 {
+        rates[1..rates.len() - 1].to_vec()
+    } else {
+        rates.clone()
+    };
+    let mean = steady.iter().sum::<u64>() as f64 / steady.len().max(1) as f64;
+    let min = steady.iter().copied().min().unwrap_or(0);
+    println!(
+        "summary: external transport={transport} created={created} accepted={accepted} \
+         sdk_dropped_or_failed={} load_s={load_secs:.1} mean_spans_per_s={mean:.0} min_spans_per_s={min}",
+        created.saturating_sub(accepted)
+    );
+    Ok(())
 }
 
 /// The load generator (child process).
@@ -180,7 +279,11 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut config = Config::defaults();
     config.data_dir = dir.path().to_path_buf();
-    config.ingest.batch_max_delay = Duration::from_millis(200);
+    // The product's group-commit delay (0) unless `--batch-delay-ms` says otherwise (before
+    // acknowledgements waited for the commit, this bench used 200).
+    if let Ok(ms) = arg(args, "--batch-delay-ms", "").parse::<u64>() {
+        config.ingest.batch_max_delay = Duration::from_millis(ms);
+    }
     let prefix = format!("bench{}_", uuid::Uuid::new_v4().simple());
     if store == "clickhouse" {
         let url =
@@ -234,7 +337,8 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
     let out = tokio::spawn(child.wait_with_output());
 
     println!(
-        "store={store} transport={transport} threads={threads} rate={rate} seconds={seconds} (load pid {child_pid})"
+        "store={store} transport={transport} threads={threads} rate={rate} seconds={seconds} batch_max_delay_ms={} (load pid {child_pid})",
+        state.config.ingest.batch_max_delay.as_millis()
     );
     println!(
         "{:>5} {:>12} {:>10} {:>9} {:>12}",

@@ -7,7 +7,7 @@
 //!
 //! Environment overrides (applied after the file, before validation):
 //! `BROWNOUT_DATA_DIR`, `CLICKHOUSE_URL`, `CLICKHOUSE_CLUSTER`, `REDIS_URL`,
-//! `BROWNOUT_SHARE_SLO_COUNTERS`, and the secrets `BROWNOUT_INGEST_TOKEN`,
+//! `BROWNOUT_SHARE_SLO_COUNTERS`, `BROWNOUT_SHARE_PATTERNS`, and the secrets `BROWNOUT_INGEST_TOKEN`,
 //! `BROWNOUT_READ_TOKEN`, `BROWNOUT_ADMIN_TOKEN`, `BROWNOUT_COMMAND_KEY` — each secret also as
 //! `<NAME>_FILE` naming a file that holds it (trailing whitespace trimmed).
 
@@ -133,6 +133,7 @@ pub struct RawControl {
     pub slo_file: Option<PathBuf>,
     pub policy_file: Option<PathBuf>,
     pub share_slo_counters: Option<bool>,
+    pub share_patterns: Option<bool>,
 }
 
 /// A secret that never prints itself.
@@ -190,6 +191,9 @@ pub struct Config {
     /// Every replica of the cluster adds the others' SLO counts to its own through Redis
     /// (`slo::share`): on when several replicas ingest behind a load balancer.
     pub share_slo_counters: bool,
+    /// Every replica of the cluster mines every replica's failures, in one order, through
+    /// Redis (`patterns::share`): pattern ids and the pattern feed agree across replicas.
+    pub share_patterns: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -747,6 +751,25 @@ impl RawConfig {
                 "needs control.redis_url (the replicas share their counts through Redis)".into(),
             ));
         }
+        let share_patterns = env
+            .var("BROWNOUT_SHARE_PATTERNS")
+            .map(|v| match v.as_str() {
+                "1" | "true" => Ok(true),
+                "0" | "false" | "" => Ok(false),
+                other => Err(field_err(
+                    "BROWNOUT_SHARE_PATTERNS",
+                    format!("{other:?}: true, false, 1 or 0"),
+                )),
+            })
+            .transpose()?
+            .or(self.control.share_patterns)
+            .unwrap_or(false);
+        if share_patterns && redis_url.is_none() {
+            return Err(field_err(
+                "control.share_patterns",
+                "needs control.redis_url (the replicas share their failures through Redis)".into(),
+            ));
+        }
 
         Ok(Config {
             http_addr,
@@ -790,6 +813,7 @@ impl RawConfig {
             slo_file: self.control.slo_file,
             policy_file: self.control.policy_file,
             share_slo_counters,
+            share_patterns,
         })
     }
 }
@@ -912,6 +936,10 @@ mod tests {
             (
                 "[control]\nshare_slo_counters = true\n",
                 "control.share_slo_counters",
+            ),
+            (
+                "[control]\nshare_patterns = true\n",
+                "control.share_patterns",
             ),
             ("[storage]\nretention_days = \"ten\"\n", "retention_days"),
         ];

@@ -19,7 +19,6 @@
 //!   (then `UNAVAILABLE`) like every other request.
 
 use std::marker::PhantomData;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -138,103 +137,191 @@ struct Admitted {
 }
 
 /// A request body whose bytes are taken from the in-flight budget as they arrive (before
-/// tonic buffers them), and whose gRPC length prefix is checked against
-/// `ingest.max_body_bytes` before the message is buffered.
+/// tonic buffers them), and whose gRPC length prefixes are checked against
+/// `ingest.max_body_bytes` before a message is buffered. A gzip message (`grpc-encoding:
+/// gzip`, compressed flag set) is inflated here, not by tonic: each chunk of its output is
+/// taken from the budget before it is produced ([`super::inflate::gunzip_chunks`]), and tonic
+/// gets it as an uncompressed message; the compressed bytes are given back once inflated.
 struct Budgeted {
     inner: tonic::body::Body,
     pipeline: Pipeline,
     metrics: crate::metrics::Metrics,
     max: usize,
+    /// The request says `grpc-encoding: gzip`.
+    gzip: bool,
     held: Arc<Mutex<Option<Reservation>>>,
-    /// The first 5 bytes (compressed flag, big-endian length) until all have arrived.
-    prefix: Vec<u8>,
-    /// A data frame waiting for its reservation.
-    pending: Option<(
-        http_body::Frame<Bytes>,
-        futures::future::BoxFuture<'static, Result<Reservation, SubmitError>>,
-    )>,
+    /// Where in the message stream the next byte belongs.
+    at: At,
+    /// Frames ready for tonic.
+    out: std::collections::VecDeque<http_body::Frame<Bytes>>,
+    done: bool,
+}
+
+/// The framing state of a gRPC request body: `[compressed u8][length u32 BE][message]`.
+enum At {
+    /// Collecting the 5-byte prefix of the next message.
+    Prefix(Vec<u8>),
+    /// Inside an uncompressed message (passed through), this many bytes to go.
+    Plain(usize),
+    /// Inside a gzip message, this many bytes to go; its pieces so far.
+    Gzip(usize, std::collections::VecDeque<Bytes>),
 }
 
 impl Budgeted {
-    /// Looks at the gRPC length prefix in `data` (the first frames); an error when it says
-    /// more than the limit.
-    fn check_prefix(&mut self, data: &[u8]) -> Result<(), Status> {
-        if self.prefix.len() >= 5 {
-            return Ok(());
-        }
-        let take = (5 - self.prefix.len()).min(data.len());
-        self.prefix.extend_from_slice(&data[..take]);
-        if self.prefix.len() < 5 {
-            return Ok(());
-        }
-        let len = u32::from_be_bytes([
-            self.prefix[1],
-            self.prefix[2],
-            self.prefix[3],
-            self.prefix[4],
-        ]) as usize;
-        if len > self.max {
-            self.metrics.reject("body_too_large");
-            return Err(Status::resource_exhausted(format!(
-                "the gRPC message is {len} bytes, more than ingest.max_body_bytes ({} bytes); it was refused before it was read: send smaller batches",
-                self.max
-            )));
+    /// Takes `n` bytes from the budget into the request's reservation.
+    async fn take(&mut self, n: usize) -> Result<(), Status> {
+        let r = self.pipeline.reserve(n).await.map_err(submit_status)?;
+        if let Ok(mut held) = self.held.lock() {
+            match held.as_mut() {
+                Some(h) => h.merge(r),
+                None => *held = Some(r),
+            }
         }
         Ok(())
     }
-}
 
-impl http_body::Body for Budgeted {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
-        let this = &mut *self;
-        if let Some((_, wait)) = &mut this.pending {
-            let r = std::task::ready!(wait.as_mut().poll(cx));
-            let (frame, _) = this.pending.take().expect("pending frame");
-            return Poll::Ready(Some(match r {
-                Ok(r) => {
-                    if let Ok(mut held) = this.held.lock() {
-                        match held.as_mut() {
-                            Some(h) => h.merge(r),
-                            None => *held = Some(r),
-                        }
-                    }
-                    Ok(frame)
-                }
-                Err(e) => Err(submit_status(e)),
-            }));
-        }
-        let frame = match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-            Some(Ok(f)) => f,
-            other => return Poll::Ready(other),
-        };
-        let n = match frame.data_ref() {
-            Some(d) if !d.is_empty() => {
-                let d = d.clone();
-                if let Err(e) = this.check_prefix(&d) {
-                    return Poll::Ready(Some(Err(e)));
-                }
-                d.len()
+    /// The next frame for tonic, `None` at the end.
+    async fn next(&mut self) -> Option<Result<http_body::Frame<Bytes>, Status>> {
+        use http_body_util::BodyExt;
+        loop {
+            if let Some(f) = self.out.pop_front() {
+                return Some(Ok(f));
             }
-            _ => return Poll::Ready(Some(Ok(frame))),
-        };
-        let pipeline = this.pipeline.clone();
-        this.pending = Some((frame, Box::pin(async move { pipeline.reserve(n).await })));
-        // Poll the reservation at once (it is usually free).
-        http_body::Body::poll_frame(self, cx)
+            if self.done {
+                return None;
+            }
+            let frame = match self.inner.frame().await {
+                Some(Ok(f)) => f,
+                Some(Err(e)) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+                None => {
+                    self.done = true;
+                    if matches!(&self.at, At::Gzip(..)) {
+                        return Some(Err(Status::invalid_argument(
+                            "the request ended inside a gzip message",
+                        )));
+                    }
+                    continue;
+                }
+            };
+            let data = match frame.into_data() {
+                Ok(d) if !d.is_empty() => d,
+                Ok(_) => continue,
+                Err(f) => {
+                    self.out.push_back(f);
+                    continue;
+                }
+            };
+            if let Err(e) = self.take(data.len()).await {
+                self.done = true;
+                return Some(Err(e));
+            }
+            if let Err(e) = self.split(data).await {
+                self.done = true;
+                return Some(Err(e));
+            }
+        }
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.pending.is_none() && self.inner.is_end_stream()
+    /// Walks `data` through the framing: uncompressed bytes pass through, gzip messages are
+    /// collected and inflated once complete.
+    async fn split(&mut self, mut data: Bytes) -> Result<(), Status> {
+        while !data.is_empty() {
+            match &mut self.at {
+                At::Prefix(p) => {
+                    let n = (5 - p.len()).min(data.len());
+                    p.extend_from_slice(&data.split_to(n));
+                    if p.len() < 5 {
+                        continue;
+                    }
+                    let compressed = p[0] != 0;
+                    let len = u32::from_be_bytes([p[1], p[2], p[3], p[4]]) as usize;
+                    if len > self.max {
+                        self.metrics.reject("body_too_large");
+                        return Err(Status::resource_exhausted(format!(
+                            "the gRPC message is {len} bytes, more than ingest.max_body_bytes ({} bytes); it was refused before it was read: send smaller batches",
+                            self.max
+                        )));
+                    }
+                    if compressed && self.gzip {
+                        self.at = At::Gzip(len, std::collections::VecDeque::new());
+                    } else {
+                        // Uncompressed (or an encoding tonic will refuse): passed through.
+                        self.out
+                            .push_back(http_body::Frame::data(Bytes::copy_from_slice(p)));
+                        self.at = if len == 0 {
+                            At::Prefix(Vec::with_capacity(5))
+                        } else {
+                            At::Plain(len)
+                        };
+                    }
+                }
+                At::Plain(left) => {
+                    let n = (*left).min(data.len());
+                    self.out.push_back(http_body::Frame::data(data.split_to(n)));
+                    *left -= n;
+                    if *left == 0 {
+                        self.at = At::Prefix(Vec::with_capacity(5));
+                    }
+                }
+                At::Gzip(left, pieces) => {
+                    let n = (*left).min(data.len());
+                    pieces.push_back(data.split_to(n));
+                    *left -= n;
+                    if *left == 0 {
+                        let pieces = std::mem::take(pieces);
+                        self.at = At::Prefix(Vec::with_capacity(5));
+                        self.inflate(pieces).await?;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+    /// Inflates one complete gzip message into an uncompressed one for tonic.
+    async fn inflate(&mut self, pieces: std::collections::VecDeque<Bytes>) -> Result<(), Status> {
+        let compressed: usize = pieces.iter().map(Bytes::len).sum();
+        let mut held = self.held.lock().ok().and_then(|mut h| h.take());
+        let r = super::inflate::gunzip_chunks(pieces, self.max, &self.pipeline, &mut held).await;
+        if let Some(h) = held.as_mut() {
+            if r.is_ok() {
+                h.release(compressed);
+            }
+        }
+        if let Ok(mut slot) = self.held.lock() {
+            *slot = held;
+        }
+        let (chunks, total) = r.map_err(|e| match e {
+            super::inflate::InflateError::TooLarge(max) => {
+                self.metrics.reject("body_too_large");
+                Status::resource_exhausted(format!(
+                    "the gzip gRPC message inflates past ingest.max_body_bytes ({max} bytes): send smaller batches"
+                ))
+            }
+            super::inflate::InflateError::Bad(e) => {
+                self.metrics.reject("bad_encoding");
+                Status::invalid_argument(format!("the gzip gRPC message is truncated or corrupt: {e}"))
+            }
+            super::inflate::InflateError::Budget(e) => submit_status(e),
+        })?;
+        let mut prefix = Vec::with_capacity(5);
+        prefix.push(0);
+        prefix.extend_from_slice(&u32::try_from(total).unwrap_or(u32::MAX).to_be_bytes());
+        self.out
+            .push_back(http_body::Frame::data(Bytes::from(prefix)));
+        self.out
+            .extend(chunks.into_iter().map(http_body::Frame::data));
+        Ok(())
+    }
+
+    /// The body tonic reads.
+    fn into_body(self) -> tonic::body::Body {
+        let frames =
+            futures::stream::unfold(self, |mut b| async move { b.next().await.map(|f| (f, b)) });
+        tonic::body::Body::new(http_body_util::StreamBody::new(frames))
     }
 }
 
@@ -256,21 +343,11 @@ async fn admit<T: Message + Default>(
         Status::invalid_argument(e)
     })?;
     let held = admitted.body.lock().ok().and_then(|mut h| h.take());
-    let reservation = match held {
-        Some(mut r) => {
-            if need > r.bytes() {
-                r.merge(
-                    state
-                        .pipeline
-                        .reserve(need - r.bytes())
-                        .await
-                        .map_err(submit_status)?,
-                );
-            }
-            r
-        }
-        None => state.pipeline.reserve(need).await.map_err(submit_status)?,
-    };
+    let reservation = state
+        .pipeline
+        .top_up(held, need)
+        .await
+        .map_err(submit_status)?;
     let msg = T::decode(bytes).map_err(|e| {
         state.metrics.reject("malformed");
         Status::invalid_argument(format!("request is not a valid OTLP protobuf message: {e}"))
@@ -387,16 +464,22 @@ impl<const LOGS: bool> tower::Service<axum::http::Request<tonic::body::Body>> fo
                 tenant,
                 body: Arc::clone(&held),
             });
+            let gzip = parts
+                .headers
+                .get("grpc-encoding")
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
             let body = Budgeted {
                 inner: body,
                 pipeline: state.pipeline.clone(),
                 metrics: state.metrics.clone(),
                 max,
+                gzip,
                 held,
-                prefix: Vec::with_capacity(5),
-                pending: None,
+                at: At::Prefix(Vec::with_capacity(5)),
+                out: std::collections::VecDeque::new(),
+                done: false,
             };
-            let req = axum::http::Request::from_parts(parts, tonic::body::Body::new(body));
+            let req = axum::http::Request::from_parts(parts, body.into_body());
             macro_rules! grpc {
                 ($codec:expr) => {
                     tonic::server::Grpc::new($codec)

@@ -9,7 +9,7 @@
 //! `partial_success` counts refused items), errors as a `google.rpc.Status`, both in the
 //! request's encoding (protobuf or JSON).
 
-use std::io::Read;
+use std::collections::VecDeque;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -28,7 +28,9 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use prost::Message;
 use serde::Serialize;
 
-use super::{Accepted, IngestState, SubmitError, accept, accept_reserved, otlp};
+use super::inflate::InflateError;
+use super::pipeline::{Pipeline, Reservation};
+use super::{Accepted, IngestState, SubmitError, accept_reserved, otlp};
 use crate::api::ApiError;
 use crate::auth::Role;
 
@@ -86,15 +88,26 @@ pub enum BodyError {
     Read(String),
     /// The body did not arrive within this many milliseconds.
     Timeout(u128),
+    /// No room in the in-flight budget for the body (or ingest is closing).
+    Budget(SubmitError),
 }
 
 impl BodyError {
-    fn reason(&self) -> &'static str {
-        match self {
+    /// The rejection reason to count, `None` where [`Pipeline::reserve`] counted it already.
+    fn reason(&self) -> Option<&'static str> {
+        Some(match self {
             BodyError::TooLarge(_) => "body_too_large",
             BodyError::BadGzip(_) | BodyError::Read(_) => "bad_encoding",
             BodyError::UnsupportedEncoding(_) => "unsupported_media_type",
             BodyError::Timeout(_) => "timeout",
+            BodyError::Budget(_) => return None,
+        })
+    }
+
+    /// Counts the rejection.
+    fn count(&self, m: &crate::metrics::Metrics) {
+        if let Some(r) = self.reason() {
+            m.reject(r);
         }
     }
 
@@ -119,6 +132,7 @@ impl BodyError {
             BodyError::Read(e) => {
                 ApiError::bad_request("bad_body", format!("cannot read the request body: {e}"))
             }
+            BodyError::Budget(e) => submit_error(e),
             BodyError::Timeout(ms) => ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
                 "request_timeout",
@@ -137,21 +151,32 @@ async fn read_ingest_body(
     state: &IngestState,
     headers: &HeaderMap,
     body: Body,
-) -> Result<Bytes, BodyError> {
+) -> Result<(Bytes, Option<Reservation>), BodyError> {
     let ing = &state.config;
     tokio::time::timeout(
         ing.request_timeout,
-        read_body(headers, body, ing.max_body_bytes),
+        read_body(headers, body, ing.max_body_bytes, &state.pipeline),
     )
     .await
     .unwrap_or(Err(BodyError::Timeout(ing.request_timeout.as_millis())))
 }
 
-/// Reads a body up to `max` bytes, un-gzipping when `Content-Encoding: gzip`.
+/// Reads a body up to `max` bytes, un-gzipping when `Content-Encoding: gzip` (again at most
+/// `max` bytes once inflated). Every byte is taken from the in-flight budget before it is
+/// held: the body's frames as they arrive, the inflated output as it is produced
+/// ([`super::inflate`]); the compressed bytes are given back once inflated. Returns the body
+/// and that reservation, which the caller tops up to its decoded-size estimate.
 ///
 /// # Errors
-/// [`BodyError`] for each way a body can be unacceptable.
-pub async fn read_body(headers: &HeaderMap, body: Body, max: usize) -> Result<Bytes, BodyError> {
+/// [`BodyError`] for each way a body can be unacceptable, [`BodyError::Budget`] when the
+/// budget has no room within the backpressure wait.
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    max: usize,
+    pipeline: &Pipeline,
+) -> Result<(Bytes, Option<Reservation>), BodyError> {
+    use http_body_util::BodyExt;
     if let Some(len) = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -164,36 +189,73 @@ pub async fn read_body(headers: &HeaderMap, body: Body, max: usize) -> Result<By
         .get(header::CONTENT_ENCODING)
         .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase())
         .unwrap_or_default();
-    let raw = match axum::body::to_bytes(body, max).await {
-        Ok(b) => b,
-        Err(e) => {
-            let too_large = std::error::Error::source(&e).is_some_and(|s| {
-                s.downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some()
-            }) || e.to_string().contains("length limit");
-            return Err(if too_large {
-                BodyError::TooLarge(max)
-            } else {
-                BodyError::Read(e.to_string())
-            });
-        }
+    let gzip = match encoding.as_str() {
+        "" | "identity" => false,
+        "gzip" | "x-gzip" => true,
+        other => return Err(BodyError::UnsupportedEncoding(other.to_string())),
     };
-    match encoding.as_str() {
-        "" | "identity" => Ok(raw),
-        "gzip" | "x-gzip" => {
-            let mut out = Vec::with_capacity(raw.len().saturating_mul(4).min(max));
-            let dec = flate2::read::GzDecoder::new(&raw[..]);
-            let mut limited = dec.take(max as u64 + 1);
-            limited
-                .read_to_end(&mut out)
-                .map_err(|e| BodyError::BadGzip(e.to_string()))?;
-            if out.len() > max {
-                return Err(BodyError::TooLarge(max));
-            }
-            Ok(Bytes::from(out))
+    let mut held: Option<Reservation> = None;
+    let mut pieces: VecDeque<Bytes> = VecDeque::new();
+    let mut raw = 0usize;
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| BodyError::Read(e.to_string()))?;
+        let Ok(d) = frame.into_data() else { continue };
+        if d.is_empty() {
+            continue;
         }
-        other => Err(BodyError::UnsupportedEncoding(other.to_string())),
+        raw += d.len();
+        if raw > max {
+            return Err(BodyError::TooLarge(max));
+        }
+        take(pipeline, &mut held, d.len()).await?;
+        pieces.push_back(d);
     }
+    if gzip {
+        let out = super::inflate::gunzip_contiguous(pieces, max, pipeline, &mut held)
+            .await
+            .map_err(|e| match e {
+                InflateError::TooLarge(m) => BodyError::TooLarge(m),
+                InflateError::Bad(e) => BodyError::BadGzip(e),
+                InflateError::Budget(e) => BodyError::Budget(e),
+            })?;
+        // The compressed pieces are gone.
+        if let Some(h) = held.as_mut() {
+            h.release(raw);
+        }
+        return Ok((Bytes::from(out), held));
+    }
+    Ok(match pieces.len() {
+        0 => (Bytes::new(), held),
+        1 => (pieces.pop_front().unwrap_or_default(), held),
+        _ => {
+            // Joined into one buffer: reserved before the copy, the pieces' share given back
+            // once they are dropped.
+            take(pipeline, &mut held, raw).await?;
+            let mut joined = bytes::BytesMut::with_capacity(raw);
+            for p in pieces.drain(..) {
+                joined.extend_from_slice(&p);
+            }
+            if let Some(h) = held.as_mut() {
+                h.release(raw);
+            }
+            (joined.freeze(), held)
+        }
+    })
+}
+
+/// Takes `n` more bytes from the budget into `held`.
+async fn take(
+    pipeline: &Pipeline,
+    held: &mut Option<Reservation>,
+    n: usize,
+) -> Result<(), BodyError> {
+    let r = pipeline.reserve(n).await.map_err(BodyError::Budget)?;
+    match held {
+        Some(h) => h.merge(r),
+        None => *held = Some(r),
+    }
+    Ok(())
 }
 
 /// OTLP's two encodings.
@@ -319,7 +381,7 @@ async fn otlp_prelude(
     state: &IngestState,
     headers: &HeaderMap,
     body: Body,
-) -> Result<(Encoding, Bytes), Response> {
+) -> Result<(Encoding, Bytes, Option<Reservation>), Response> {
     let Some(enc) = otlp_encoding(headers) else {
         state.metrics.reject("unsupported_media_type");
         let e = ApiError::new(
@@ -330,9 +392,9 @@ async fn otlp_prelude(
         return Err(e.into_response());
     };
     match read_ingest_body(state, headers, body).await {
-        Ok(b) => Ok((enc, b)),
+        Ok((b, held)) => Ok((enc, b, held)),
         Err(e) => {
-            state.metrics.reject(e.reason());
+            e.count(&state.metrics);
             Err(otlp_error(enc, e.into_api()))
         }
     }
@@ -349,7 +411,7 @@ async fn otlp_request<T: Message + Default + for<'de> serde::Deserialize<'de>>(
     body: Body,
     signal: super::limits::Signal,
 ) -> Result<(Encoding, T, super::pipeline::Reservation), Response> {
-    let (enc, bytes) = otlp_prelude(state, headers, body).await?;
+    let (enc, bytes, held) = otlp_prelude(state, headers, body).await?;
     let too_large = |m: String| {
         state.metrics.reject("decoded_too_large");
         otlp_error(
@@ -365,7 +427,7 @@ async fn otlp_request<T: Message + Default + for<'de> serde::Deserialize<'de>>(
     };
     let mut reservation = state
         .pipeline
-        .reserve(first)
+        .top_up(held, first)
         .await
         .map_err(|e| otlp_error(enc, submit_error(e)))?;
     let req: T = decode(enc, &bytes).map_err(|e| {
@@ -528,10 +590,10 @@ async fn failures(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let bytes = match read_ingest_body(&state, &headers, body).await {
+    let (bytes, held) = match read_ingest_body(&state, &headers, body).await {
         Ok(b) => b,
         Err(e) => {
-            state.metrics.reject(e.reason());
+            e.count(&state.metrics);
             return e.into_api().into_response();
         }
     };
@@ -560,14 +622,19 @@ async fn failures(
         return (StatusCode::BAD_REQUEST, Json(body)).into_response();
     }
     let approx = super::decoded_size(bytes.len(), false);
-    if let Err(e) = accept(
+    let reservation = match state.pipeline.top_up(held, approx).await {
+        Ok(r) => r,
+        Err(e) => return submit_error(e).into_response(),
+    };
+    drop(bytes);
+    if let Err(e) = accept_reserved(
         &state,
         &tenant,
         Accepted {
             failures: parsed.events,
             ..Accepted::default()
         },
-        approx,
+        reservation,
     )
     .await
     {
@@ -582,10 +649,10 @@ async fn snapshot(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let bytes = match read_ingest_body(&state, &headers, body).await {
+    let (bytes, held) = match read_ingest_body(&state, &headers, body).await {
         Ok(b) => b,
         Err(e) => {
-            state.metrics.reject(e.reason());
+            e.count(&state.metrics);
             return e.into_api().into_response();
         }
     };
@@ -622,15 +689,23 @@ async fn snapshot(
     if snap.ts_ms == 0 {
         snap.ts_ms = now;
     }
+    let reservation = match state
+        .pipeline
+        .top_up(held, super::decoded_size(bytes.len(), false))
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return submit_error(e).into_response(),
+    };
     state.hosts.observe(snap.clone(), now);
-    if let Err(e) = accept(
+    if let Err(e) = accept_reserved(
         &state,
         &tenant,
         Accepted {
             snapshots: vec![snap],
             ..Accepted::default()
         },
-        super::decoded_size(bytes.len(), false),
+        reservation,
     )
     .await
     {
@@ -669,11 +744,19 @@ mod tests {
     #[tokio::test]
     async fn bodies_limits_and_gzip() {
         use std::io::Write;
+        let (p, _task, _stop, _dir) =
+            super::super::pipeline::test_pipeline(64 << 20, std::time::Duration::from_millis(100));
         let mut h = HeaderMap::new();
-        let b = read_body(&h, Body::from("hello"), 1024).await.unwrap();
+        let (b, held) = read_body(&h, Body::from("hello"), 1024, &p).await.unwrap();
         assert_eq!(&b[..], b"hello");
+        assert_eq!(
+            held.map(|r| r.bytes()),
+            Some(5),
+            "the body's bytes are reserved"
+        );
+        assert_eq!(p.taken(), 0);
         assert!(matches!(
-            read_body(&h, Body::from(vec![0u8; 2048]), 1024).await,
+            read_body(&h, Body::from(vec![0u8; 2048]), 1024, &p).await,
             Err(BodyError::TooLarge(1024))
         ));
         h.insert(header::CONTENT_ENCODING, "gzip".parse().unwrap());
@@ -683,27 +766,65 @@ mod tests {
         assert!(gz.len() < 1024);
         assert!(
             matches!(
-                read_body(&h, Body::from(gz.clone()), 1024).await,
+                read_body(&h, Body::from(gz.clone()), 1024, &p).await,
                 Err(BodyError::TooLarge(_))
             ),
             "gzip bomb stops at the limit"
         );
-        assert_eq!(
-            read_body(&h, Body::from(gz.clone()), 8192)
-                .await
-                .unwrap()
-                .len(),
-            4000
+        let (b, held) = read_body(&h, Body::from(gz.clone()), 8192, &p)
+            .await
+            .unwrap();
+        assert_eq!(b.len(), 4000);
+        let held = held.unwrap();
+        assert!(
+            held.bytes() >= 4000,
+            "the inflated bytes are in the budget ({} reserved)",
+            held.bytes()
         );
+        assert_eq!(p.taken(), held.bytes());
+        drop(held);
         let truncated = gz[..gz.len() - 10].to_vec();
         assert!(matches!(
-            read_body(&h, Body::from(truncated), 8192).await,
+            read_body(&h, Body::from(truncated), 8192, &p).await,
             Err(BodyError::BadGzip(_))
         ));
         h.insert(header::CONTENT_ENCODING, "br".parse().unwrap());
         assert!(matches!(
-            read_body(&h, Body::from("x"), 8192).await,
+            read_body(&h, Body::from("x"), 8192, &p).await,
             Err(BodyError::UnsupportedEncoding(_))
         ));
+        assert_eq!(p.taken(), 0, "every refusal gave its memory back");
+    }
+
+    #[tokio::test]
+    async fn a_body_is_refused_when_its_inflated_size_does_not_fit_the_budget() {
+        use std::io::Write;
+        // A 4 MiB budget (= the size limit) with 3 MiB held by other requests: a gzip body of
+        // well under 1 MiB fits, its 2 MiB inflated does not, so it waits and gets a 503.
+        let (p, _task, _stop, _dir) =
+            super::super::pipeline::test_pipeline(4 << 20, std::time::Duration::from_millis(50));
+        let others = p.reserve(3 << 20).await.unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_ENCODING, "gzip".parse().unwrap());
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        for i in 0..(2u32 << 20) / 4 {
+            gz.write_all(&(i % 97).to_le_bytes()).unwrap();
+        }
+        let gz = gz.finish().unwrap();
+        assert!(gz.len() < 512 << 10);
+        let r = read_body(&h, Body::from(gz.clone()), 4 << 20, &p).await;
+        assert!(
+            matches!(r, Err(BodyError::Budget(SubmitError::Overloaded { .. }))),
+            "{r:?}"
+        );
+        assert_eq!(
+            r.unwrap_err().into_api().status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(p.taken(), 3 << 20, "the refused body gave its memory back");
+        drop(others);
+        let (b, held) = read_body(&h, Body::from(gz), 4 << 20, &p).await.unwrap();
+        assert_eq!(b.len(), 2 << 20);
+        assert!(held.is_some_and(|r| r.bytes() >= 2 << 20));
     }
 }

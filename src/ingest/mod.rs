@@ -17,6 +17,7 @@
 pub mod grpc;
 pub mod hosts;
 pub mod http;
+pub mod inflate;
 pub mod limits;
 pub mod listen;
 pub mod otlp;

@@ -13,7 +13,11 @@
 //!   fsync'ed spool. [`Pipeline::submit_reserved`] waits for that. The writer commits in
 //!   groups: it takes everything queued (≤ `batch_max_rows`, waiting at most
 //!   `batch_max_delay` for more) and writes it as one batch, so concurrent requests share one
-//!   commit (one fsync) and batches grow with the load.
+//!   commit (one fsync) and batches grow with the load. Pipelined: each group commits in its
+//!   own task, which answers its requests when the store returns, while the writer gathers the
+//!   next group and starts it as soon as one of the store's
+//!   [`Store::write_concurrency`] slots is free (SQLite 1, ClickHouse 2). A group whose write
+//!   fails comes back to the writer and goes to the spool.
 //! - A handler that cannot get memory permits within `backpressure_wait` answers 503 with
 //!   `Retry-After`, and so does one that finds the spool full. Memory is therefore bounded by
 //!   `max_inflight_bytes`.
@@ -21,8 +25,8 @@
 //!   (SQLite: the `batches` table in the same transaction; ClickHouse: `batch_id` + `seq` per
 //!   row, checked before a replay), so a spool record replayed after a crash between the store
 //!   write and the spool commit is stored once.
-//! - While the spool holds anything, new batches go behind it, so the store sees batches in
-//!   acceptance order.
+//! - While the spool holds anything, new batches go behind it (with one write slot the store
+//!   sees batches in acceptance order; with two, the two in flight may land in either order).
 //! - When the spool is full and the store is down, the group in hand is refused (503
 //!   `spool_full` + `Retry-After` to each of its requests: none of them was acknowledged, so
 //!   dropping it loses nothing acknowledged), and so are new requests until the spool has room.
@@ -223,6 +227,27 @@ impl Pipeline {
         Ok(Reservation(permit))
     }
 
+    /// Tops `held` (memory a request's body already took) up to `need` bytes; a request
+    /// that holds more keeps it.
+    ///
+    /// # Errors
+    /// As [`Pipeline::reserve`].
+    pub async fn top_up(
+        &self,
+        held: Option<Reservation>,
+        need: usize,
+    ) -> Result<Reservation, SubmitError> {
+        match held {
+            Some(mut r) => {
+                if need > r.bytes() {
+                    r.merge(self.reserve(need - r.bytes()).await?);
+                }
+                Ok(r)
+            }
+            None => self.reserve(need).await,
+        }
+    }
+
     /// Queues a batch under a reservation (released when it is written or spooled) and waits
     /// until it is durable: committed to the store or appended to the fsync'ed spool. Only then
     /// may a receiver acknowledge it.
@@ -247,6 +272,7 @@ impl Pipeline {
 }
 
 /// Memory taken from the ingest budget; given back when dropped or when its batch is written.
+#[derive(Debug)]
 pub struct Reservation(OwnedSemaphorePermit);
 
 impl Reservation {
@@ -258,6 +284,12 @@ impl Reservation {
     /// Adds `other`'s memory to this reservation.
     pub fn merge(&mut self, other: Reservation) {
         self.0.merge(other.0);
+    }
+
+    /// Gives up to `n` bytes back to the budget (memory that was freed early, such as a
+    /// compressed body once it is inflated).
+    pub fn release(&mut self, n: usize) {
+        drop(self.0.split(n.min(self.bytes())));
     }
 }
 
@@ -278,19 +310,108 @@ struct Writer {
     store_up: bool,
     shutdown: watch::Receiver<bool>,
     /// The record at the spool's cursor, decoded, so a failed replay does not re-read it.
-    replay_cache: Option<(super::spool::Peeked, Batch)>,
+    replay_cache: Option<(super::spool::Peeked, Arc<Batch>)>,
+}
+
+/// A group whose store write failed (or timed out), handed back to the writer to spool.
+struct Failed {
+    batch: Arc<Batch>,
+    held: Vec<Held>,
+}
+
+/// Writes a group to the store and, when the store took it, answers its requests at once.
+/// Runs as its own task, so the writer keeps gathering the next group meanwhile (and, where
+/// the store allows more than one write at a time, starts it).
+async fn commit_group(
+    store: Arc<dyn Store>,
+    batch: Arc<Batch>,
+    mut held: Vec<Held>,
+    write_timeout: Duration,
+    metrics: Metrics,
+) -> Option<Failed> {
+    if timed_write(&*store, &batch, WriteMode::Fresh, write_timeout, &metrics).await {
+        settle(&mut held, Ok(()));
+        None
+    } else {
+        Some(Failed { batch, held })
+    }
+}
+
+async fn timed_write(
+    store: &dyn Store,
+    batch: &Arc<Batch>,
+    mode: WriteMode,
+    write_timeout: Duration,
+    metrics: &Metrics,
+) -> bool {
+    let t0 = Instant::now();
+    let r = tokio::time::timeout(write_timeout, store.write_shared(Arc::clone(batch), mode)).await;
+    match r {
+        Ok(Ok(())) => {
+            metrics
+                .ingest
+                .store_write_seconds
+                .observe(t0.elapsed().as_secs_f64());
+            true
+        }
+        Ok(Err(e)) => {
+            metrics.ingest.store_write_errors_total.inc();
+            tracing::warn!(error = %e, backend = store.backend(), rows = batch.num_rows(), "store write failed; spooling");
+            false
+        }
+        Err(_) => {
+            metrics.ingest.store_write_errors_total.inc();
+            tracing::warn!(
+                timeout_ms = write_timeout.as_millis() as u64,
+                rows = batch.num_rows(),
+                "store write timed out; spooling"
+            );
+            false
+        }
+    }
 }
 
 impl Writer {
     async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        use futures::StreamExt;
         let mut pending = Batch::default();
         let mut held: Vec<Held> = Vec::new();
         let mut deadline: Option<tokio::time::Instant> = None;
+        let mut due = false;
         let mut retry_at = tokio::time::Instant::now();
         let mut backoff = Duration::from_millis(200);
+        let depth = self.store.write_concurrency().max(1);
+        let mut inflight = futures::stream::FuturesUnordered::new();
         loop {
+            // Start the group in hand when it is due and a write slot is free: at once with
+            // `batch_max_delay` 0, else when full or its delay ran out. While the store is down
+            // or the spool holds anything it goes to the spool instead (in line).
+            if !pending.is_empty()
+                && (due || self.max_delay.is_zero() || pending.num_rows() >= self.max_rows)
+            {
+                if self.spool_is_empty() && self.store_up {
+                    if inflight.len() < depth {
+                        let mut batch = std::mem::take(&mut pending);
+                        batch.id = crate::store::new_batch_id();
+                        inflight.push(tokio::spawn(commit_group(
+                            Arc::clone(&self.store),
+                            Arc::new(batch),
+                            std::mem::take(&mut held),
+                            self.write_timeout,
+                            self.metrics.clone(),
+                        )));
+                        deadline = None;
+                        due = false;
+                    }
+                } else if inflight.is_empty() {
+                    self.flush(&mut pending, &mut held).await;
+                    deadline = None;
+                    due = false;
+                }
+            }
             let spool_waiting = !self.spool_is_empty();
             let can_replay = spool_waiting && tokio::time::Instant::now() >= retry_at;
+            let room = pending.num_rows() < self.max_rows;
             // Unbiased on purpose: under sustained load `recv` is always ready, and replay
             // must still get its turns or the spool would never drain.
             tokio::select! {
@@ -299,27 +420,25 @@ impl Writer {
                         break;
                     }
                 }
-                msg = self.rx.recv() => {
+                msg = self.rx.recv(), if room => {
                     let Some(item) = msg else { break };
                     take(&mut pending, &mut held, item);
-                    // Group commit: everything already queued joins this batch.
+                    // Group commit: everything already queued joins this group.
                     while pending.num_rows() < self.max_rows {
                         match self.rx.try_recv() {
                             Ok(item) => take(&mut pending, &mut held, item),
                             Err(_) => break,
                         }
                     }
-                    if deadline.is_none() {
+                    if deadline.is_none() && !self.max_delay.is_zero() {
                         deadline = Some(tokio::time::Instant::now() + self.max_delay);
                     }
-                    if pending.num_rows() >= self.max_rows || self.max_delay.is_zero() {
-                        self.flush(&mut pending, &mut held).await;
-                        deadline = None;
-                    }
                 }
-                _ = sleep_until_opt(deadline) => {
-                    self.flush(&mut pending, &mut held).await;
-                    deadline = None;
+                Some(done) = inflight.next(), if !inflight.is_empty() => {
+                    self.written(done).await;
+                }
+                _ = sleep_until_opt(deadline), if !due => {
+                    due = true;
                 }
                 _ = tokio::time::sleep_until(retry_at), if spool_waiting && !can_replay => {}
                 _ = std::future::ready(()), if can_replay => {
@@ -332,13 +451,37 @@ impl Writer {
                 }
             }
         }
-        // Shutdown: take what is queued, then write it once to the store or the spool.
+        // Shutdown: let the writes in flight finish, take what is queued, then write it once
+        // to the store or the spool.
+        while let Some(done) = inflight.next().await {
+            self.written(done).await;
+        }
         self.rx.close();
         while let Ok(item) = self.rx.try_recv() {
             take(&mut pending, &mut held, item);
         }
         self.flush(&mut pending, &mut held).await;
         tracing::info!(spool_bytes = self.spool_bytes(), "ingest writer stopped");
+    }
+
+    /// A write in flight finished: nothing to do when the store took it (its requests are
+    /// answered); else the store is marked down and the group goes to the spool.
+    async fn written(&mut self, done: Result<Option<Failed>, tokio::task::JoinError>) {
+        match done {
+            Ok(None) => {}
+            Ok(Some(Failed { batch, mut held })) => {
+                self.store_up = false;
+                let r = self.spool_group(&batch, held.len()).await;
+                settle(&mut held, r);
+            }
+            Err(e) => {
+                // The task panicked or was cancelled: its requests got no answer (their
+                // senders were dropped, so each sees NotStored and may retry).
+                tracing::error!(error = %e, "ingest commit task failed");
+                self.store_up = false;
+            }
+        }
+        self.publish();
     }
 
     fn shutting_down(&self) -> bool {
@@ -369,36 +512,11 @@ impl Writer {
         });
     }
 
-    async fn timed_write(&self, batch: &Batch, mode: WriteMode) -> bool {
-        let t0 = Instant::now();
-        let r = tokio::time::timeout(self.write_timeout, self.store.write_batch(batch, mode)).await;
-        match r {
-            Ok(Ok(())) => {
-                self.metrics
-                    .ingest
-                    .store_write_seconds
-                    .observe(t0.elapsed().as_secs_f64());
-                true
-            }
-            Ok(Err(e)) => {
-                self.metrics.ingest.store_write_errors_total.inc();
-                tracing::warn!(error = %e, backend = self.store.backend(), rows = batch.num_rows(), "store write failed; spooling");
-                false
-            }
-            Err(_) => {
-                self.metrics.ingest.store_write_errors_total.inc();
-                tracing::warn!(
-                    timeout_ms = self.write_timeout.as_millis() as u64,
-                    rows = batch.num_rows(),
-                    "store write timed out; spooling"
-                );
-                false
-            }
-        }
+    async fn timed_write(&self, batch: &Arc<Batch>, mode: WriteMode) -> bool {
+        timed_write(&*self.store, batch, mode, self.write_timeout, &self.metrics).await
     }
 
-    /// Writes `pending` to the store or the spool; keeps retrying (holding its memory) while
-    /// neither can take it, except at shutdown where a last spool failure is logged loudly.
+    /// Writes `pending` to the store or the spool and answers its requests.
     async fn flush(&mut self, pending: &mut Batch, held: &mut Vec<Held>) {
         if pending.is_empty() {
             settle(held, Ok(()));
@@ -406,17 +524,28 @@ impl Writer {
         }
         let mut batch = std::mem::take(pending);
         batch.id = crate::store::new_batch_id();
+        let batch = Arc::new(batch);
+        let result = if self.spool_is_empty()
+            && self.store_up
+            && self.timed_write(&batch, WriteMode::Fresh).await
+        {
+            Ok(())
+        } else {
+            self.store_up = false;
+            self.spool_group(&batch, held.len()).await
+        };
+        settle(held, result);
+        self.publish();
+    }
+
+    /// Appends a group the store did not take to the spool, making room by one replay when it
+    /// is full; refuses it (nothing of it was acknowledged) when neither works.
+    async fn spool_group(&mut self, batch: &Batch, requests: usize) -> Result<(), SubmitError> {
         let mut delay = Duration::from_millis(100);
         let mut tries = 0;
-        let result = loop {
-            if self.spool_is_empty() && self.store_up {
-                if self.timed_write(&batch, WriteMode::Fresh).await {
-                    break Ok(());
-                }
-                self.store_up = false;
-            }
-            match self.spool_append(&batch).await {
-                Ok(()) => break Ok(()),
+        loop {
+            match self.spool_append(batch).await {
+                Ok(()) => return Ok(()),
                 Err(SpoolError::Full { .. }) => {
                     self.spool_full
                         .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -429,8 +558,8 @@ impl Writer {
                             rows = batch.num_rows(),
                             "store down and spool full: refusing these rows (503 spool_full)"
                         );
-                        self.metrics.reject_n("spool_full", held.len() as u64);
-                        break Err(SubmitError::SpoolFull {
+                        self.metrics.reject_n("spool_full", requests as u64);
+                        return Err(SubmitError::SpoolFull {
                             retry_after_secs: self.retry_after_secs,
                         });
                     }
@@ -439,15 +568,13 @@ impl Writer {
                     tries += 1;
                     tracing::error!(error = %e, "spool append failed");
                     if tries >= 3 || self.shutting_down() {
-                        break Err(SubmitError::NotStored);
+                        return Err(SubmitError::NotStored);
                     }
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
-        };
-        settle(held, result);
-        self.publish();
+        }
     }
 
     async fn spool_append(&self, batch: &Batch) -> Result<(), SpoolError> {
@@ -487,7 +614,7 @@ impl Writer {
             .await;
             match peeked {
                 Ok(Ok(Some(p))) => match serde_json::from_slice::<Batch>(&p.payload) {
-                    Ok(b) => self.replay_cache = Some((p, b)),
+                    Ok(b) => self.replay_cache = Some((p, Arc::new(b))),
                     Err(e) => {
                         tracing::error!(error = %e, "spool record does not decode; skipping it");
                         self.metrics.ingest.spool_corrupt_records_total.inc();
@@ -567,5 +694,282 @@ async fn sleep_until_opt(d: Option<tokio::time::Instant>) {
     match d {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+/// A pipeline over a SQLite store in a temp dir, with an in-flight budget of `budget` bytes
+/// and a backpressure wait of `wait` (unit tests of what takes from the budget).
+#[cfg(test)]
+pub(crate) fn test_pipeline(
+    budget: usize,
+    wait: Duration,
+) -> (
+    Pipeline,
+    PipelineTask,
+    watch::Sender<bool>,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = crate::store::sqlite::SqliteStore::open(&dir.path().join("t.sqlite"))
+        .expect("sqlite store");
+    let ingest = IngestConfig {
+        max_inflight_bytes: budget,
+        backpressure_wait: wait,
+        ..IngestConfig::default()
+    };
+    let (stop, stopped) = watch::channel(false);
+    let (p, task, _) = Pipeline::start(
+        Arc::new(store),
+        &dir.path().join("spool"),
+        &ingest,
+        &SpoolConfig::default(),
+        Duration::from_secs(10),
+        Metrics::new(),
+        stopped,
+    )
+    .expect("pipeline");
+    (p, task, stop, dir)
+}
+
+#[cfg(test)]
+impl Pipeline {
+    /// Bytes of the budget now taken.
+    pub(crate) fn taken(&self) -> usize {
+        self.max_permits - self.permits.available_permits()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::store::{
+        CountQuery, Doc, FailurePage, FailureQuery, RequestCount, RowCounts, SpanRow, StoreError,
+        StoreFuture,
+    };
+
+    /// A store whose writes take `delay` (tokio time), fail while `fail` is above 0, and
+    /// record what they stored.
+    struct Slow {
+        delay: Duration,
+        concurrency: usize,
+        fail: AtomicUsize,
+        active: AtomicUsize,
+        max_active: AtomicUsize,
+        /// (batch id, rows) of each write the store took.
+        writes: Mutex<Vec<(u64, usize)>>,
+    }
+
+    impl Slow {
+        fn new(delay_ms: u64, concurrency: usize, fail: usize) -> Arc<Slow> {
+            Arc::new(Slow {
+                delay: Duration::from_millis(delay_ms),
+                concurrency,
+                fail: AtomicUsize::new(fail),
+                active: AtomicUsize::new(0),
+                max_active: AtomicUsize::new(0),
+                writes: Mutex::new(Vec::new()),
+            })
+        }
+        fn writes(&self) -> Vec<(u64, usize)> {
+            self.writes.lock().unwrap().clone()
+        }
+    }
+
+    fn none<T: Send + 'static>() -> StoreFuture<'static, T> {
+        Box::pin(async { Err(StoreError::BadQuery("not used in this test".into())) })
+    }
+
+    impl Store for Slow {
+        fn backend(&self) -> &'static str {
+            "slow"
+        }
+        fn migrate(&self) -> StoreFuture<'_, ()> {
+            Box::pin(async { Ok(()) })
+        }
+        fn ping(&self) -> StoreFuture<'_, ()> {
+            Box::pin(async { Ok(()) })
+        }
+        fn write_batch<'a>(&'a self, batch: &'a Batch, mode: WriteMode) -> StoreFuture<'a, ()> {
+            self.write_shared(Arc::new(batch.clone()), mode)
+        }
+        fn write_shared(&self, batch: Arc<Batch>, _mode: WriteMode) -> StoreFuture<'_, ()> {
+            Box::pin(async move {
+                let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
+                self.max_active.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(self.delay).await;
+                self.active.fetch_sub(1, Ordering::SeqCst);
+                if self
+                    .fail
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
+                    .is_ok()
+                {
+                    return Err(StoreError::BadQuery("down".into()));
+                }
+                let mut w = self.writes.lock().unwrap();
+                if !w.iter().any(|(id, _)| *id == batch.id) {
+                    w.push((batch.id, batch.num_rows()));
+                }
+                Ok(())
+            })
+        }
+        fn write_concurrency(&self) -> usize {
+            self.concurrency
+        }
+        fn trace<'a>(&'a self, _: &'a str) -> StoreFuture<'a, Vec<SpanRow>> {
+            none()
+        }
+        fn failures<'a>(&'a self, _: &'a FailureQuery) -> StoreFuture<'a, FailurePage> {
+            none()
+        }
+        fn request_counts<'a>(&'a self, _: &'a CountQuery) -> StoreFuture<'a, Vec<RequestCount>> {
+            none()
+        }
+        fn latest_snapshots(
+            &self,
+            _: u64,
+        ) -> StoreFuture<'_, Vec<brownout_protocol::AgentSnapshot>> {
+            none()
+        }
+        fn put_doc<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+            _: &'a serde_json::Value,
+        ) -> StoreFuture<'a, ()> {
+            none()
+        }
+        fn get_doc<'a>(&'a self, _: &'a str, _: &'a str) -> StoreFuture<'a, Option<Doc>> {
+            none()
+        }
+        fn list_docs<'a>(&'a self, _: &'a str, _: u64) -> StoreFuture<'a, Vec<Doc>> {
+            none()
+        }
+        fn drop_before(&self, _: u64) -> StoreFuture<'_, u64> {
+            none()
+        }
+        fn count_rows(&self) -> StoreFuture<'_, RowCounts> {
+            none()
+        }
+    }
+
+    fn start(
+        store: Arc<Slow>,
+    ) -> (
+        Pipeline,
+        PipelineTask,
+        watch::Sender<bool>,
+        tempfile::TempDir,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let (p, task, _) = Pipeline::start(
+            store,
+            &dir.path().join("spool"),
+            &IngestConfig::default(),
+            &SpoolConfig::default(),
+            Duration::from_secs(10),
+            Metrics::new(),
+            stopped,
+        )
+        .unwrap();
+        (p, task, stop, dir)
+    }
+
+    fn rows(n: usize) -> Batch {
+        Batch {
+            snapshots: (0..n)
+                .map(|i| brownout_protocol::AgentSnapshot {
+                    host: format!("h{i}"),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Batch::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_arriving_during_a_commit_share_the_next_one() {
+        let store = Slow::new(100, 1, 0);
+        let (p, _task, _stop, _dir) = start(Arc::clone(&store));
+        let t0 = tokio::time::Instant::now();
+        let first = {
+            let p = p.clone();
+            tokio::spawn(async move { p.submit(rows(3), 100).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await; // the first commit is running
+        let rest: Vec<_> = (0..10)
+            .map(|_| {
+                let p = p.clone();
+                tokio::spawn(async move { p.submit(rows(2), 100).await })
+            })
+            .collect();
+        first.await.unwrap().unwrap();
+        assert!(
+            t0.elapsed() >= Duration::from_millis(100),
+            "acknowledged only after the commit"
+        );
+        for r in rest {
+            r.await.unwrap().unwrap();
+        }
+        let sizes: Vec<usize> = store.writes().iter().map(|w| w.1).collect();
+        assert_eq!(sizes, vec![3, 20], "ten requests, one commit");
+        assert_eq!(store.max_active.load(Ordering::SeqCst), 1);
+        assert!(t0.elapsed() < Duration::from_millis(250));
+        assert_eq!(p.taken(), 0, "memory given back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_allows_two_writes_gets_two_in_flight() {
+        let store = Slow::new(100, 2, 0);
+        let (p, _task, _stop, _dir) = start(Arc::clone(&store));
+        let t0 = tokio::time::Instant::now();
+        let a = {
+            let p = p.clone();
+            tokio::spawn(async move { p.submit(rows(1), 100).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let b = {
+            let p = p.clone();
+            tokio::spawn(async move { p.submit(rows(1), 100).await })
+        };
+        a.await.unwrap().unwrap();
+        b.await.unwrap().unwrap();
+        assert_eq!(store.max_active.load(Ordering::SeqCst), 2);
+        assert!(
+            t0.elapsed() < Duration::from_millis(150),
+            "the second did not wait for the first: {:?}",
+            t0.elapsed()
+        );
+        assert_eq!(store.writes().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_fails_in_flight_is_spooled_and_stored_once() {
+        // The first write fails while the second is in flight: the first group goes to the
+        // spool (acknowledged from there) and is replayed; every row is stored exactly once.
+        let store = Slow::new(100, 2, 1);
+        let (p, _task, _stop, _dir) = start(Arc::clone(&store));
+        let a = {
+            let p = p.clone();
+            tokio::spawn(async move { p.submit(rows(4), 100).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let b = {
+            let p = p.clone();
+            tokio::spawn(async move { p.submit(rows(5), 100).await })
+        };
+        a.await.unwrap().unwrap();
+        b.await.unwrap().unwrap();
+        for _ in 0..100 {
+            if store.writes().len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut sizes: Vec<usize> = store.writes().iter().map(|w| w.1).collect();
+        sizes.sort_unstable();
+        assert_eq!(sizes, vec![4, 5]);
     }
 }

@@ -197,6 +197,12 @@ impl PatternEngine {
         self.num_observed
     }
 
+    /// The template id [`PatternEngine::observe`] would give `ev` now, without taking it into
+    /// account ([`TemplateMiner::lookup`]).
+    pub fn lookup(&self, ev: &FailureEvent) -> TemplateId {
+        self.miner.lookup(&ev.message)
+    }
+
     /// Takes one failure into account; returns its template id.
     pub fn observe(&mut self, ev: &FailureEvent) -> TemplateId {
         self.num_observed += 1;

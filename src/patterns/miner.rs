@@ -34,7 +34,8 @@
 //!    collapsing runs of `<*>`.
 //!
 //! Ids are a hash of the template's first masked line (salted on a collision), so the same
-//! input gives the same ids in any process; [`MinerState`] carries templates, aliases and word
+//! input — the same *sequence* of lines: [`super::share`] gives several replicas one — gives the
+//! same ids in any process; [`MinerState`] carries templates, aliases and word
 //! slots across restarts. Memory is bounded by `max_templates`: when full, the coldest
 //! sixteenth is evicted (counted); the two caches, aliases and slots are capped too, and a
 //! search compares at most `MAX_SCAN` templates per bucket.
@@ -770,6 +771,26 @@ fn line_buckets<S: AsRef<str>>(tokens: &[S]) -> [Option<u64>; 3] {
     [at(0), second, Some(stable_hash(&[&len]))]
 }
 
+/// What a search for a line's template found.
+#[derive(Debug, Clone, Copy)]
+enum Found {
+    Join(TemplateId),
+    /// A template that differs from the line in one word slot at this position.
+    Slot(TemplateId, usize),
+    Nothing,
+}
+
+/// The key of the word slot at `pos` of a template with these tokens.
+fn slot_key(tokens: &[Box<str>], pos: usize) -> u64 {
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(tokens.len() + 1);
+    let p = (pos as u64).to_le_bytes();
+    parts.push(&p);
+    for (i, tok) in tokens.iter().enumerate() {
+        parts.push(if i == pos { b"" } else { tok.as_bytes() });
+    }
+    stable_hash(&parts)
+}
+
 impl TemplateMiner {
     pub fn new(config: MinerConfig) -> Self {
         TemplateMiner {
@@ -872,6 +893,16 @@ impl TemplateMiner {
 
     fn find(&mut self, tokens: &[&str]) -> Option<TemplateId> {
         self.pending_slot = None;
+        match self.search(tokens) {
+            Found::Join(id) => Some(id),
+            Found::Slot(id, pos) => self.count_slot_word(id, pos, tokens[pos]),
+            Found::Nothing => None,
+        }
+    }
+
+    /// The template `tokens` join (read-only): a template of the same shape, a word slot, or a
+    /// template of the same collapsed form.
+    fn search(&self, tokens: &[&str]) -> Found {
         let thr = self.config.sim_threshold;
         let similar = |eq: usize, diff: usize| eq >= 1 && eq as f32 >= thr * (eq + diff) as f32;
         let mut best: Option<(usize, u64, TemplateId)> = None;
@@ -903,10 +934,10 @@ impl TemplateMiner {
             }
         }
         if let Some((_, _, id)) = best {
-            return Some(id);
+            return Found::Join(id);
         }
         if let Some((_, id, pos)) = slot {
-            return self.count_slot_word(id, pos, tokens[pos]);
+            return Found::Slot(id, pos);
         }
         // A variable spanning a different number of tokens: compare the collapsed forms.
         let cl = collapse(tokens);
@@ -917,7 +948,7 @@ impl TemplateMiner {
                 && t.tokens.len() != tokens.len()
                 && collapsed_hash(&t.tokens) == ck
             {
-                return Some(id);
+                return Found::Join(id);
             }
         }
         let cl_refs: Vec<&str> = cl.iter().map(String::as_str).collect();
@@ -948,22 +979,82 @@ impl TemplateMiner {
                 }
             }
         }
-        best.map(|(_, _, id)| id)
+        best.map_or(Found::Nothing, |(_, _, id)| Found::Join(id))
+    }
+
+    /// The template id [`TemplateMiner::add`] would give `line` now, without mining it (no
+    /// count, no cache, no slot changes): the template it joins, the template a word slot it
+    /// completes merges into, or the id a new template from it would take. Used to tag a
+    /// failure at ingest while the line itself is mined later (docs/SCALING.md, shared miner).
+    pub fn lookup(&self, line: &str) -> TemplateId {
+        let line = truncate(line, MAX_LINE_BYTES);
+        if let Some(&id) = self.lines.get(&fast_hash(line.as_bytes())) {
+            let id = self.resolve(id);
+            if self.templates.contains_key(&id.0) {
+                return id;
+            }
+        }
+        let mut masked = String::with_capacity(line.len());
+        mask_line(line, &mut masked);
+        if let Some(&id) = self.exact.get(&fast_hash(masked.as_bytes())) {
+            let id = self.resolve(id);
+            if self.templates.contains_key(&id.0) {
+                return id;
+            }
+        }
+        let tokens: Vec<&str> = if masked.is_empty() {
+            Vec::new()
+        } else {
+            masked.split(' ').collect()
+        };
+        match self.search(&tokens) {
+            Found::Join(id) => return id,
+            Found::Slot(id, pos) => {
+                if let Some(t) = self.templates.get(&id.0) {
+                    let key = slot_key(&t.tokens, pos);
+                    let own = stable_hash(&[t.tokens[pos].as_bytes()]);
+                    let w = stable_hash(&[tokens[pos].as_bytes()]);
+                    let (members, mut words) =
+                        self.slots.get(&key).map_or((Vec::new(), Vec::new()), |s| {
+                            (s.members.clone(), s.words.clone())
+                        });
+                    for x in [own, w] {
+                        if !words.contains(&x) {
+                            words.push(x);
+                        }
+                    }
+                    if words.len() >= self.config.word_slot_values.max(2) {
+                        // The slot completes: its templates merge into the oldest member.
+                        let head = members
+                            .iter()
+                            .chain(std::iter::once(&id))
+                            .map(|m| self.resolve(*m))
+                            .find(|m| self.templates.contains_key(&m.0));
+                        if let Some(head) = head {
+                            return head;
+                        }
+                    }
+                }
+            }
+            Found::Nothing => {}
+        }
+        self.new_id(&masked)
+    }
+
+    /// The id a template created now from `masked` takes (salted past every id in use).
+    fn new_id(&self, masked: &str) -> TemplateId {
+        let mut raw = stable_hash(&[masked.as_bytes()]);
+        while self.templates.contains_key(&raw) || self.aliases.contains_key(&raw) {
+            raw = stable_hash(&[&raw.to_le_bytes(), b"salt"]);
+        }
+        TemplateId(raw)
     }
 
     /// Counts `word` in the slot at `pos` of template `id`; once the slot has shown enough
     /// words, merges its templates into the oldest and returns it.
     fn count_slot_word(&mut self, id: TemplateId, pos: usize, word: &str) -> Option<TemplateId> {
         let t = self.templates.get(&id.0)?;
-        let key = {
-            let mut parts: Vec<&[u8]> = Vec::with_capacity(t.tokens.len() + 1);
-            let p = (pos as u64).to_le_bytes();
-            parts.push(&p);
-            for (i, tok) in t.tokens.iter().enumerate() {
-                parts.push(if i == pos { b"" } else { tok.as_bytes() });
-            }
-            stable_hash(&parts)
-        };
+        let key = slot_key(&t.tokens, pos);
         let own = stable_hash(&[t.tokens[pos].as_bytes()]);
         let w = stable_hash(&[word.as_bytes()]);
         if self.slots.len() >= self.cap() && !self.slots.contains_key(&key) {
@@ -1138,11 +1229,8 @@ impl TemplateMiner {
         if self.templates.len() >= self.cap() {
             self.evict();
         }
-        let mut raw = stable_hash(&[masked.as_bytes()]);
-        while self.templates.contains_key(&raw) || self.aliases.contains_key(&raw) {
-            raw = stable_hash(&[&raw.to_le_bytes(), b"salt"]);
-        }
-        let id = TemplateId(raw);
+        let id = self.new_id(masked);
+        let raw = id.0;
         self.seq += 1;
         let toks: Vec<Box<str>> = tokens.iter().map(|t| Box::<str>::from(*t)).collect();
         self.index(id, &toks);
@@ -1359,6 +1447,33 @@ mod tests {
             "tool call to the <*> API timed out after <*> ms"
         );
         assert_eq!(m.drain_merged(), vec![(ids[1], ids[0])]);
+    }
+
+    #[test]
+    fn lookup_tells_the_id_add_would_give() {
+        let mut m = TemplateMiner::default();
+        let lines = [
+            "tool call to the weather API timed out after 8000 ms",
+            "tool call to the hotel API timed out after 5000 ms",
+            "tool call to the weather API timed out after 100 ms",
+            "KV cache exhausted: no free blocks for seq 12",
+            "tool call to the maps API timed out after 7 ms",
+            "tool call to the flights API timed out after 9 ms",
+            "user alice logged in from 10.0.0.1",
+            "user bob logged in from 10.0.0.2",
+        ];
+        // New, joining, a slot still counting (a new template), a slot completing (merged into
+        // the oldest), a name after `user`: lookup (read-only, `&self`) says what add returns.
+        for l in lines {
+            let looked = m.lookup(l);
+            assert_eq!(m.add(l), looked, "{l}");
+        }
+        // The slot completed on `maps`: its templates merged into the first one.
+        assert_eq!(
+            m.lookup("tool call to the trains API timed out after 1 ms"),
+            m.lookup(lines[0])
+        );
+        assert_ne!(m.lookup("disk full on /dev/sda1"), m.lookup(lines[3]));
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! - [`feed`]: [`feed::PatternFeed`], the one task that clusters, publishing the ranked
 //!   patterns on a watch channel for the UI and the controller.
 //! - [`api`]: `GET /api/v1/patterns` ([`api::router`]).
+//! - [`share`]: one miner for every control-plane replica: failures shared through a Redis
+//!   stream and mined in one canonical order (`control.share_patterns`; the one module here
+//!   with IO).
 //! - [`synth`]: realistic agent failure logs with ground truth.
 //! - [`bench`]: grouping accuracy and speed against drain3.
 //! - this file: the `brownout patterns` CLI (`synth`, `mine`, `cluster`, `bench`).
@@ -18,6 +21,7 @@ pub mod engine;
 pub mod feed;
 pub mod mask;
 pub mod miner;
+pub mod share;
 pub mod synth;
 
 use std::io::{BufRead, Write};

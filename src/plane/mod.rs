@@ -18,6 +18,11 @@
 //! - [`feeders`]: the tasks between components;
 //! - [`miner_state`]: the template miner's state in the store.
 //!
+//! With `control.share_patterns` the ingest tagger does not mine: it tags each failure by a
+//! read-only lookup and queues it; [`crate::patterns::share`] appends every replica's failures
+//! to one Redis stream and mines all of them, in one order, into the engine (and saves the
+//! shared checkpoint instead of [`miner_state`]).
+//!
 //! `brownout serve` runs [`Plane::from_config`]; `brownout-demo` builds an [`App`] and
 //! [`PlaneOptions`] of its own (simulated origin, in-process bus) and calls [`Plane::start`].
 //! [`Plane::stop`] signals every task, waits for them up to `server.shutdown_grace_ms` (so the
@@ -66,6 +71,9 @@ pub struct PlaneOptions {
     /// Share SLO counters with the cluster's other replicas through this Redis
     /// (`control.share_slo_counters`, [`crate::slo::share`]); `None`: count locally only.
     pub share_slo_counters: Option<String>,
+    /// Mine every replica's failures, in one order, through this Redis
+    /// (`control.share_patterns`, [`crate::patterns::share`]); `None`: mine this replica's.
+    pub share_patterns: Option<String>,
 }
 
 impl PlaneOptions {
@@ -90,6 +98,7 @@ impl PlaneOptions {
             patterns_interval: crate::patterns::feed::DEFAULT_EVERY,
             replica_id: None,
             share_slo_counters: None,
+            share_patterns: None,
         })
     }
 
@@ -113,6 +122,9 @@ impl PlaneOptions {
         opts.policy = crate::defaults::policy_or(config.policy_file.as_deref())?;
         if config.share_slo_counters {
             opts.share_slo_counters = config.redis_url.clone();
+        }
+        if config.share_patterns {
+            opts.share_patterns = config.redis_url.clone();
         }
         match &config.redis_url {
             Some(url) => opts.transport = Transport::Redis { url: url.clone() },
@@ -156,19 +168,51 @@ async fn report_security_headers(mut res: axum::response::Response) -> axum::res
 /// refusal (docs/SLO.md "Deliberate refusals") is not a failure pattern: it is stored untagged
 /// and never reaches the miner, so the feed, the UI and the controller's new-pattern trigger
 /// rank only real failures.
-struct PatternTagger(SharedEngine);
+///
+/// With a shared miner (`outbox`: `control.share_patterns`) it does not mine: it tags with the
+/// id the shared miner gives the failure now (read-only) and queues the failure for the stream,
+/// from which every replica mines all of them (`patterns::share`).
+struct PatternTagger {
+    engine: SharedEngine,
+    outbox: Option<Arc<crate::patterns::share::FailureOutbox>>,
+}
 
 impl FailureTagger for PatternTagger {
     fn tag(&self, event: &FailureEvent) -> String {
-        if event.is_deliberate() {
-            return String::new();
+        match &self.outbox {
+            None => {
+                if event.is_deliberate() {
+                    return String::new();
+                }
+                let mut e = self
+                    .engine
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                tag_failure(&mut e, event)
+            }
+            Some(outbox) => tag_shared_failure(&self.engine, outbox, event),
         }
-        let mut e = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        tag_failure(&mut e, event)
     }
+}
+
+/// What the ingest tagger does with one failure when the miner is shared
+/// (`control.share_patterns`): a real failure is tagged with the id the shared miner gives it
+/// now (read-only, [`crate::patterns::PatternEngine::lookup`]) and queued for the stream, from
+/// which every replica mines it; a deliberate refusal is neither (empty tag).
+pub fn tag_shared_failure(
+    engine: &SharedEngine,
+    outbox: &crate::patterns::share::FailureOutbox,
+    event: &FailureEvent,
+) -> String {
+    if event.is_deliberate() {
+        return String::new();
+    }
+    let id = engine
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .lookup(event);
+    outbox.push(crate::patterns::share::SharedFailure::from_event(event));
+    PatternId::from_template(id).0
 }
 
 /// What the ingest tagger does with one failure: a real failure is observed into the pattern
@@ -193,6 +237,8 @@ pub struct Plane {
     pub ranked_patterns: PatternsRx,
     /// Every background task, by name; each ends when `stop` is signalled.
     tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)>,
+    /// The miner is shared (its checkpoint is saved by the sharing task, not at stop).
+    shared_miner: bool,
     stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -221,10 +267,33 @@ impl Plane {
         opts: PlaneOptions,
     ) -> anyhow::Result<Plane> {
         let state = app.state();
-        let patterns: SharedEngine = Arc::new(Mutex::new(
-            miner_state::load_pattern_engine(state.store.as_ref()).await,
-        ));
-        app.set_tagger(Arc::new(PatternTagger(patterns.clone())));
+        let (engine, share_cursor) = if opts.share_patterns.is_some() {
+            match crate::patterns::share::load_checkpoint(
+                state.store.as_ref(),
+                crate::patterns::EngineConfig::default(),
+            )
+            .await
+            {
+                Some((e, c)) => (e, Some(c)),
+                None => (
+                    crate::patterns::PatternEngine::new(crate::patterns::EngineConfig::default()),
+                    Some(crate::patterns::share::ShareCursor::default()),
+                ),
+            }
+        } else {
+            (
+                miner_state::load_pattern_engine(state.store.as_ref()).await,
+                None,
+            )
+        };
+        let patterns: SharedEngine = Arc::new(Mutex::new(engine));
+        let outbox = share_cursor
+            .as_ref()
+            .map(|_| Arc::new(crate::patterns::share::FailureOutbox::default()));
+        app.set_tagger(Arc::new(PatternTagger {
+            engine: patterns.clone(),
+            outbox: outbox.clone(),
+        }));
         let registry = state.metrics.registry();
 
         // Loop kills and tool breakers: fed by ingest, merged into every command.
@@ -353,14 +422,32 @@ impl Plane {
                 stopped(),
             )),
         ));
-        tasks.push((
-            "miner state saver",
-            tokio::spawn(miner_state::save_periodically(
-                state.store.clone(),
-                patterns.clone(),
-                stopped(),
+        match (opts.share_patterns.clone(), outbox, share_cursor) {
+            (Some(url), Some(outbox), Some(cursor)) => tasks.push((
+                "failure sharing",
+                tokio::spawn(crate::patterns::share::run(
+                    crate::patterns::share::ShareTask {
+                        engine: patterns.clone(),
+                        outbox,
+                        store: state.store.clone(),
+                        url,
+                        cluster: opts.cluster.clone(),
+                        replica: degrade.config().replica_id.clone(),
+                        cursor,
+                        interval: Duration::from_secs(1),
+                    },
+                    stopped(),
+                )),
             )),
-        ));
+            _ => tasks.push((
+                "miner state saver",
+                tokio::spawn(miner_state::save_periodically(
+                    state.store.clone(),
+                    patterns.clone(),
+                    stopped(),
+                )),
+            )),
+        }
         tasks.push((
             "weekly report",
             tokio::spawn(crate::report::store::run_weekly(
@@ -402,6 +489,7 @@ impl Plane {
             patterns,
             ranked_patterns,
             tasks,
+            shared_miner: opts.share_patterns.is_some(),
             stop,
         })
     }
@@ -423,6 +511,7 @@ impl Plane {
             running,
             patterns,
             tasks,
+            shared_miner,
             stop,
             ..
         } = self;
@@ -441,7 +530,10 @@ impl Plane {
                 }
             }
         }
-        miner_state::save_miner_state(running.state.store.as_ref(), &patterns).await;
+        if !shared_miner {
+            // A shared miner's checkpoint was saved by its task on the way out.
+            miner_state::save_miner_state(running.state.store.as_ref(), &patterns).await;
+        }
         running.stop().await
     }
 }

@@ -278,6 +278,18 @@ pub trait Store: Send + Sync + 'static {
     /// not written again.
     fn write_batch<'a>(&'a self, batch: &'a Batch, mode: WriteMode) -> StoreFuture<'a, ()>;
 
+    /// [`Store::write_batch`] of a shared batch: what the ingest writer calls, so a backend
+    /// that hands the batch to a blocking thread (SQLite) needs no copy of it.
+    fn write_shared(&self, batch: Arc<Batch>, mode: WriteMode) -> StoreFuture<'_, ()> {
+        Box::pin(async move { self.write_batch(&batch, mode).await })
+    }
+
+    /// How many batch writes the ingest writer may have in flight at once. 1 (the default):
+    /// one after another, the next group gathering while one commits.
+    fn write_concurrency(&self) -> usize {
+        1
+    }
+
     /// All spans of one trace, by start time.
     fn trace<'a>(&'a self, trace_id: &'a str) -> StoreFuture<'a, Vec<SpanRow>>;
 
@@ -338,13 +350,14 @@ pub async fn open(config: &Config) -> Result<Arc<dyn Store>, StoreError> {
     }
 }
 
-/// Attributes as a JSON object text (SQLite column) — order kept.
+/// Attributes as a JSON object text (SQLite column): keys sorted, a repeated key keeps its
+/// last value. Serialized from borrowed strings (no copy of the attributes).
 pub(crate) fn attrs_to_json(attrs: &[(String, String)]) -> String {
-    let map: serde_json::Map<String, serde_json::Value> = attrs
+    let map: BTreeMap<&str, &str> = attrs
         .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    serde_json::Value::Object(map).to_string()
+    serde_json::to_string(&map).unwrap_or_else(|_| "{}".to_string())
 }
 
 pub(crate) fn attrs_from_json(s: &str) -> Vec<(String, String)> {
@@ -398,6 +411,33 @@ mod tests {
         }
         for bad in ["", "17", "x.00", "17.zz", "17.ff"] {
             assert_eq!(FailureCursor::decode(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn attrs_json_is_what_the_value_map_wrote() {
+        // The borrowed serializer writes what the old Value-map one did: sorted keys, the last
+        // of repeated keys, the same escapes.
+        fn old(attrs: &[(String, String)]) -> String {
+            let map: serde_json::Map<String, serde_json::Value> = attrs
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect();
+            serde_json::Value::Object(map).to_string()
+        }
+        let p = |k: &str, v: &str| (k.to_string(), v.to_string());
+        for attrs in [
+            vec![],
+            vec![p("b", "1"), p("a", "2")],
+            vec![p("k", "first"), p("z", "x"), p("k", "last")],
+            vec![p("q\"uote", "new\nline\u{0}\u{1f}é😀"), p("", "")],
+        ] {
+            assert_eq!(attrs_to_json(&attrs), old(&attrs));
+            let back: BTreeMap<String, String> = attrs_from_json(&attrs_to_json(&attrs))
+                .into_iter()
+                .collect();
+            let want: BTreeMap<String, String> = attrs.iter().cloned().collect();
+            assert_eq!(back, want);
         }
     }
 

@@ -102,6 +102,15 @@ fn configure(c: &Connection) -> Result<(), rusqlite::Error> {
     Ok(())
 }
 
+/// Page cache of the writer connection, KiB (SQLite's default is 2 000 KiB: less than one
+/// group commit of a few thousand spans, whose pages then spill to the WAL mid-transaction and
+/// are read back; measured in docs/BENCHMARKS.md "Ingest").
+pub const WRITER_CACHE_KIB: i64 = 32 << 10;
+
+/// WAL pages before the writer checkpoints (SQLite's default is 1 000, about one group commit:
+/// a checkpoint in nearly every commit, copying the same hot index pages each time).
+pub const WAL_AUTOCHECKPOINT_PAGES: i64 = 8192;
+
 impl SqliteStore {
     /// Opens (creating) the database file.
     ///
@@ -110,6 +119,8 @@ impl SqliteStore {
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         let w = Connection::open(path)?;
         configure(&w)?;
+        w.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
+        w.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
         migrate_schema(&w)?;
         let r = Connection::open(path)?;
         configure(&r)?;
@@ -294,12 +305,14 @@ impl Store for SqliteStore {
         })
     }
 
-    fn write_batch<'a>(&'a self, batch: &'a Batch, _mode: WriteMode) -> StoreFuture<'a, ()> {
-        // SQLite is always idempotent (the batches table), so both modes are the same. The
-        // batch is cloned because spawn_blocking needs 'static; the clone is cheap next to
-        // the inserts.
-        let b = batch.clone();
-        SqliteStore::with(&self.writer, move |c| write_batch_tx(c, &b))
+    fn write_batch<'a>(&'a self, batch: &'a Batch, mode: WriteMode) -> StoreFuture<'a, ()> {
+        // spawn_blocking needs 'static: a borrowed batch is copied (ingest uses write_shared).
+        self.write_shared(Arc::new(batch.clone()), mode)
+    }
+
+    fn write_shared(&self, batch: Arc<Batch>, _mode: WriteMode) -> StoreFuture<'_, ()> {
+        // SQLite is always idempotent (the batches table), so both modes are the same.
+        SqliteStore::with(&self.writer, move |c| write_batch_tx(c, &batch))
     }
 
     fn trace<'a>(&'a self, trace_id: &'a str) -> StoreFuture<'a, Vec<SpanRow>> {
@@ -545,5 +558,40 @@ pub(crate) fn page(items: &mut Vec<FailureRow>, limit: usize) -> FailurePage {
     FailurePage {
         items: std::mem::take(items),
         next_cursor,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_writer_commits_with_fsync_a_large_cache_and_rare_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(&dir.path().join("t.sqlite")).unwrap();
+        let w = s.writer.lock().unwrap();
+        let get = |p: &str| -> i64 {
+            w.query_row(&format!("PRAGMA {p}"), [], |r| r.get(0))
+                .unwrap()
+        };
+        assert_eq!(get("synchronous"), 2, "FULL: every commit is fsync'ed");
+        assert_eq!(get("cache_size"), -WRITER_CACHE_KIB);
+        assert_eq!(get("wal_autocheckpoint"), WAL_AUTOCHECKPOINT_PAGES);
+        drop(w);
+        // A batch written through the shared path is there once, also when written again.
+        let b = Arc::new(Batch {
+            id: 42,
+            snapshots: vec![AgentSnapshot {
+                host: "h".into(),
+                ts_ms: 1,
+                ..AgentSnapshot::default()
+            }],
+            ..Batch::default()
+        });
+        s.write_shared(Arc::clone(&b), WriteMode::Fresh)
+            .await
+            .unwrap();
+        s.write_shared(b, WriteMode::Replay).await.unwrap();
+        assert_eq!(s.count_rows().await.unwrap().snapshots, 1);
     }
 }

@@ -38,10 +38,15 @@ struct Cp {
 }
 
 async fn start() -> Cp {
+    start_with(|_| {}).await
+}
+
+async fn start_with(tune: impl FnOnce(&mut Config)) -> Cp {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::defaults();
     config.data_dir = dir.path().to_path_buf();
+    tune(&mut config);
     let tokens = Tokens::new(
         Some(Secret::new(INGEST)),
         Some(Secret::new(READ)),
@@ -454,5 +459,124 @@ async fn reports_carry_the_security_headers() {
         assert!(!csp.contains("script-src"), "no script on reports: {csp}");
         assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
     }
+    cp.plane.stop().await.unwrap();
+}
+
+/// One OK span carrying one attribute of `mib` MiB of one repeated letter (it gzips to a few KiB).
+fn compressible(mib: usize) -> (ExportTraceServiceRequest, String) {
+    let mut req = export("svc-gzip", vec![kv("blob", "g".repeat(mib << 20))]);
+    let span = &mut req.resource_spans[0].scope_spans[0].spans[0];
+    span.status = None;
+    let trace = hex::encode(&span.trace_id);
+    (req, trace)
+}
+
+fn gzip(b: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(b).unwrap();
+    e.finish().unwrap()
+}
+
+async fn stored(c: &reqwest::Client, cp: &Cp, trace: &str) -> usize {
+    let r = c
+        .get(format!("{}/api/v1/traces/{trace}", cp.http))
+        .bearer_auth(READ)
+        .send()
+        .await
+        .unwrap();
+    if r.status() == 404 {
+        return 0;
+    }
+    let j: J = r.json().await.unwrap();
+    j["spans"].as_array().map_or(0, Vec::len)
+}
+
+/// The in-flight budget covers a gzip body as it is inflated (docs/SECURITY.md): with most of
+/// the budget held by a half-sent upload, a gzip request of a few KiB that inflates to 4 MiB
+/// cannot get the memory for its output and is refused (503 + Retry-After over HTTP,
+/// `UNAVAILABLE` over gRPC), nothing of it stored; once the upload is gone the same requests
+/// are stored, and the budget goes back to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_output_is_inflated_inside_the_in_flight_budget() {
+    use tokio::io::AsyncWriteExt;
+    let cp = start_with(|c| {
+        c.ingest.max_inflight_bytes = 16 << 20; // the smallest allowed: = max_body_bytes
+        c.ingest.backpressure_wait = Duration::from_millis(300);
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let (http_req, http_trace) = compressible(4);
+    let (grpc_req, grpc_trace) = compressible(4);
+    let http_gz = gzip(&http_req.encode_to_vec());
+    assert!(http_gz.len() < 64 << 10, "{} bytes of gzip", http_gz.len());
+
+    // An upload announcing 16,000,000 bytes sends 14 MiB and stalls: its bytes hold the budget.
+    let addr = cp.otlp.trim_start_matches("http://").to_string();
+    let mut stall = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /v1/traces HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {INGEST}\r\n\
+         Content-Type: application/x-protobuf\r\nContent-Length: 16000000\r\n\r\n"
+    );
+    stall.write_all(head.as_bytes()).await.unwrap();
+    stall.write_all(&vec![0u8; 14 << 20]).await.unwrap();
+    brownout_test_support::eventually_async(
+        "the stalled upload to hold 14 MiB of the budget",
+        Duration::from_secs(20),
+        || {
+            let c = c.clone();
+            let cp = &cp;
+            async move {
+                (metric(&metrics(&c, cp).await, "brownout_ingest_inflight_bytes")
+                    >= f64::from(14u32 << 20))
+                .then_some(())
+            }
+        },
+    )
+    .await;
+
+    let send_http = || {
+        c.post(format!("{}/v1/traces", cp.otlp))
+            .bearer_auth(INGEST)
+            .header("content-type", "application/x-protobuf")
+            .header("content-encoding", "gzip")
+            .body(http_gz.clone())
+            .send()
+    };
+    let send_grpc = || async {
+        let mut r = tonic::Request::new(grpc_req.clone());
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {INGEST}").parse().unwrap());
+        TraceServiceClient::connect(cp.grpc.clone())
+            .await
+            .unwrap()
+            .max_encoding_message_size(32 << 20)
+            .send_compressed(tonic::codec::CompressionEncoding::Gzip)
+            .export(r)
+            .await
+    };
+    let r = send_http().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().get("retry-after").is_some());
+    let e = send_grpc().await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert_eq!(stored(&c, &cp, &http_trace).await, 0);
+    assert_eq!(stored(&c, &cp, &grpc_trace).await, 0);
+
+    // The upload goes away: its memory comes back (the server sees the connection end), and
+    // the same requests fit.
+    drop(stall);
+    brownout_test_support::eventually_async(
+        "the gzip request to fit once the upload's memory is back",
+        Duration::from_secs(20),
+        || async { (send_http().await.ok()?.status() == 200).then_some(()) },
+    )
+    .await;
+    send_grpc().await.unwrap();
+    assert_eq!(stored(&c, &cp, &http_trace).await, 1);
+    assert_eq!(stored(&c, &cp, &grpc_trace).await, 1);
+    let m = metrics(&c, &cp).await;
+    assert!(metric(&m, "brownout_ingest_rejected_total{reason=\"overloaded\"}") >= 2.0);
+    assert_eq!(metric(&m, "brownout_ingest_inflight_bytes"), 0.0);
     cp.plane.stop().await.unwrap();
 }

@@ -28,6 +28,7 @@ mod no_ansi;
 mod patterns_accuracy;
 mod patterns_cli;
 mod patterns_engine;
+mod patterns_share;
 mod plane_persistence;
 mod report_chromium;
 mod report_cli;
