@@ -17,6 +17,13 @@ stdout line is JSON.
   python3 bench/llamacpp_vs_brownout.py [--threads 2] [--rounds 5] [--steps 64]
       [--model ~/.cache/brownout/models/SmolLM2-135M-Instruct.Q4_1.gguf]
       [--brownout target/release/brownout-serve] [--omp-wait-policy passive|active]
+      [--python VENV/bin/python] [--isa avx2|scalar]
+
+`--python` runs the script under another interpreter (the venv llama-cpp-python was built in;
+default: this one), so several builds can be compared: e.g. one with `-DGGML_NATIVE=ON` and one
+restricted to AVX2 (`-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+-DGGML_F16C=ON -DGGML_AVX512=OFF`). `--isa avx2` sets BROWNOUT_ISA for our side, which masks
+AVX-512 in our kernels. The summary names llama.cpp's build (`llama_print_system_info`).
 """
 
 import argparse
@@ -44,6 +51,8 @@ def default_binary():
 def ours(args):
     """One `bench model` process; returns (decode tokens/s, TTFT ms)."""
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
+    if args.isa:
+        env["BROWNOUT_ISA"] = args.isa
     cmd = [args.brownout, "bench", "model", "--model", args.model, "--device", "cpu",
            "--routes", "fallback", "--batches", "1", "--steps", str(args.steps),
            "--ttft-prompt", str(args.prompt), "--json"]
@@ -69,6 +78,14 @@ class LlamaCpp:
                          n_batch=512, n_ubatch=512, n_threads=args.threads,
                          n_threads_batch=args.threads, verbose=False)
         self.vocab = self.llm.n_vocab()
+        try:
+            import llama_cpp
+
+            info = llama_cpp.llama_print_system_info()
+            self.system_info = info.decode() if isinstance(info, bytes) else str(info)
+            self.version = llama_cpp.__version__
+        except Exception as e:  # an older or newer binding without these
+            self.system_info, self.version = f"unknown ({e})", "unknown"
 
     def argmax(self):
         logits = self.np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.vocab,))
@@ -110,7 +127,23 @@ def main():
     ap.add_argument("--omp-wait-policy", default="passive",
                     help="OMP_WAIT_POLICY for llama.cpp unless set in the environment "
                          "(active: spin at barriers, ggml's default)")
+    ap.add_argument("--python", default=None,
+                    help="interpreter with llama-cpp-python installed (e.g. a venv's "
+                         "bin/python); the script re-runs itself under it")
+    ap.add_argument("--isa", default=None, choices=["avx2", "scalar"],
+                    help="BROWNOUT_ISA for our side (avx2: AVX-512 masked)")
     args = ap.parse_args()
+    # A venv's python is a symlink to the base interpreter (same realpath, other site-packages):
+    # re-run once, marked in the environment.
+    if args.python and os.environ.get("BROWNOUT_LLAMA_BENCH_CHILD") != "1":
+        os.environ["BROWNOUT_LLAMA_BENCH_CHILD"] = "1"
+        argv = sys.argv[1:]
+        i = argv.index("--python") if "--python" in argv else None
+        if i is not None:
+            del argv[i:i + 2]
+        else:
+            argv = [a for a in argv if not a.startswith("--python=")]
+        os.execv(args.python, [args.python, os.path.abspath(__file__), *argv])
     for path, what in [(args.model, "model (scripts/fetch-model.sh)"),
                        (args.brownout, "brownout-serve (cargo build --release -p brownout-serving)")]:
         if not os.path.exists(path):
@@ -120,6 +153,8 @@ def main():
     except ImportError as e:
         sys.exit(f"llama-cpp-python is not installed ({e}); "
                  'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python')
+    print(f"llama-cpp-python {lc.version} ({sys.executable}): {lc.system_info.strip()}",
+          flush=True)
     lc.ttft()  # warm-up: page in the weights, size the buffers
     lc.decode()
     rounds = []
@@ -144,6 +179,9 @@ def main():
         "threads": args.threads, "rounds": args.rounds, "steps": args.steps,
         "prompt": args.prompt, "model": os.path.basename(args.model), "brownout_device": device,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "brownout_isa": args.isa or os.environ.get("BROWNOUT_ISA") or "best",
+        "llama_cpp_python": lc.version, "llama_cpp_system_info": lc.system_info,
+        "python": sys.executable,
         "ours_decode_tok_s": med("ours_decode"), "llama_decode_tok_s": med("llama_decode"),
         "decode_ratio_median": med("decode_ratio"),
         "decode_ratio_range": [min(r["decode_ratio"] for r in rounds),

@@ -437,7 +437,7 @@ fn repacked_rows_dequantise_to_the_gguf_values() {
 
 #[test]
 fn the_repacked_kernel_gives_the_same_bits_on_every_path_and_batch() {
-    // AVX-512 VNNI (16 rows × ≤ 8 tokens), AVX2 maddubs (8 rows × ≤ 4 tokens) and the scalar
+    // AVX-512 VNNI (16 rows × ≤ 8 tokens), AVX2 maddubs (16 rows × ≤ 6 tokens, Q8_0 ≤ 4) and the scalar
     // loop: the same exact i32 block sums and the same float operations per (row, token), in
     // block order. Shapes: a partial last panel, several blocks; token counts around both
     // tiles. Each result is also close to the f64 product with the dequantised weights.
@@ -479,6 +479,35 @@ fn the_repacked_kernel_gives_the_same_bits_on_every_path_and_batch() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_repacked_kernel_gives_the_same_bits_for_a_tall_output() {
+    // More than 1 MiB of output (33 tokens × 8229 rows, like the output head at a batch): the
+    // kernel walks runs of panels per token group instead of one panel at a time. Same bits as
+    // the scalar loop, and as each token alone, on every path; a partial last panel.
+    let (rows, cols, n) = (8229, 64, 33);
+    assert!(n * rows * 4 > 1 << 20);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_1] {
+        let raw = blocks_with_extremes(ty, &seeded(rows * cols, 31));
+        let rp = Repacked::from_raw(ty, rows, cols, &raw);
+        let x = seeded(n * cols, 77);
+        let mut scalar = vec![f32::NAN; n * rows];
+        repacked_matmul_on(QuantPath::RowWise, &rp, &x, n, &mut scalar, 2);
+        for path in QuantPath::available() {
+            let mut y = vec![f32::NAN; n * rows];
+            repacked_matmul_on(path, &rp, &x, n, &mut y, 2);
+            assert!(y == scalar, "{ty:?} {path:?}: differs from the scalar loop");
+            for t in [0, 7, n - 1] {
+                let mut one = vec![f32::NAN; rows];
+                repacked_matmul_on(path, &rp, &x[t * cols..(t + 1) * cols], 1, &mut one, 1);
+                assert!(
+                    one[..] == y[t * rows..(t + 1) * rows],
+                    "{ty:?} {path:?} t={t}"
+                );
             }
         }
     }

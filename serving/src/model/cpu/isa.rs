@@ -123,7 +123,7 @@ impl Isa {
 /// How the quantised (integer) kernels run. All paths give the same bits.
 ///
 /// Repacked weights (the default, `cpu/repacked.rs`): `TilesVnni` 16 rows × up to 8 tokens
-/// with AVX-512 VNNI `vpdpbusd` (needs AVX-512 F, BW, VNNI); `Tiles` 8 rows × up to 4 tokens
+/// with AVX-512 VNNI `vpdpbusd` (needs AVX-512 F, BW, VNNI); `Tiles` 16 rows × up to 6 tokens (Q8_0: 4)
 /// with AVX2 `maddubs`+`madd` (AVX2, FMA, F16C); `RowWise` the scalar loop.
 /// Prepared GGUF blocks (`BROWNOUT_QUANT=tiles`, `cpu/quant.rs`): `TilesVnni` / `Tiles` 4 × 4
 /// tiles with `vpdpbusd` (256-bit) or `maddubs`; `RowWise` row by row (AVX2 `dot_row`, or

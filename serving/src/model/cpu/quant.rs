@@ -86,28 +86,56 @@ impl Q8Act {
             isum: vec![0; nb],
             q: vec![0; nb * QK],
         };
-        for (b, blk) in x.chunks_exact(QK).enumerate() {
-            let q = &mut a.q[b * QK..(b + 1) * QK];
-            let blk: &[f32; QK] = blk.try_into().expect("32 values");
-            let (d, isum) = match path {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX-512 F/BW are present for TilesVnni (QuantPath::available).
-                QuantPath::TilesVnni => unsafe { simd::quantize_block_avx512(blk, q) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX2 is present for Tiles (QuantPath::available).
-                QuantPath::Tiles => unsafe { simd::quantize_block_avx2(blk, q) },
-                _ => quantize_block(blk, q),
-            };
-            a.d[b] = d;
-            a.isum[b] = isum;
-            a.sum[b] = match path {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX is implied by both vector paths' features.
-                QuantPath::TilesVnni | QuantPath::Tiles => unsafe { simd::sum32_avx(blk) },
-                _ => sum32(blk),
-            };
+        // Blocks are independent: split them across the threads when there are enough that
+        // the hand-off pays (a batch's activations; one token's stay on this thread).
+        let threads = rayon::current_num_threads().max(1);
+        if nb < PAR_QUANT_BLOCKS || threads == 1 {
+            quantize_blocks(path, x, &mut a.q, &mut a.d, &mut a.sum, &mut a.isum);
+            return a;
         }
+        let per = nb.div_ceil(threads * 2);
+        a.q.par_chunks_mut(per * QK)
+            .zip(a.d.par_chunks_mut(per))
+            .zip(a.sum.par_chunks_mut(per))
+            .zip(a.isum.par_chunks_mut(per))
+            .zip(x.par_chunks(per * QK))
+            .for_each(|((((q, d), sum), isum), x)| quantize_blocks(path, x, q, d, sum, isum));
         a
+    }
+}
+
+/// Blocks from which [`Q8Act::quantize_on`] splits the work across threads.
+const PAR_QUANT_BLOCKS: usize = 256;
+
+/// Quantises consecutive blocks (`x`: 32 values per block) into `q`, `d`, `sum`, `isum`.
+fn quantize_blocks(
+    path: QuantPath,
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    sum: &mut [f32],
+    isum: &mut [i32],
+) {
+    for (b, blk) in x.chunks_exact(QK).enumerate() {
+        let q = &mut q[b * QK..(b + 1) * QK];
+        let blk: &[f32; QK] = blk.try_into().expect("32 values");
+        let (db, ib) = match path {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX-512 F/BW are present for TilesVnni (QuantPath::available).
+            QuantPath::TilesVnni => unsafe { simd::quantize_block_avx512(blk, q) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2 is present for Tiles (QuantPath::available).
+            QuantPath::Tiles => unsafe { simd::quantize_block_avx2(blk, q) },
+            _ => quantize_block(blk, q),
+        };
+        d[b] = db;
+        isum[b] = ib;
+        sum[b] = match path {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX is implied by both vector paths' features.
+            QuantPath::TilesVnni | QuantPath::Tiles => unsafe { simd::sum32_avx(blk) },
+            _ => sum32(blk),
+        };
     }
 }
 
@@ -547,6 +575,35 @@ mod tests {
             assert_eq!(got.d, want.d, "{path:?}");
             assert_eq!(got.isum, want.isum, "{path:?}");
             assert_eq!(got.sum, want.sum, "{path:?}");
+        }
+    }
+
+    #[test]
+    fn a_batch_quantises_the_same_split_across_threads_as_on_one() {
+        // 288 blocks: split into 6 tasks of 48 on 3 threads; on one thread in one piece.
+        let (n, cols) = (12, 768);
+        assert!(n * cols / QK >= PAR_QUANT_BLOCKS);
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) / 97.0)
+            .collect();
+        let pool = |t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap()
+        };
+        let (one, three) = (pool(1), pool(3));
+        for path in QuantPath::available() {
+            let a = one.install(|| Q8Act::quantize_on(path, &x, n, cols));
+            let b = three.install(|| Q8Act::quantize_on(path, &x, n, cols));
+            assert_eq!((&a.q, &a.d, &a.isum, &a.sum), (&b.q, &b.d, &b.isum, &b.sum));
+            let bpr = cols / QK;
+            for t in 0..n {
+                let r = Q8Act::quantize_on(path, &x[t * cols..(t + 1) * cols], 1, cols);
+                assert_eq!(r.q[..], b.q[t * cols..(t + 1) * cols], "{path:?} t={t}");
+                assert_eq!(r.d[..], b.d[t * bpr..(t + 1) * bpr], "{path:?} t={t}");
+                assert_eq!(r.sum[..], b.sum[t * bpr..(t + 1) * bpr], "{path:?} t={t}");
+            }
         }
     }
 }

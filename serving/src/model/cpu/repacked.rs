@@ -20,7 +20,7 @@
 //! Same bits everywhere: each (row, token) gets the exact i32 sum of its block (any order gives
 //! the same integer), converted to f32, then `acc = fma(isum, d_w·d_x, acc)` (and for Q4_1
 //! `acc = fma(m_w, Σx, acc)`), block after block in order. The AVX-512 VNNI kernel (16 rows ×
-//! up to 8 tokens), the AVX2 kernel (`maddubs`+`madd`, 8 rows × up to 4 tokens) and the scalar
+//! up to 8 tokens), the AVX2 kernel (`maddubs`+`madd`, 16 rows × up to 6 tokens, Q8_0 4) and the scalar
 //! loop do exactly that, so the result depends neither on the batch, nor on the token's place,
 //! nor on the instruction set.
 //!
@@ -38,6 +38,15 @@ use crate::model::quant::QK;
 
 /// Rows per panel (one AVX-512 register of i32 lanes).
 pub const RP: usize = 16;
+
+/// Tokens per tile of the AVX2 kernel: 16 rows × 6 tokens for Q4 (its i16 sums leave registers
+/// for six), × 4 for Q8_0 (i32 sums per chunk). Measured with `examples/bench_quant`.
+const fn avx2_tokens(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q8_0 => 4,
+        _ => 6,
+    }
+}
 
 /// A quantised matrix repacked for [`repacked_matmul_on`].
 #[derive(Clone)]
@@ -223,51 +232,85 @@ pub fn repacked_matmul_on(
     let tasks = ((panels / 4).min(threads * 8) / threads * threads).max(1);
     let out = OutPtr(y.as_mut_ptr());
     let qx = &qx;
+    let group = tile_tokens(path, w.ty, n);
+    // A tall matrix at a batch (the output head): one panel at a time would write one line
+    // into each of `n` output rows per panel, `n` scattered store streams into memory that is
+    // not in cache. A run of panels (in L2) per token group writes longer runs instead.
+    let run = if n > group && n * w.rows * 4 > TALL_OUTPUT_BYTES {
+        PANEL_RUN
+    } else {
+        1
+    };
     (0..tasks).into_par_iter().for_each(|i| {
         #[allow(clippy::redundant_locals)]
         let out = out;
-        for p in i * panels / tasks..(i + 1) * panels / tasks {
-            // SAFETY: this task alone writes rows p·16.. of every token (its own panels), and
-            // the path is available (asserted above).
-            unsafe { panel(path, w, qx, p, out) };
+        let (p0, p1) = (i * panels / tasks, (i + 1) * panels / tasks);
+        let mut ps = p0;
+        while ps < p1 {
+            let pe = (ps + run).min(p1);
+            let mut t = 0;
+            while t < n {
+                let tt = tile_tokens(path, w.ty, n - t);
+                for p in ps..pe {
+                    // SAFETY: this task alone writes rows p·16.. of every token (its own
+                    // panels), and the path is available (asserted above).
+                    unsafe { tile(path, w, qx, p, t, tt, out) };
+                }
+                t += tt;
+            }
+            ps = pe;
         }
     });
 }
 
-/// One panel against every token.
+/// Output bytes above which [`repacked_matmul_on`] walks runs of [`PANEL_RUN`] panels per token
+/// group.
+const TALL_OUTPUT_BYTES: usize = 1 << 20;
+
+/// Panels per run (16 × 16 rows of 576 columns of Q8_0: 157 KiB, in L2).
+const PANEL_RUN: usize = 16;
+
+/// Tokens of the next tile when `left` remain.
+fn tile_tokens(path: QuantPath, ty: GgmlType, left: usize) -> usize {
+    match path {
+        QuantPath::TilesVnni => left.min(8),
+        QuantPath::Tiles => left.min(avx2_tokens(ty)),
+        QuantPath::RowWise => 1,
+    }
+}
+
+/// Panel `p` against tokens `t..t + tt`.
 ///
 /// # Safety
 /// `out` is the `n × rows` output, whose columns of this panel only the caller writes; the
 /// path's features are present.
-unsafe fn panel(path: QuantPath, w: &Repacked, qx: &Q8Act, p: usize, out: OutPtr) {
-    let n = qx.n;
-    let mut t = 0;
-    while t < n {
-        let tt = match path {
-            QuantPath::TilesVnni => (n - t).min(8),
-            QuantPath::Tiles => (n - t).min(4),
-            QuantPath::RowWise => 1,
-        };
-        let mut acc = [[0f32; RP]; 8];
-        let acc = &mut acc[..tt];
-        match path {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX-512 F/BW/VNNI are present (the path is available).
-            QuantPath::TilesVnni => unsafe { x86::panel_vnni(w, qx, p, t, acc) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX2, FMA and F16C are present (the path is available).
-            QuantPath::Tiles => unsafe { x86::panel_avx2(w, qx, p, t, acc) },
-            _ => panel_scalar(w, qx, p, t, acc),
+unsafe fn tile(
+    path: QuantPath,
+    w: &Repacked,
+    qx: &Q8Act,
+    p: usize,
+    t: usize,
+    tt: usize,
+    out: OutPtr,
+) {
+    let mut acc = [[0f32; RP]; 8];
+    let acc = &mut acc[..tt];
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX-512 F/BW/VNNI are present (the path is available).
+        QuantPath::TilesVnni => unsafe { x86::panel_vnni(w, qx, p, t, acc) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2, FMA and F16C are present (the path is available).
+        QuantPath::Tiles => unsafe { x86::panel_avx2(w, qx, p, t, acc) },
+        _ => panel_scalar(w, qx, p, t, acc),
+    }
+    let r0 = p * RP;
+    let valid = (w.rows - r0).min(RP);
+    for (j, a) in acc.iter().enumerate() {
+        // SAFETY: row t + j of the output, columns r0..r0 + valid: in bounds, ours.
+        unsafe {
+            std::ptr::copy_nonoverlapping(a.as_ptr(), out.0.add((t + j) * w.rows + r0), valid);
         }
-        let r0 = p * RP;
-        let valid = (w.rows - r0).min(RP);
-        for (j, a) in acc.iter().enumerate() {
-            // SAFETY: row t + j of the output, columns r0..r0 + valid: in bounds, ours.
-            unsafe {
-                std::ptr::copy_nonoverlapping(a.as_ptr(), out.0.add((t + j) * w.rows + r0), valid);
-            }
-        }
-        t += tt;
     }
 }
 
@@ -299,7 +342,7 @@ fn panel_scalar(w: &Repacked, qx: &Q8Act, p: usize, t0: usize, acc: &mut [[f32; 
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{GgmlType, Q8Act, QK, RP, Repacked, qbytes, record_bytes};
+    use super::{GgmlType, Q8Act, QK, RP, Repacked, avx2_tokens, qbytes, record_bytes};
 
     /// Four activation bytes `x[o..o + 4]` of block `xb`, in every i32 lane.
     #[inline(always)]
@@ -448,7 +491,7 @@ mod x86 {
         }
     }
 
-    /// 16 rows × `acc.len()` (≤ 4) tokens, as two halves of 8 rows.
+    /// 16 rows × `acc.len()` (≤ [`avx2_tokens`]) tokens.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn panel_avx2(
         w: &Repacked,
@@ -457,27 +500,37 @@ mod x86 {
         t0: usize,
         acc: &mut [[f32; RP]],
     ) {
-        for h in 0..2 {
-            match (w.ty, acc.len()) {
-                (GgmlType::Q4_1, 4) => unsafe { avx2::<1, 4>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q4_1, 3) => unsafe { avx2::<1, 3>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q4_1, 2) => unsafe { avx2::<1, 2>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q4_1, _) => unsafe { avx2::<1, 1>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q8_0, 4) => unsafe { avx2::<2, 4>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q8_0, 3) => unsafe { avx2::<2, 3>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q8_0, 2) => unsafe { avx2::<2, 2>(w, qx, p, t0, h, acc) },
-                (GgmlType::Q8_0, _) => unsafe { avx2::<2, 1>(w, qx, p, t0, h, acc) },
-                (_, 4) => unsafe { avx2::<0, 4>(w, qx, p, t0, h, acc) },
-                (_, 3) => unsafe { avx2::<0, 3>(w, qx, p, t0, h, acc) },
-                (_, 2) => unsafe { avx2::<0, 2>(w, qx, p, t0, h, acc) },
-                (_, _) => unsafe { avx2::<0, 1>(w, qx, p, t0, h, acc) },
-            }
+        debug_assert!(acc.len() <= avx2_tokens(w.ty));
+        match (w.ty, acc.len()) {
+            (_, 0) => {}
+            (GgmlType::Q4_1, 6) => unsafe { avx2::<1, 6>(w, qx, p, t0, acc) },
+            (GgmlType::Q4_1, 5) => unsafe { avx2::<1, 5>(w, qx, p, t0, acc) },
+            (GgmlType::Q4_1, 4) => unsafe { avx2::<1, 4>(w, qx, p, t0, acc) },
+            (GgmlType::Q4_1, 3) => unsafe { avx2::<1, 3>(w, qx, p, t0, acc) },
+            (GgmlType::Q4_1, 2) => unsafe { avx2::<1, 2>(w, qx, p, t0, acc) },
+            (GgmlType::Q4_1, _) => unsafe { avx2::<1, 1>(w, qx, p, t0, acc) },
+            (GgmlType::Q8_0, 4) => unsafe { avx2::<2, 4>(w, qx, p, t0, acc) },
+            (GgmlType::Q8_0, 3) => unsafe { avx2::<2, 3>(w, qx, p, t0, acc) },
+            (GgmlType::Q8_0, 2) => unsafe { avx2::<2, 2>(w, qx, p, t0, acc) },
+            (GgmlType::Q8_0, _) => unsafe { avx2::<2, 1>(w, qx, p, t0, acc) },
+            (_, 6) => unsafe { avx2::<0, 6>(w, qx, p, t0, acc) },
+            (_, 5) => unsafe { avx2::<0, 5>(w, qx, p, t0, acc) },
+            (_, 4) => unsafe { avx2::<0, 4>(w, qx, p, t0, acc) },
+            (_, 3) => unsafe { avx2::<0, 3>(w, qx, p, t0, acc) },
+            (_, 2) => unsafe { avx2::<0, 2>(w, qx, p, t0, acc) },
+            (_, _) => unsafe { avx2::<0, 1>(w, qx, p, t0, acc) },
         }
     }
 
-    /// Rows `8h..8h + 8` of the panel × `T` tokens: `maddubs` (unsigned × signed bytes to i16
-    /// pairs, which cannot saturate here: nibbles ≤ 15, and for Q8_0 |w| × ±|x| ≤ 128 · 127)
-    /// then `madd` with ones gives each row's four products in its i32 lane.
+    /// All 16 rows of the panel (two registers of 8 rows' i32 lanes) × `T` tokens, chunk by
+    /// chunk: each 4-byte activation broadcast serves both halves, and each chunk of weights
+    /// is unpacked once for the `T` tokens. `maddubs` (unsigned × signed bytes to i16 pairs)
+    /// then one `madd` with ones gives each row's four products in its i32 lane.
+    ///
+    /// Q4: each i16 of a `maddubs` is at most 2 · 15 · 127 in magnitude, so a block's eight
+    /// chunks add up in i16 (≤ 30 480) and one `madd` per (half, token, block) widens them.
+    /// Q8_0: `maddubs(|w|, sign(x, w))` (|w| ≤ 128, so a pair ≤ 2 · 128 · 127 = 32 512, no
+    /// saturation); two pairs could overflow i16, so each chunk is widened with its own `madd`.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)]
     unsafe fn avx2<const K: u8, const T: usize>(
@@ -485,14 +538,12 @@ mod x86 {
         qx: &Q8Act,
         p: usize,
         t0: usize,
-        h: usize,
         acc: &mut [[f32; RP]],
     ) {
         let nb = w.blocks();
         let (qb, rec) = (qbytes(w.ty), record_bytes(w.ty));
         assert!(
             acc.len() == T
-                && h < 2
                 && (p + 1) * nb * rec <= w.data.len()
                 && (t0 + T) * nb <= qx.d.len()
                 && qx.q.len() >= (t0 + T) * nb * QK,
@@ -504,67 +555,89 @@ mod x86 {
             let m0f = _mm256_set1_epi8(0x0f);
             let bias = _mm256_set1_epi8(-128);
             let ones = _mm256_set1_epi16(1);
-            let mut a = [_mm256_setzero_ps(); T];
-            for j in 0..T {
-                a[j] = _mm256_loadu_ps(acc[j].as_ptr().add(8 * h));
-            }
+            let mut a = [[_mm256_setzero_ps(); 2]; T];
             for b in 0..nb {
                 let r = base.add(b * rec);
-                let mut wv = [_mm256_setzero_si256(); 8];
+                let ahead = r.wrapping_add(PREFETCH_RECORDS * rec);
+                let mut l = 0;
+                while l < rec {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l).cast::<i8>());
+                    l += 64;
+                }
+                // i16 sums (Q4) or i32 sums (Q8_0) per (token, half).
+                let mut s = [[_mm256_setzero_si256(); 2]; T];
                 if K == 2 {
                     for c in 0..8 {
-                        let v = _mm256_loadu_si256(r.add(c * 64 + 32 * h).cast());
-                        wv[c] = _mm256_xor_si256(v, bias);
+                        let o = if c < 4 { 4 * c } else { 16 + 4 * (c - 4) };
+                        let mut wv = [_mm256_setzero_si256(); 2];
+                        let mut wa = [_mm256_setzero_si256(); 2];
+                        for h in 0..2 {
+                            wv[h] = _mm256_xor_si256(
+                                _mm256_loadu_si256(r.add(c * 64 + 32 * h).cast()),
+                                bias,
+                            );
+                            wa[h] = _mm256_sign_epi8(wv[h], wv[h]);
+                        }
+                        for j in 0..T {
+                            let x = bcast4_256(qx, (t0 + j) * nb + b, o);
+                            for h in 0..2 {
+                                let p16 = _mm256_maddubs_epi16(wa[h], _mm256_sign_epi8(x, wv[h]));
+                                s[j][h] = _mm256_add_epi32(s[j][h], _mm256_madd_epi16(p16, ones));
+                            }
+                        }
                     }
                 } else {
                     for c in 0..4 {
-                        let v = _mm256_loadu_si256(r.add(c * 64 + 32 * h).cast());
-                        wv[c] = _mm256_and_si256(v, m0f);
-                        wv[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+                        let mut lo = [_mm256_setzero_si256(); 2];
+                        let mut hi = [_mm256_setzero_si256(); 2];
+                        for h in 0..2 {
+                            let v = _mm256_loadu_si256(r.add(c * 64 + 32 * h).cast());
+                            lo[h] = _mm256_and_si256(v, m0f);
+                            hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+                        }
+                        for j in 0..T {
+                            let xb = (t0 + j) * nb + b;
+                            let xl = bcast4_256(qx, xb, 4 * c);
+                            let xh = bcast4_256(qx, xb, 16 + 4 * c);
+                            for h in 0..2 {
+                                let p16 = _mm256_add_epi16(
+                                    _mm256_maddubs_epi16(lo[h], xl),
+                                    _mm256_maddubs_epi16(hi[h], xh),
+                                );
+                                s[j][h] = _mm256_add_epi16(s[j][h], p16);
+                            }
+                        }
                     }
                 }
-                let wd = _mm256_cvtph_ps(_mm_loadu_si128(r.add(qb + 16 * h).cast()));
-                let wm = if K == 1 {
-                    _mm256_cvtph_ps(_mm_loadu_si128(r.add(qb + 2 * RP + 16 * h).cast()))
-                } else {
-                    _mm256_setzero_ps()
-                };
-                for j in 0..T {
-                    let xb = (t0 + j) * nb + b;
-                    let mut is = _mm256_setzero_si256();
-                    if K == 2 {
-                        for c in 0..8 {
-                            let o = if c < 4 { 4 * c } else { 16 + 4 * (c - 4) };
-                            let x = bcast4_256(qx, xb, o);
-                            let p16 = _mm256_maddubs_epi16(
-                                _mm256_sign_epi8(wv[c], wv[c]),
-                                _mm256_sign_epi8(x, wv[c]),
-                            );
-                            is = _mm256_add_epi32(is, _mm256_madd_epi16(p16, ones));
-                        }
+                for h in 0..2 {
+                    let wd = _mm256_cvtph_ps(_mm_loadu_si128(r.add(qb + 16 * h).cast()));
+                    let wm = if K == 1 {
+                        _mm256_cvtph_ps(_mm_loadu_si128(r.add(qb + 2 * RP + 16 * h).cast()))
                     } else {
-                        // Nibbles: each i16 of a maddubs is at most 2 · 15 · 127 in magnitude,
-                        // so the eight chunks add up in i16 (≤ 30 480) before one madd.
-                        let mut p16 = _mm256_setzero_si256();
-                        for c in 0..8 {
-                            let o = if c < 4 { 4 * c } else { 16 + 4 * (c - 4) };
-                            let x = bcast4_256(qx, xb, o);
-                            p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(wv[c], x));
+                        _mm256_setzero_ps()
+                    };
+                    for j in 0..T {
+                        let xb = (t0 + j) * nb + b;
+                        let mut is = if K == 2 {
+                            s[j][h]
+                        } else {
+                            _mm256_madd_epi16(s[j][h], ones)
+                        };
+                        if K == 0 {
+                            is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * qx.isum[xb]));
                         }
-                        is = _mm256_madd_epi16(p16, ones);
-                    }
-                    if K == 0 {
-                        is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * qx.isum[xb]));
-                    }
-                    let sc = _mm256_mul_ps(wd, _mm256_set1_ps(qx.d[xb]));
-                    a[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), sc, a[j]);
-                    if K == 1 {
-                        a[j] = _mm256_fmadd_ps(wm, _mm256_set1_ps(qx.sum[xb]), a[j]);
+                        let sc = _mm256_mul_ps(wd, _mm256_set1_ps(qx.d[xb]));
+                        a[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), sc, a[j][h]);
+                        if K == 1 {
+                            a[j][h] = _mm256_fmadd_ps(wm, _mm256_set1_ps(qx.sum[xb]), a[j][h]);
+                        }
                     }
                 }
             }
             for j in 0..T {
-                _mm256_storeu_ps(acc[j].as_mut_ptr().add(8 * h), a[j]);
+                for h in 0..2 {
+                    _mm256_storeu_ps(acc[j].as_mut_ptr().add(8 * h), a[j][h]);
+                }
             }
         }
     }
