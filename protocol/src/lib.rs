@@ -29,7 +29,7 @@ pub mod redis_ha;
 #[cfg(feature = "redis")]
 pub use redis_conn::{RedisTls, redis_client, redis_client_with};
 #[cfg(feature = "redis")]
-pub use redis_ha::{HaConnection, RedisTarget, SentinelSpec};
+pub use redis_ha::{BoundedConnectError, HaConnection, RedisTarget, SentinelSpec};
 
 pub use command::{
     ALL_INSTANCES, AbortEntry, AbortKind, Command, Criticality, DEFAULT_PROBE_RATIO, EntryApplied,

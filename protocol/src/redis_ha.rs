@@ -348,6 +348,15 @@ enum Inner {
     Sentinel(Arc<SentinelConn>),
 }
 
+/// Why [`HaConnection::connect_bounded`] gave no connection.
+#[derive(Debug, thiserror::Error)]
+pub enum BoundedConnectError {
+    #[error("redis: {0}")]
+    Redis(#[from] RedisError),
+    #[error("Redis did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
 /// A long-lived connection that follows the master (see the module docs). Cheap to clone; clones
 /// share the connection.
 #[derive(Clone)]
@@ -388,6 +397,30 @@ impl HaConnection {
                     db: spec.db,
                 })
             }
+        }
+    }
+
+    /// How the control plane opens its long-lived connections (the command bus, the shared SLO
+    /// counters, the shared failure stream): [`HaConnection::connect`] with `op_timeout` to
+    /// connect and per answer, reconnects backing off 20–250 ms with two retries, and the whole
+    /// connect bounded by 4 × `op_timeout`.
+    ///
+    /// # Errors
+    /// What [`HaConnection::connect`] returns, or [`BoundedConnectError::Timeout`].
+    pub async fn connect_bounded(
+        target: &RedisTarget,
+        op_timeout: Duration,
+    ) -> Result<HaConnection, BoundedConnectError> {
+        let cfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(op_timeout))
+            .set_response_timeout(Some(op_timeout))
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(Duration::from_millis(250))
+            .set_number_of_retries(2);
+        let bound = op_timeout * 4;
+        match tokio::time::timeout(bound, HaConnection::connect(target, cfg, op_timeout)).await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(BoundedConnectError::Timeout(bound)),
         }
     }
 

@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use brownout_protocol::{
-    Ack, AckVerifyError, Command, HaConnection, RedisKeys, RedisTarget, SignedCommand,
+    Ack, AckVerifyError, BoundedConnectError, Command, HaConnection, RedisKeys, RedisTarget,
+    SignedCommand,
 };
-use redis::aio::ConnectionManagerConfig;
 use redis::{AsyncCommands, Script};
 use serde::{Deserialize, Serialize};
 
@@ -209,17 +209,12 @@ impl RedisBus {
     ) -> Result<RedisBus, RedisBusError> {
         let keys = RedisKeys::new(cluster)?;
         let target = RedisTarget::parse(url)?;
-        let cfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(op_timeout))
-            .set_response_timeout(Some(op_timeout))
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(Duration::from_millis(250))
-            .set_number_of_retries(2);
-        let conn = timed(
-            op_timeout * 4,
-            HaConnection::connect(&target, cfg, op_timeout),
-        )
-        .await?;
+        let conn = HaConnection::connect_bounded(&target, op_timeout)
+            .await
+            .map_err(|e| match e {
+                BoundedConnectError::Redis(e) => RedisBusError::Redis(e),
+                BoundedConnectError::Timeout(d) => RedisBusError::Timeout(d),
+            })?;
         Ok(RedisBus {
             conn,
             keys,

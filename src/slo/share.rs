@@ -30,7 +30,6 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use brownout_protocol::{HaConnection, RedisKeys, RedisTarget};
-use redis::aio::ConnectionManagerConfig;
 use redis::streams::StreamReadReply;
 
 use super::eval::SharedDelta;
@@ -91,18 +90,7 @@ impl SloShare {
     ) -> anyhow::Result<SloShare> {
         let keys = RedisKeys::new(cluster)?;
         let target = RedisTarget::parse(url)?;
-        let cfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(op_timeout))
-            .set_response_timeout(Some(op_timeout))
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(Duration::from_millis(250))
-            .set_number_of_retries(2);
-        let conn = tokio::time::timeout(
-            op_timeout * 4,
-            HaConnection::connect(&target, cfg, op_timeout),
-        )
-        .await
-        .map_err(|_| anyhow::anyhow!("Redis did not answer within {:?}", op_timeout * 4))??;
+        let conn = HaConnection::connect_bounded(&target, op_timeout).await?;
         Ok(SloShare {
             conn,
             key: stream_key(&keys),
