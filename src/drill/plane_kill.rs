@@ -44,11 +44,19 @@ pub async fn plane_kill(
     let service = format!("drill-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let acked: Arc<Mutex<BTreeSet<usize>>> = Arc::default();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Kill mid-ingest: once a third is acknowledged. The sender that crosses it wakes the
+    // killer at once (a fast store acknowledges thousands of events between two polls).
+    let third = events / 3;
+    let third_acked = Arc::new(tokio::sync::Notify::new());
     let url = format!("{}/v1/failures", trim(&t.plane));
     let mut senders = Vec::new();
     for _ in 0..SENDERS {
         let (c, url, ingest, service) = (c.clone(), url.clone(), ingest.clone(), service.clone());
-        let (acked, next) = (Arc::clone(&acked), Arc::clone(&next));
+        let (acked, next, third_acked) = (
+            Arc::clone(&acked),
+            Arc::clone(&next),
+            Arc::clone(&third_acked),
+        );
         senders.push(tokio::spawn(async move {
             loop {
                 let start = next.fetch_add(CHUNK, std::sync::atomic::Ordering::Relaxed);
@@ -75,19 +83,31 @@ pub async fn plane_kill(
                     .send()
                     .await;
                 match success(r).await {
-                    Ok(_) => acked.lock().map(|mut a| a.extend(ids)).unwrap_or(()),
+                    Ok(_) => {
+                        let n = acked
+                            .lock()
+                            .map(|mut a| {
+                                a.extend(ids);
+                                a.len()
+                            })
+                            .unwrap_or(0);
+                        if n >= third {
+                            third_acked.notify_one();
+                        }
+                    }
                     Err(e) => return Some(e),
                 }
             }
         }));
     }
-    // Kill mid-ingest: once a third is acknowledged (or the senders are done).
-    let third = events / 3;
-    let waited = poll(timeout, || async {
-        let n = acked.lock().map(|a| a.len()).unwrap_or(0);
-        (n >= third || senders.iter().all(|s| s.is_finished())).then_some(n)
-    })
-    .await;
+    // (or when the senders are done without getting there).
+    let waited = tokio::select! {
+        _ = third_acked.notified() => Some(acked.lock().map(|a| a.len()).unwrap_or(0)),
+        w = poll(timeout, || async {
+            let n = acked.lock().map(|a| a.len()).unwrap_or(0);
+            (n >= third || senders.iter().all(|s| s.is_finished())).then_some(n)
+        }) => w,
+    };
     let at_kill = waited.unwrap_or(0);
     let injected = run_fault(fault, "control plane killed").await;
     let mut first_error = None;
