@@ -63,14 +63,14 @@ pub enum SubmitError {
 struct Item {
     batch: Batch,
     /// Memory budget held until the batch is written or spooled.
-    permit: OwnedSemaphorePermit,
+    permit: Reservation,
     /// Told `Ok` once the rows are durable (store or spool), else why they were not kept.
     done: oneshot::Sender<Result<(), SubmitError>>,
 }
 
 /// What the writer holds for each queued request until its group is durable.
 struct Held {
-    _permit: OwnedSemaphorePermit,
+    _permit: Reservation,
     done: oneshot::Sender<Result<(), SubmitError>>,
 }
 
@@ -158,8 +158,6 @@ impl Pipeline {
             metrics: metrics.clone(),
             spool_full: Arc::clone(&spool_full),
             retry_after_secs: spool.retry_after_secs,
-            permits: Arc::clone(&permits),
-            max_permits,
             status: status_tx,
             store_up: true,
             replay_cache: None,
@@ -220,11 +218,10 @@ impl Pipeline {
                     });
                 }
             };
-        self.metrics
-            .ingest
-            .inflight_bytes
-            .set(i64::try_from(self.max_permits - self.permits.available_permits()).unwrap_or(0));
-        Ok(Reservation(permit))
+        Ok(Reservation::new(
+            permit,
+            self.metrics.ingest.inflight_bytes.clone(),
+        ))
     }
 
     /// Tops `held` (memory a request's body already took) up to `need` bytes; a request
@@ -263,7 +260,7 @@ impl Pipeline {
         self.tx
             .send(Item {
                 batch,
-                permit: r.0,
+                permit: r,
                 done,
             })
             .map_err(|_| SubmitError::Closed)?;
@@ -273,23 +270,56 @@ impl Pipeline {
 
 /// Memory taken from the ingest budget; given back when dropped or when its batch is written.
 #[derive(Debug)]
-pub struct Reservation(OwnedSemaphorePermit);
+pub struct Reservation {
+    /// `None` only once merged into another reservation (which then holds the memory).
+    permit: Option<OwnedSemaphorePermit>,
+    /// `brownout_ingest_inflight_bytes`: raised when memory is taken, lowered when it goes back
+    /// (on drop or [`Reservation::release`]), so it never lags behind the budget.
+    gauge: prometheus::IntGauge,
+}
 
 impl Reservation {
+    fn new(permit: OwnedSemaphorePermit, gauge: prometheus::IntGauge) -> Self {
+        gauge.add(i64::try_from(permit.num_permits()).unwrap_or(i64::MAX));
+        Reservation {
+            permit: Some(permit),
+            gauge,
+        }
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.0.num_permits()
+        self.permit.as_ref().map_or(0, |p| p.num_permits())
     }
 
     /// Adds `other`'s memory to this reservation.
-    pub fn merge(&mut self, other: Reservation) {
-        self.0.merge(other.0);
+    pub fn merge(&mut self, mut other: Reservation) {
+        match (self.permit.as_mut(), other.permit.take()) {
+            (Some(mine), Some(theirs)) => mine.merge(theirs),
+            (None, theirs) => self.permit = theirs,
+            (Some(_), None) => {}
+        }
     }
 
     /// Gives up to `n` bytes back to the budget (memory that was freed early, such as a
     /// compressed body once it is inflated).
     pub fn release(&mut self, n: usize) {
-        drop(self.0.split(n.min(self.bytes())));
+        let n = n.min(self.bytes());
+        if let Some(p) = self.permit.as_mut()
+            && let Some(back) = p.split(n)
+        {
+            self.gauge
+                .sub(i64::try_from(back.num_permits()).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(p) = self.permit.take() {
+            self.gauge
+                .sub(i64::try_from(p.num_permits()).unwrap_or(i64::MAX));
+        }
     }
 }
 
@@ -304,8 +334,6 @@ struct Writer {
     write_timeout: Duration,
     metrics: Metrics,
     spool_full: Arc<std::sync::atomic::AtomicBool>,
-    permits: Arc<Semaphore>,
-    max_permits: usize,
     status: watch::Sender<WriterStatus>,
     store_up: bool,
     shutdown: watch::Receiver<bool>,
@@ -502,10 +530,6 @@ impl Writer {
             .ingest
             .spool_bytes
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-        self.metrics
-            .ingest
-            .inflight_bytes
-            .set(i64::try_from(self.max_permits - self.permits.available_permits()).unwrap_or(0));
         let _ = self.status.send(WriterStatus {
             store_up: self.store_up,
             spool_bytes: bytes,

@@ -566,6 +566,21 @@ async fn gzip_output_is_inflated_inside_the_in_flight_budget() {
     // The upload goes away: its memory comes back (the server sees the connection end), and
     // the same requests fit.
     drop(stall);
+    // The gauge follows the budget itself: with nothing else in flight it falls to 0 when the
+    // upload's memory goes back, not at the next commit.
+    brownout_test_support::eventually_async(
+        "brownout_ingest_inflight_bytes to fall to 0 once the upload is gone",
+        Duration::from_secs(20),
+        || {
+            let c = c.clone();
+            let cp = &cp;
+            async move {
+                (metric(&metrics(&c, cp).await, "brownout_ingest_inflight_bytes") == 0.0)
+                    .then_some(())
+            }
+        },
+    )
+    .await;
     brownout_test_support::eventually_async(
         "the gzip request to fit once the upload's memory is back",
         Duration::from_secs(20),
