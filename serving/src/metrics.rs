@@ -643,8 +643,10 @@ impl Metrics {
     /// A request abandoned by its client after `tokens` were generated for it.
     pub fn inc_abandoned(&self, tokens: u64) {
         let l = self.l();
-        self.abandoned_requests.with_label_values(&l).inc();
+        // Tokens first: a scrape between the two never shows a request abandoned without its
+        // tokens (a reader waiting on the request count then reads both).
         self.abandoned_tokens.with_label_values(&l).inc_by(tokens);
+        self.abandoned_requests.with_label_values(&l).inc();
     }
 
     /// The engine's `max_num_seqs` in force and its critical reserve.
