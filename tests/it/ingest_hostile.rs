@@ -149,6 +149,21 @@ fn metric(text: &str, line_prefix: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {line_prefix} in /metrics"))
 }
 
+/// Waits (up to `secs`) until the control plane's `/metrics` line `name` satisfies `ok`.
+async fn wait_for_metric(
+    c: &reqwest::Client,
+    cp: &Cp,
+    what: &str,
+    secs: u64,
+    name: &str,
+    ok: impl Fn(f64) -> bool,
+) {
+    brownout_test_support::eventually_async(what, Duration::from_secs(secs), || async {
+        ok(metric(&metrics(c, cp).await, name)).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_million_attributes_is_refused_before_decoding() {
     let cp = start().await;
@@ -257,17 +272,13 @@ async fn an_oversize_grpc_message_is_refused_before_it_is_buffered() {
             "brownout_ingest_rejected_total{reason=\"unauthorized\"}"
         ) >= 1.0
     );
-    brownout_test_support::eventually_async(
+    wait_for_metric(
+        &c,
+        &cp,
         "the in-flight budget to be given back",
-        Duration::from_secs(10),
-        || {
-            let c = c.clone();
-            let cp = &cp;
-            async move {
-                (metric(&metrics(&c, cp).await, "brownout_ingest_inflight_bytes") == 0.0)
-                    .then_some(())
-            }
-        },
+        10,
+        "brownout_ingest_inflight_bytes",
+        |v| v == 0.0,
     )
     .await;
     cp.plane.stop().await.unwrap();
@@ -520,18 +531,13 @@ async fn gzip_output_is_inflated_inside_the_in_flight_budget() {
     );
     stall.write_all(head.as_bytes()).await.unwrap();
     stall.write_all(&vec![0u8; 14 << 20]).await.unwrap();
-    brownout_test_support::eventually_async(
+    wait_for_metric(
+        &c,
+        &cp,
         "the stalled upload to hold 14 MiB of the budget",
-        Duration::from_secs(20),
-        || {
-            let c = c.clone();
-            let cp = &cp;
-            async move {
-                (metric(&metrics(&c, cp).await, "brownout_ingest_inflight_bytes")
-                    >= f64::from(14u32 << 20))
-                .then_some(())
-            }
-        },
+        20,
+        "brownout_ingest_inflight_bytes",
+        |v| v >= f64::from(14u32 << 20),
     )
     .await;
 
@@ -568,17 +574,13 @@ async fn gzip_output_is_inflated_inside_the_in_flight_budget() {
     drop(stall);
     // The gauge follows the budget itself: with nothing else in flight it falls to 0 when the
     // upload's memory goes back, not at the next commit.
-    brownout_test_support::eventually_async(
+    wait_for_metric(
+        &c,
+        &cp,
         "brownout_ingest_inflight_bytes to fall to 0 once the upload is gone",
-        Duration::from_secs(20),
-        || {
-            let c = c.clone();
-            let cp = &cp;
-            async move {
-                (metric(&metrics(&c, cp).await, "brownout_ingest_inflight_bytes") == 0.0)
-                    .then_some(())
-            }
-        },
+        20,
+        "brownout_ingest_inflight_bytes",
+        |v| v == 0.0,
     )
     .await;
     brownout_test_support::eventually_async(
