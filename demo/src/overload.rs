@@ -1432,40 +1432,20 @@ mod tests {
             "only the fast triggers go"
         );
         assert_eq!(nf.ramp, full.ramp);
-        let demand = |p: &brownout::degrade::Policy| {
+        // Entry conditions on one signal, over every tier.
+        let on = |p: &brownout::degrade::Policy, sig: Signal| {
             p.tiers
                 .iter()
                 .flat_map(|t| &t.enter)
-                .filter(|c| {
-                    matches!(
-                        c,
-                        Condition::Threshold {
-                            signal: Signal::DemandRatio,
-                            ..
-                        }
-                    )
-                })
+                .filter(|c| matches!(c, Condition::Threshold { signal, .. } if *signal == sig))
                 .count()
         };
+        let demand = |p: &brownout::degrade::Policy| on(p, Signal::DemandRatio);
         assert!(demand(&full) > 0);
         assert_eq!(demand(&nf), demand(&full));
         let nd = get(Ablation::NoDemandTrigger);
         assert_eq!((demand(&nd), fast(&nd)), (0, fast(&full)));
-        let wait = |p: &brownout::degrade::Policy| {
-            p.tiers
-                .iter()
-                .flat_map(|t| &t.enter)
-                .filter(|c| {
-                    matches!(
-                        c,
-                        Condition::Threshold {
-                            signal: Signal::ExpectedWait,
-                            ..
-                        }
-                    )
-                })
-                .count()
-        };
+        let wait = |p: &brownout::degrade::Policy| on(p, Signal::ExpectedWait);
         assert!(wait(&full) > 0);
         assert_eq!(wait(&nf), wait(&full), "expected_wait is not a latency p99");
         let nw = get(Ablation::NoWaitTrigger);
