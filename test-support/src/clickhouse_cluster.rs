@@ -108,11 +108,36 @@ impl ClickHouseCluster {
         Some(Self::start())
     }
 
-    /// [`ClickHouseCluster::start_or_skip`] without the check.
+    /// [`ClickHouseCluster::start_or_skip`] without the check. The spare ports are picked by
+    /// binding port 0 and closing it, so a test running beside it can take one before a node
+    /// binds it: a start that fails on "Address already in use" is tried again on new ports
+    /// (three tries in all; the failed try's processes are stopped when it unwinds).
     ///
     /// # Panics
     /// When something does not start.
     pub fn start() -> ClickHouseCluster {
+        for attempt in 1.. {
+            match std::panic::catch_unwind(Self::start_once) {
+                Ok(c) => return c,
+                Err(e) => {
+                    let msg = e
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| e.downcast_ref::<&str>().copied())
+                        .unwrap_or("");
+                    if attempt >= 3 || !msg.contains("Address already in use") {
+                        std::panic::resume_unwind(e);
+                    }
+                    eprintln!(
+                        "clickhouse cluster: a port was taken meanwhile; starting again on new ports"
+                    );
+                }
+            }
+        }
+        unreachable!("the loop returns or unwinds")
+    }
+
+    fn start_once() -> ClickHouseCluster {
         let dir = tempfile::Builder::new()
             .prefix("brownout-chc.")
             .tempdir()
