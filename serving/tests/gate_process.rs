@@ -695,6 +695,81 @@ async fn a_client_that_goes_away_is_cancelled_in_the_engine() {
     assert_eq!(kv["pool"]["num_blocks_used"], 0);
 }
 
+/// A streaming client that goes away while its request still waits for a slot is cancelled in
+/// the engine at once, before its prefill: no token is made for it and no TTFT is recorded for
+/// it (before, the engine noticed only when it sent the first token, and recorded a TTFT longer
+/// than any client had waited: the overload benchmark's false TTFT p99s of 11-30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_client_that_leaves_while_queued_is_cancelled_before_its_first_token() {
+    let cl = cluster("gone-queued");
+    // One slot, and every step padded to 20 ms: the long request holds the slot for ~20 s.
+    let a = Server::start(
+        &cl,
+        "gq-a",
+        "tiny-random",
+        &["--max-num-seqs", "1", "--simulate-step-ms", "20"],
+    )
+    .await;
+    let busy = tokio::spawn({
+        let url = a.url.clone();
+        async move {
+            client()
+                .post(format!("{url}/v1/completions"))
+                .json(
+                    &json!({"prompt": "hello", "max_tokens": 1000, "ignore_eos": true,
+                              "temperature": 0}),
+                )
+                .send()
+                .await
+        }
+    });
+    let kv_len = |kv: &Value, k: &str| kv[k].as_array().map_or(0, Vec::len);
+    let start = Instant::now();
+    while kv_len(&a.get("/debug/kv").await.1, "running") == 0 {
+        assert!(start.elapsed() < Duration::from_secs(30), "never ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Its first token is out (its TTFT recorded) before the stream comes.
+    let ttfts = |m: &str| metric(m, "vllm:time_to_first_token_seconds_count", &[]);
+    let before = ttfts(
+        &wait_until(&a, "the long request's first token", |m| {
+            metric(m, "vllm:generation_tokens_total", &[]) >= 1.0
+        })
+        .await,
+    );
+    // The stream's headers come at once; its request waits behind the long one.
+    let r = client()
+        .post(format!("{}/v1/completions", a.url))
+        .json(&json!({"prompt": "patience", "max_tokens": 50, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let start = Instant::now();
+    while kv_len(&a.get("/debug/kv").await.1, "waiting") == 0 {
+        assert!(start.elapsed() < Duration::from_secs(30), "never queued");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    drop(r); // the client goes away: its connection closes
+    let m = wait_until(&a, "the queued stream's cancellation", |m| {
+        metric(m, "brownout_serving_abandoned_requests_total", &[]) >= 1.0
+    })
+    .await;
+    let (_, kv) = a.get("/debug/kv").await;
+    assert_eq!(
+        (kv_len(&kv, "running"), kv_len(&kv, "waiting")),
+        (1, 0),
+        "cancelled while the long request still runs, not when it got the slot: {kv}"
+    );
+    assert_eq!(
+        metric(&m, "brownout_serving_abandoned_tokens_total", &[]),
+        0.0,
+        "no token was made for it"
+    );
+    assert_eq!(ttfts(&m), before, "no TTFT was recorded for it");
+    busy.abort();
+}
+
 /// The per-user cap with real concurrency: two agent requests of one user wait in the engine's
 /// queue behind long critical work (one slot), so they are in flight; the user's third gets 429
 /// while another user's request is admitted.

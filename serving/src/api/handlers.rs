@@ -578,7 +578,19 @@ fn stream_response(
             return;
         }
         let (reason, stats) = loop {
-            match erx.recv().await {
+            let event = tokio::select! {
+                ev = erx.recv() => ev,
+                // The client went away (the server dropped the response body) while nothing
+                // was being sent — above all while the request waited for its first token.
+                // Dropping `erx` now cancels it in the engine before its prefill, instead of at
+                // its first token: no work is done for it, and no TTFT longer than any client
+                // waited is recorded.
+                () = tx.closed() => {
+                    record(&st, &ctx, &meta, &SeqStats::default(), Ok("abort"));
+                    return;
+                }
+            };
+            match event {
                 Some(SeqEvent::Token(t)) => {
                     let d = asm.push(t);
                     if !d.is_empty() && !send(meta.chunk(Some(&d), false, None)).await {
