@@ -63,6 +63,9 @@ struct RawPolicy {
     admission_ramp: Option<RawRamp>,
     #[serde(default)]
     recovery_storm: Option<RawStorm>,
+    /// The declared capacity, requests/s over all engines (docs/DEGRADATION.md).
+    #[serde(default)]
+    capacity_rps: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -636,6 +639,12 @@ pub struct Policy {
     pub ramp: Option<RampPolicy>,
     /// `None`: no retry-wave detection.
     pub storm: Option<StormPolicy>,
+    /// The declared capacity (`capacity_rps`): requests/s the engines complete together at
+    /// saturation, from a load test. `demand_ratio` and `expected_wait` divide by the higher of
+    /// this and the measured service rate, so they read true before the engines have been
+    /// saturated once (the measured rate is only the load seen so far). `None`: the measured
+    /// rate alone, after its warm-up.
+    pub declared_capacity_rps: Option<f64>,
 }
 
 impl Policy {
@@ -711,6 +720,14 @@ fn validate(raw: RawPolicy) -> Result<Policy, PolicyError> {
         return Err(invalid(
             "evaluate_interval_ms",
             "must be between 50 and 60000",
+        ));
+    }
+    if let Some(c) = raw.capacity_rps
+        && !(c.is_finite() && c > 0.0)
+    {
+        return Err(invalid(
+            "capacity_rps",
+            "must be a positive number of requests/s",
         ));
     }
     if raw.command_lease_ms < 3 * raw.evaluate_interval_ms {
@@ -889,6 +906,7 @@ fn validate(raw: RawPolicy) -> Result<Policy, PolicyError> {
         instances,
         ramp,
         storm,
+        declared_capacity_rps: raw.capacity_rps,
     })
 }
 

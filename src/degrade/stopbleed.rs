@@ -137,6 +137,8 @@ pub struct StopBleedState {
     /// [`DEMAND_WARMUP_MS`] of completions before it says anything).
     completing_since: Option<u64>,
     last_observed_ms: u64,
+    /// The policy's declared capacity (`capacity_rps`), requests/s, as of the last observation.
+    declared_rps: Option<f64>,
 }
 
 /// How long completions must have been measured before [`StopBleedState::demand_ratio`] reads
@@ -212,6 +214,7 @@ impl StopBleedState {
     /// Feeds the fresh snapshots: per-instance KV usage and the rate series.
     fn observe(&mut self, policy: &Policy, now: u64, snapshots: &[AgentSnapshot]) {
         let stale = policy.snapshot_stale_ms;
+        self.declared_rps = policy.declared_capacity_rps;
         let mut arrivals = 0.0;
         let mut completions = 0.0;
         let mut demand = 0.0;
@@ -344,9 +347,9 @@ impl StopBleedState {
     }
 
     /// Offered load over measured capacity ([`Signal::DemandRatio`](super::policy::Signal)):
-    /// the mean offered rate of the last 3 seconds seen over [`Self::capacity_rps`]; 0 until the
-    /// engines have completed at least 1 request/s for [`DEMAND_WARMUP_MS`] and a capacity of
-    /// at least 1 request/s was measured. The offered rate of an engine is its first-attempt
+    /// the mean offered rate of the last 3 seconds seen over [`Self::service_rate_rps`] (the
+    /// declared capacity from the start, else the measured one after its warm-up); 0 while
+    /// neither is known. The offered rate of an engine is its first-attempt
     /// arrivals (`requests_first_arrived_total`: counted on arrival, the clients' retries left
     /// out) when it exports them, else every request it answered (refusals included, so
     /// retries of refused calls count).
@@ -362,15 +365,23 @@ impl StopBleedState {
         sum / n as f64 / cap
     }
 
-    /// The measured service rate (requests/s, all instances) the demand and wait signals divide
-    /// by: [`Self::capacity_rps`] once the engines have completed at least 1 request/s for
-    /// [`DEMAND_WARMUP_MS`] and at least 1 request/s was measured; `None` before.
+    /// The service rate (requests/s, all instances) the demand and wait signals divide by: the
+    /// measured one ([`Self::capacity_rps`], once the engines have completed at least 1
+    /// request/s for [`DEMAND_WARMUP_MS`] and at least 1 request/s was measured), or the
+    /// policy's declared capacity (`capacity_rps`) when that is higher or nothing is measured
+    /// yet — the measured rate is the highest completion rate seen, which before the first
+    /// saturation is only the load so far, not what the engines can do. `None` when neither
+    /// is known.
     pub fn service_rate_rps(&self) -> Option<f64> {
         let warm = self
             .completing_since
             .is_some_and(|t| self.last_observed_ms.saturating_sub(t) >= DEMAND_WARMUP_MS);
         let cap = self.capacity_rps();
-        (warm && cap >= 1.0).then_some(cap)
+        let measured = (warm && cap >= 1.0).then_some(cap);
+        match (self.declared_rps, measured) {
+            (Some(d), Some(m)) => Some(d.max(m)),
+            (d, m) => d.or(m),
+        }
     }
 
     /// [`Signal::ExpectedWait`](super::policy::Signal): `in_system` requests (waiting +

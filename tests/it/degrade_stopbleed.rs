@@ -644,6 +644,118 @@ tiers:
     assert!(at.is_some_and(|i| (30..=34).contains(&i)), "{at:?}");
 }
 
+/// A declared capacity (`capacity_rps`, from a load test) lets `demand_ratio` read before the
+/// engines have been saturated once: the measured rate is then only the load seen so far (and
+/// nothing at all for its first 10 s), so without it an overload that starts early is seen
+/// late.
+#[test]
+fn a_declared_capacity_lets_demand_ratio_react_before_the_first_saturation() {
+    let policy = |declared: &str| {
+        Policy::from_yaml(&format!(
+            r#"
+features: []
+{declared}
+tiers:
+  t1:
+    hold_down_secs: 5
+    enter:
+      - demand_ratio: {{ above: 1.2, exit_below: 0.9, for_secs: 1 }}
+  t2:
+    hold_down_secs: 5
+    params: {{ model_route: fallback, max_tokens_cap: 128, max_num_seqs: 8 }}
+  t3:
+    hold_down_secs: 5
+    params: {{ admit_min_criticality: critical, retry_after_base_secs: 8, jitter_ratio: 0.5, recovery_eta_max_secs: 60 }}
+"#
+        ))
+        .unwrap()
+    };
+    // Per engine and second: 5 s at 30 first attempts (0.6x of 100/s over both engines), then
+    // 75 (1.5x) while the engines still complete 30.
+    let run = |policy: Policy| {
+        let mut c = Controller::new(policy);
+        let (mut comp, mut first) = (0u64, 0u64);
+        let mut t = 0;
+        let mut tiers = Vec::new();
+        for i in 0..15u64 {
+            t += 1000;
+            comp += 30;
+            first += if i < 5 { 30 } else { 75 };
+            let e = Eng {
+                answered: comp,
+                completed: comp,
+                first: Some(first),
+                ..Eng::default()
+            };
+            tiers.push(c.step(&two(t, e, e)).tier);
+        }
+        tiers
+    };
+    let declared = run(policy("capacity_rps: 100"));
+    assert!(
+        declared[..5].iter().all(|t| *t == Tier::T0),
+        "0.6x of the declared capacity is no overload: {declared:?}"
+    );
+    let at = declared.iter().position(|t| *t == Tier::T1);
+    assert!(
+        at.is_some_and(|i| (5..=9).contains(&i)),
+        "T1 within 4 s of the rise: {declared:?}"
+    );
+    // Without it nothing is read during the measured rate's warm-up.
+    let measured = run(policy(""));
+    assert!(
+        measured[..10].iter().all(|t| *t == Tier::T0),
+        "{measured:?}"
+    );
+}
+
+/// The measured service rate replaces a declared capacity that is lower (the engines were
+/// seen to complete more than declared).
+#[test]
+fn a_measured_rate_above_the_declared_capacity_wins() {
+    let policy = Policy::from_yaml(
+        r#"
+features: []
+capacity_rps: 50
+tiers:
+  t1: { hold_down_secs: 5 }
+  t2:
+    hold_down_secs: 5
+    params: { model_route: fallback, max_tokens_cap: 128, max_num_seqs: 8 }
+  t3:
+    hold_down_secs: 5
+    params: { admit_min_criticality: critical, retry_after_base_secs: 8, jitter_ratio: 0.5, recovery_eta_max_secs: 60 }
+"#,
+    )
+    .unwrap();
+    assert_eq!(policy.declared_capacity_rps, Some(50.0));
+    let mut c = Controller::new(policy);
+    let mut t = 0;
+    let mut n = 0;
+    let mut inputs = Inputs::default();
+    let mut ratios = Vec::new();
+    // 100/s offered and completed over both engines for 20 s.
+    for _ in 0..20 {
+        t += 1000;
+        n += 50;
+        let e = Eng {
+            answered: n,
+            completed: n,
+            first: Some(n),
+            ..Eng::default()
+        };
+        inputs = two(t, e, e);
+        c.step(&inputs);
+        ratios.push(c.signal_value(Signal::DemandRatio, &inputs));
+    }
+    assert!(
+        (ratios[4] - 2.0).abs() < 1e-9,
+        "the declared 50/s alone before the warm-up: {ratios:?}"
+    );
+    let last = c.signal_value(Signal::DemandRatio, &inputs);
+    assert!((last - 1.0).abs() < 1e-9, "measured 100/s: {ratios:?}");
+}
+
 /// Arrivals per second: `base` plus retry bursts every `period` seconds.
 fn waves(n: usize, period: usize, base: f64, burst: f64) -> Vec<f64> {
     (0..n)
@@ -781,6 +893,8 @@ EXTRA
         bad("{ demand_ratio: { above: 0, exit_below: 0 } }", ""),
         "tiers.t1.enter[0].demand_ratio"
     );
+    assert_eq!(bad(ok_enter, "capacity_rps: 0"), "capacity_rps");
+    assert_eq!(bad(ok_enter, "capacity_rps: .nan"), "capacity_rps");
     assert_eq!(
         bad(
             "{ p99_jump: { signal: gpu_util, window_secs: 5, min_secs: 1 } }",
