@@ -116,7 +116,8 @@ pub async fn calibrate_demo(model: &str, secs: u64) -> anyhow::Result<DemoLoadPl
         Duration::from_secs(secs.max(3)),
         "brownout-demo",
     )
-    .await?;
+    .await?
+    .flows_per_s;
     anyhow::ensure!(
         c > 0.0,
         "no flow finished within its deadline while calibrating: model {model} is too slow for the demo's deadlines"

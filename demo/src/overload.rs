@@ -61,6 +61,11 @@ pub struct OverloadArgs {
     /// Skip the calibration and use this capacity (flows/s).
     #[arg(long)]
     pub capacity_flows_per_s: Option<f64>,
+    /// With --capacity-flows-per-s: the requests/s the engines finish at that capacity (the
+    /// calibration prints it), declared to the controller as the policy's `capacity_rps`.
+    /// Without it such a run declares no capacity.
+    #[arg(long, requires = "capacity_flows_per_s")]
+    pub capacity_rps: Option<f64>,
     /// After the load, wait at most this long for the serving tier to be back at T0.
     #[arg(long, default_value_t = 45)]
     pub settle_secs: u64,
@@ -68,8 +73,8 @@ pub struct OverloadArgs {
     /// the loop that switch one mechanism off: `loop_on:no-fast-triggers`,
     /// `loop_on:no-demand-trigger`, `loop_on:no-wait-trigger`, `loop_on:no-admission-ramp`,
     /// `loop_on:no-instance-actions`, `loop_on:no-critical-reserve`,
-    /// `loop_on:no-critical-step-guard`, `loop_on:no-refusal-aware-slis`; `all` = the three and
-    /// every ablation.
+    /// `loop_on:no-critical-step-guard`, `loop_on:no-refusal-aware-slis`,
+    /// `loop_on:no-declared-capacity`; `all` = the three and every ablation.
     #[arg(long, default_value = "baseline,loop_off,loop_on")]
     pub configs: String,
     /// Policy YAML for the controller (default: the built-in examples/policy-overload.yaml).
@@ -143,10 +148,13 @@ pub enum Ablation {
     /// Refusals exported as plain errors, so they feed the SLO burn (as before docs/SLO.md
     /// "Deliberate refusals").
     NoRefusalAwareSlis,
+    /// The calibrated capacity is not declared to the controller (`capacity_rps`): the demand
+    /// and wait signals divide by the measured service rate alone.
+    NoDeclaredCapacity,
 }
 
 impl Ablation {
-    pub const ALL: [Ablation; 8] = [
+    pub const ALL: [Ablation; 9] = [
         Ablation::NoFastTriggers,
         Ablation::NoDemandTrigger,
         Ablation::NoWaitTrigger,
@@ -155,6 +163,7 @@ impl Ablation {
         Ablation::NoCriticalReserve,
         Ablation::NoCriticalStepGuard,
         Ablation::NoRefusalAwareSlis,
+        Ablation::NoDeclaredCapacity,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -167,6 +176,7 @@ impl Ablation {
             Ablation::NoCriticalStepGuard => "no-critical-step-guard",
             Ablation::NoWaitTrigger => "no-wait-trigger",
             Ablation::NoRefusalAwareSlis => "no-refusal-aware-slis",
+            Ablation::NoDeclaredCapacity => "no-declared-capacity",
         }
     }
 
@@ -309,6 +319,9 @@ pub fn ablate_policy(yaml: &str, ablation: Option<Ablation>) -> anyhow::Result<S
         }
         Ablation::NoAdmissionRamp => {
             m.remove("admission_ramp");
+        }
+        Ablation::NoDeclaredCapacity => {
+            m.remove("capacity_rps");
         }
         Ablation::NoInstanceActions => {
             m.remove("instances");
@@ -571,6 +584,10 @@ pub struct RunDetail {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EngineCounters {
     pub generated: f64,
+    /// Requests completed (`vllm:e2e_request_latency_seconds_count`: aborted ones left out),
+    /// what the agent reports as `requests_completed_total` and the controller's measured
+    /// service rate counts.
+    pub completed: f64,
     pub abandoned_requests: f64,
     pub abandoned_tokens: f64,
 }
@@ -588,6 +605,7 @@ pub fn parse_counters(text: &str) -> EngineCounters {
         };
         match name {
             "vllm:generation_tokens_total" => c.generated += v,
+            "vllm:e2e_request_latency_seconds_count" => c.completed += v,
             "brownout_serving_abandoned_requests_total" => c.abandoned_requests += v,
             "brownout_serving_abandoned_tokens_total" => c.abandoned_tokens += v,
             _ => {}
@@ -636,7 +654,7 @@ async fn calibrate(
     policy: &str,
     step_ms: u64,
     guard: usize,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Capacity> {
     let opts = WorldOptions {
         agents: false,
         ..Setup::LOOP_OFF.world_options(model, policy, step_ms, guard)?
@@ -651,13 +669,26 @@ async fn calibrate(
     .await
 }
 
+/// What a calibration measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Capacity {
+    /// Flows finished within their deadlines per second, at the best concurrency.
+    pub flows_per_s: f64,
+    /// Requests the engines completed per second at that concurrency (all engines, aborted
+    /// ones left out, as the controller's measured service rate counts them): the capacity in
+    /// the unit the controller's `demand_ratio` and `expected_wait` divide by. `None` when an engine's
+    /// counters could not be read.
+    pub requests_per_s: Option<f64>,
+}
+
 /// The capacity of a fresh deployment built from `opts` (start it without agents and in dry
 /// run, so nothing degrades while it is measured), in flows per second that finish within
 /// their deadlines: users in a closed loop without think time on `template`'s flows (its
 /// targets are replaced by the deployment's engines), the best of `max_num_seqs/2`,
-/// `max_num_seqs` and `2×max_num_seqs` users per engine, `total` shared between the three.
-/// Used by `brownout-demo bench overload` and by `brownout-demo demo` (which scales its
-/// evening peak to it). Progress lines on stderr start with `label`.
+/// `max_num_seqs` and `2×max_num_seqs` users per engine, `total` shared between the three;
+/// and the request rate the engines finished at that concurrency. Used by `brownout-demo
+/// bench overload` and by `brownout-demo demo` (which scales its evening peak to it).
+/// Progress lines on stderr start with `label`.
 ///
 /// # Errors
 /// When the deployment cannot start or the load cannot run.
@@ -666,30 +697,74 @@ pub async fn calibrate_capacity(
     template: &LoadConfig,
     total: Duration,
     label: &str,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Capacity> {
     let seqs = opts.engine.max_num_seqs.max(1);
     let world = World::start(opts).await?;
     let engines = world.engine_urls();
     let n = engines.len().max(1);
+    let http = brownout::loadgen::http_client()?;
+    let completed = async || -> Option<f64> {
+        let mut sum = 0.0;
+        for u in &engines {
+            sum += engine_counters(&http, u).await?.completed;
+        }
+        Some(sum)
+    };
     let mut cfg = template.clone();
-    cfg.targets = engines;
+    cfg.targets = engines.clone();
     cfg.label = "calibrate".into();
     cfg.progress = false;
     // No think time: a closed-loop user is then always on the engine, so the figure is what the
     // engine can serve (think time costs the engine nothing in the open-loop runs either).
     cfg.speed = 1e9;
     let each = Duration::from_secs_f64((total.as_secs_f64() / 3.0).max(2.0));
-    let mut best = 0.0f64;
+    let mut best = Capacity {
+        flows_per_s: 0.0,
+        requests_per_s: None,
+    };
     for c in [(seqs / 2).max(1), seqs, seqs * 2] {
         let users = c * n;
+        let before = completed().await;
+        let started = Instant::now();
         let r = brownout::loadgen::closed_loop_flows_per_s(&cfg, users, each).await?;
+        let secs = started.elapsed().as_secs_f64();
+        let rps = match (before, completed().await) {
+            (Some(b), Some(a)) if secs > 0.0 => Some((a - b).max(0.0) / secs),
+            _ => None,
+        };
         eprintln!(
-            "{label}: calibration: {users} users in a closed loop → {r:.2} flows/s within deadline"
+            "{label}: calibration: {users} users in a closed loop → {r:.2} flows/s within deadline, {} requests/s finished",
+            rps.map_or_else(|| "?".to_string(), |v| format!("{v:.2}"))
         );
-        best = best.max(r);
+        if r > best.flows_per_s {
+            best = Capacity {
+                flows_per_s: r,
+                requests_per_s: rps,
+            };
+        }
     }
     world.stop().await?;
     Ok(best)
+}
+
+/// `policy` with `capacity_rps: rps` (the calibrated capacity declared to the controller),
+/// unless it declares one already or `rps` is unknown.
+///
+/// # Errors
+/// YAML that does not parse.
+pub fn declare_capacity(policy: &str, rps: Option<f64>) -> anyhow::Result<String> {
+    let Some(rps) = rps.filter(|r| r.is_finite() && *r > 0.0) else {
+        return Ok(policy.to_string());
+    };
+    let mut v: serde_yaml::Value = serde_yaml::from_str(policy).context("the policy YAML")?;
+    let Some(m) = v.as_mapping_mut() else {
+        anyhow::bail!("the policy YAML is not a mapping");
+    };
+    if m.contains_key("capacity_rps") {
+        return Ok(policy.to_string());
+    }
+    m.insert("capacity_rps".into(), rps.into());
+    Ok(serde_yaml::to_string(&v)?)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -843,6 +918,7 @@ fn figures(
             generated: a.generated - b.generated,
             abandoned_requests: a.abandoned_requests - b.abandoned_requests,
             abandoned_tokens: a.abandoned_tokens - b.abandoned_tokens,
+            completed: a.completed - b.completed,
         }),
         _ => None,
     };
@@ -1148,24 +1224,42 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let capacity = match args.capacity_flows_per_s {
+    let measured = match args.capacity_flows_per_s {
         Some(c) => {
             anyhow::ensure!(
                 c > 0.0 && c.is_finite(),
                 "--capacity-flows-per-s must be positive"
             );
-            c
+            if let Some(r) = args.capacity_rps {
+                anyhow::ensure!(r > 0.0 && r.is_finite(), "--capacity-rps must be positive");
+            }
+            Capacity {
+                flows_per_s: c,
+                requests_per_s: args.capacity_rps,
+            }
         }
         None => calibrate(&args, &model, &policy, step_ms, guard)
             .await
             .context("calibrating the capacity")?,
     };
+    let capacity = measured.flows_per_s;
     anyhow::ensure!(
         capacity > 0.0,
         "no flow finished within its deadline while calibrating: the model is too slow for these deadlines (try --deadline agent=20,login=8,basic_qa=10)"
     );
+    // The controller is told the capacity the calibration measured, in requests/s, as a load
+    // test would tell an operator (`capacity_rps`, docs/DEGRADATION.md), unless the policy
+    // declares its own.
+    let policy = declare_capacity(&policy, measured.requests_per_s)?;
+    let declared = brownout::degrade::Policy::from_yaml(&policy)
+        .context("the policy with the declared capacity")?
+        .declared_capacity_rps;
     eprintln!(
-        "bench overload: capacity {capacity:.2} flows/s; {:.0} s warm-up at {:.1}×, {:.0} s ramp, {:.0} s at {:.1}×, {:.0} s recovery (onset at {:.1} s, end at {:.0} s)",
+        "bench overload: capacity {capacity:.2} flows/s, declared to the controller: {}; {:.0} s warm-up at {:.1}×, {:.0} s ramp, {:.0} s at {:.1}×, {:.0} s recovery (onset at {:.1} s, end at {:.0} s)",
+        declared.map_or_else(
+            || "none (pass --capacity-rps with --capacity-flows-per-s)".to_string(),
+            |r| format!("capacity_rps {r:.2}")
+        ),
         phases.warmup_s,
         phases.base_ratio,
         phases.ramp_s,
@@ -1229,6 +1323,8 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
             "phases": phases,
             "ablation_phases": ablation_phases,
             "capacity_flows_per_s": capacity,
+            "capacity_rps": measured.requests_per_s,
+            "declared_capacity_rps": declared,
             "runs": details.iter().map(|(s, d)| (s.as_str(), d)).collect::<BTreeMap<_, _>>(),
         });
         write("overload.json", &serde_json::to_string_pretty(&all)?)?;
@@ -1331,11 +1427,16 @@ mod tests {
 
     #[test]
     fn counters_are_summed_from_the_exposition() {
-        let text = "# HELP x\nvllm:generation_tokens_total{model_name=\"a\"} 120\nvllm:generation_tokens_total{model_name=\"b\"} 5\nbrownout_serving_abandoned_tokens_total{model_name=\"a\"} 7\nbrownout_serving_abandoned_requests_total 2\nother 9\n";
+        let text = "# HELP x\nvllm:generation_tokens_total{model_name=\"a\"} 120\nvllm:generation_tokens_total{model_name=\"b\"} 5\nbrownout_serving_abandoned_tokens_total{model_name=\"a\"} 7\nbrownout_serving_abandoned_requests_total 2\nother 9\nvllm:e2e_request_latency_seconds_count{model_name=\"a\"} 30\nvllm:e2e_request_latency_seconds_count{model_name=\"b\"} 4\nvllm:request_success_total{model_name=\"a\",finished_reason=\"abort\"} 4\n";
         let c = parse_counters(text);
         assert_eq!(
-            (c.generated, c.abandoned_tokens, c.abandoned_requests),
-            (125.0, 7.0, 2.0)
+            (
+                c.generated,
+                c.abandoned_tokens,
+                c.abandoned_requests,
+                c.completed
+            ),
+            (125.0, 7.0, 2.0, 34.0)
         );
     }
 
@@ -1462,5 +1563,29 @@ mod tests {
             ablate_policy(OVERLOAD_POLICY, None).unwrap(),
             OVERLOAD_POLICY
         );
+        // The calibrated capacity is declared, and its ablation takes only that away.
+        assert_eq!(full.declared_capacity_rps, None, "the file declares none");
+        let declared = declare_capacity(OVERLOAD_POLICY, Some(7.5)).unwrap();
+        let with = brownout::degrade::Policy::from_yaml(&declared).unwrap();
+        assert_eq!(with.declared_capacity_rps, Some(7.5));
+        assert_eq!((&with.tiers, &with.ramp), (&full.tiers, &full.ramp));
+        let again = declare_capacity(&declared, Some(99.0)).unwrap();
+        assert_eq!(
+            brownout::degrade::Policy::from_yaml(&again)
+                .unwrap()
+                .declared_capacity_rps,
+            Some(7.5),
+            "a policy's own capacity_rps is kept"
+        );
+        assert_eq!(
+            declare_capacity(OVERLOAD_POLICY, None).unwrap(),
+            OVERLOAD_POLICY
+        );
+        let without = brownout::degrade::Policy::from_yaml(
+            &ablate_policy(&declared, Some(Ablation::NoDeclaredCapacity)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(without.declared_capacity_rps, None);
+        assert_eq!(without.tiers, full.tiers);
     }
 }

@@ -103,6 +103,17 @@ fn bench_overload_runs_three_configurations_and_prints_one_json_line() {
         let q = all["runs"][c]["engine_samples"].as_array().unwrap();
         assert!(!q.is_empty() && q[0].as_array().unwrap().len() == 3, "{c}");
     }
+    // The calibration measured the request rate too, and declared it to the controller as the
+    // policy's capacity_rps.
+    let rps = all["capacity_rps"].as_f64().expect("capacity_rps measured");
+    assert!(rps > 0.0, "{rps}");
+    assert_eq!(all["declared_capacity_rps"].as_f64(), Some(rps));
+    assert!(
+        stderr.contains(&format!(
+            "declared to the controller: capacity_rps {rps:.2}"
+        )),
+        "{stderr}"
+    );
     let md = std::fs::read_to_string(out_dir.path().join("overload.md")).unwrap();
     assert!(md.contains("| | baseline | loop_off | loop_on |"), "{md}");
     // Progress went to stderr as plain lines (not a terminal): no control codes.
