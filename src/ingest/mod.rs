@@ -23,6 +23,7 @@ pub mod listen;
 pub mod otlp;
 pub mod pipeline;
 pub mod spool;
+mod shipper;
 
 use std::sync::Arc;
 
