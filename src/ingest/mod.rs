@@ -22,8 +22,8 @@ pub mod limits;
 pub mod listen;
 pub mod otlp;
 pub mod pipeline;
-pub mod spool;
 mod shipper;
+pub mod spool;
 
 use std::sync::Arc;
 
