@@ -1263,4 +1263,56 @@ mod tests {
         );
         assert!(merged[0].iter().all(|(_, m)| *m == WriteMode::Replay));
     }
+
+    #[tokio::test]
+    async fn a_full_spool_refuses_with_spool_full_and_takes_requests_again_once_shipped() {
+        let store = Slow::clickhouse_like(0);
+        let dir = tempfile::tempdir().unwrap();
+        let (_stop, stopped) = watch::channel(false);
+        let spool = SpoolConfig {
+            max_bytes: 8192,
+            segment_bytes: 4096,
+            ..SpoolConfig::default()
+        };
+        let (p, _task, _) = Pipeline::start(
+            Arc::clone(&store) as Arc<dyn Store>,
+            &dir.path().join("spool"),
+            &IngestConfig::default(),
+            &spool,
+            Duration::from_secs(60),
+            Metrics::new(),
+            stopped,
+        )
+        .unwrap();
+        // One group larger than the whole spool: refused, nothing acknowledged, and it does not
+        // block the next request.
+        let err = p.submit(rows(200), 1000).await.unwrap_err();
+        assert!(matches!(err, SubmitError::SpoolFull { .. }), "{err}");
+        p.submit(rows(1), 1000).await.unwrap();
+        // The store takes nothing: the spool fills, then refuses.
+        let mut refused = None;
+        for _ in 0..200 {
+            if let Err(e) = p.submit(rows(5), 1000).await {
+                refused = Some(e);
+                break;
+            }
+        }
+        assert!(
+            matches!(refused, Some(SubmitError::SpoolFull { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(p.taken(), 0, "a refused request gives its memory back");
+        // Shipped: room again.
+        store.open_gate();
+        let mut ok = false;
+        for _ in 0..500 {
+            if p.submit(rows(1), 1000).await.is_ok() {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(ok, "requests are taken again once the shipper made room");
+        assert_eq!(store.doubled.load(Ordering::SeqCst), 0);
+    }
 }

@@ -210,7 +210,11 @@ impl WalWriter {
             match r {
                 Ok(a) => break Ok(a),
                 Err(SpoolError::Full { used, max, need }) => {
-                    self.shared.spool_full.store(true, Ordering::Relaxed);
+                    // New requests are refused until the shipper makes room; with nothing to
+                    // ship (a group larger than the whole spool) only this group is.
+                    if used > 0 {
+                        self.shared.spool_full.store(true, Ordering::Relaxed);
+                    }
                     tracing::warn!(
                         used,
                         max,
