@@ -284,6 +284,14 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
     if let Ok(ms) = arg(args, "--batch-delay-ms", "").parse::<u64>() {
         config.ingest.batch_max_delay = Duration::from_millis(ms);
     }
+    // `--clickhouse-ack spool|insert`: when ClickHouse ingest is acknowledged (default: the
+    // product's, `spool`).
+    match arg(args, "--clickhouse-ack", "").as_str() {
+        "" => {}
+        "spool" => config.ingest.clickhouse_ack = brownout::config::ClickHouseAck::Spool,
+        "insert" => config.ingest.clickhouse_ack = brownout::config::ClickHouseAck::Insert,
+        other => anyhow::bail!("--clickhouse-ack {other:?}: spool or insert"),
+    }
     let prefix = format!("bench{}_", uuid::Uuid::new_v4().simple());
     if store == "clickhouse" {
         let url =
@@ -337,8 +345,9 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
     let out = tokio::spawn(child.wait_with_output());
 
     println!(
-        "store={store} transport={transport} threads={threads} rate={rate} seconds={seconds} batch_max_delay_ms={} (load pid {child_pid})",
-        state.config.ingest.batch_max_delay.as_millis()
+        "store={store} transport={transport} threads={threads} rate={rate} seconds={seconds} batch_max_delay_ms={} clickhouse_ack={:?} (load pid {child_pid})",
+        state.config.ingest.batch_max_delay.as_millis(),
+        state.config.ingest.clickhouse_ack
     );
     println!(
         "{:>5} {:>12} {:>10} {:>9} {:>12}",

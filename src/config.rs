@@ -7,7 +7,7 @@
 //!
 //! Environment overrides (applied after the file, before validation):
 //! `BROWNOUT_DATA_DIR`, `CLICKHOUSE_URL`, `CLICKHOUSE_CLUSTER`, `REDIS_URL`,
-//! `BROWNOUT_SHARE_SLO_COUNTERS`, `BROWNOUT_SHARE_PATTERNS`, and the secrets `BROWNOUT_INGEST_TOKEN`,
+//! `BROWNOUT_SHARE_SLO_COUNTERS`, `BROWNOUT_SHARE_PATTERNS`, `BROWNOUT_CLICKHOUSE_ACK`, and the secrets `BROWNOUT_INGEST_TOKEN`,
 //! `BROWNOUT_READ_TOKEN`, `BROWNOUT_ADMIN_TOKEN`, `BROWNOUT_COMMAND_KEY` — each secret also as
 //! `<NAME>_FILE` naming a file that holds it (trailing whitespace trimmed).
 
@@ -99,6 +99,8 @@ pub struct RawIngest {
     pub request_timeout_ms: Option<u64>,
     pub tenant_items_per_sec: Option<u32>,
     pub tenant_burst_items: Option<u32>,
+    /// `spool` (default) or `insert`: see [`ClickHouseAck`].
+    pub clickhouse_ack: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -233,6 +235,31 @@ pub struct IngestConfig {
     pub tenant_items_per_sec: Option<std::num::NonZeroU32>,
     /// How many items a tenant may send at once above its rate (also the largest request).
     pub tenant_burst_items: std::num::NonZeroU32,
+    /// When a request is acknowledged with a ClickHouse store (SQLite always commits first).
+    pub clickhouse_ack: ClickHouseAck,
+}
+
+/// When ingest acknowledges a request whose rows go to ClickHouse (`ingest.clickhouse_ack`,
+/// env `BROWNOUT_CLICKHOUSE_ACK`; docs/INGEST.md "Write path").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClickHouseAck {
+    /// Once the rows are appended to the fsync'ed spool (group commit, one fsync per group); a
+    /// shipper drains the spool into ClickHouse behind the acknowledgement, merging records
+    /// into one INSERT per table, exactly once.
+    #[default]
+    Spool,
+    /// Once ClickHouse answered the group's INSERT (the spool only while it is down or slow).
+    Insert,
+}
+
+impl ClickHouseAck {
+    fn parse(s: &str) -> Option<ClickHouseAck> {
+        match s {
+            "spool" => Some(ClickHouseAck::Spool),
+            "insert" => Some(ClickHouseAck::Insert),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -260,6 +287,7 @@ impl Default for IngestConfig {
             request_timeout: Duration::from_secs(30),
             tenant_items_per_sec: std::num::NonZeroU32::new(250_000),
             tenant_burst_items: std::num::NonZeroU32::new(500_000).expect("non-zero"),
+            clickhouse_ack: ClickHouseAck::Spool,
         }
     }
 }
@@ -633,6 +661,20 @@ impl RawConfig {
                 field_err("ingest.tenant_burst_items", "must be greater than 0".into())
             })?,
         };
+        let clickhouse_ack = match env
+            .var("BROWNOUT_CLICKHOUSE_ACK")
+            .filter(|s| !s.is_empty())
+            .map(|v| ("BROWNOUT_CLICKHOUSE_ACK", v))
+            .or_else(|| {
+                self.ingest
+                    .clickhouse_ack
+                    .clone()
+                    .map(|v| ("ingest.clickhouse_ack", v))
+            }) {
+            None => d.clickhouse_ack,
+            Some((field, v)) => ClickHouseAck::parse(&v)
+                .ok_or_else(|| field_err(field, format!("{v:?}: \"spool\" or \"insert\"")))?,
+        };
 
         let ds = SpoolConfig::default();
         let spool_max = self.spool.max_bytes.unwrap_or(ds.max_bytes);
@@ -794,6 +836,7 @@ impl RawConfig {
                 request_timeout,
                 tenant_items_per_sec,
                 tenant_burst_items,
+                clickhouse_ack,
             },
             spool: SpoolConfig {
                 max_bytes: spool_max,
@@ -942,6 +985,10 @@ mod tests {
                 "control.share_patterns",
             ),
             ("[storage]\nretention_days = \"ten\"\n", "retention_days"),
+            (
+                "[ingest]\nclickhouse_ack = \"later\"\n",
+                "ingest.clickhouse_ack",
+            ),
         ];
         for (text, want) in cases {
             let err = Config::from_toml_str("bad.toml", text, &BTreeMap::new())
@@ -950,6 +997,23 @@ mod tests {
             assert!(err.starts_with("bad.toml"), "{err}");
             assert!(err.contains(want), "{text:?}: got {err:?}, want {want:?}");
         }
+    }
+
+    #[test]
+    fn clickhouse_ack_defaults_to_spool_and_the_env_wins() {
+        let c = Config::from_toml_str("x.toml", "", &BTreeMap::new()).unwrap();
+        assert_eq!(c.ingest.clickhouse_ack, ClickHouseAck::Spool);
+        let text = "[ingest]\nclickhouse_ack = \"insert\"\n";
+        let c = Config::from_toml_str("x.toml", text, &BTreeMap::new()).unwrap();
+        assert_eq!(c.ingest.clickhouse_ack, ClickHouseAck::Insert);
+        let e = env(&[("BROWNOUT_CLICKHOUSE_ACK", "spool")]);
+        let c = Config::from_toml_str("x.toml", text, &e).unwrap();
+        assert_eq!(c.ingest.clickhouse_ack, ClickHouseAck::Spool);
+        let e = env(&[("BROWNOUT_CLICKHOUSE_ACK", "both")]);
+        let err = Config::from_toml_str("x.toml", "", &e)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("BROWNOUT_CLICKHOUSE_ACK"), "{err}");
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod limits;
 pub mod listen;
 pub mod otlp;
 pub mod pipeline;
+mod shipper;
 pub mod spool;
 
 use std::sync::Arc;

@@ -8,6 +8,10 @@
 //!                                       spool not empty and store up ──────> replay oldest record (Replay mode), commit
 //! ```
 //!
+//! - With ClickHouse and `ingest.clickhouse_ack = "spool"` (the default) the writer below is
+//!   replaced by the WAL writer and spool shipper of `shipper.rs`: a group is acknowledged once
+//!   it is in the fsync'ed spool and shipped to ClickHouse behind the acknowledgement, merged,
+//!   exactly once. What follows is the writer of SQLite (and of ClickHouse with `insert`).
 //! - A request is *acknowledged* only once its rows are durable: committed to the store
 //!   (SQLite with `synchronous=FULL`, or an insert ClickHouse answered), or appended to the
 //!   fsync'ed spool. [`Pipeline::submit_reserved`] waits for that. The writer commits in
@@ -39,7 +43,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use super::spool::{Spool, SpoolError};
-use crate::config::{IngestConfig, SpoolConfig};
+use crate::config::{ClickHouseAck, IngestConfig, SpoolConfig};
 use crate::metrics::Metrics;
 use crate::store::{Batch, Store, WriteMode};
 
@@ -60,7 +64,7 @@ pub enum SubmitError {
     Tenant(#[from] super::limits::TenantLimitError),
 }
 
-struct Item {
+pub(super) struct Item {
     batch: Batch,
     /// Memory budget held until the batch is written or spooled.
     permit: Reservation,
@@ -69,12 +73,12 @@ struct Item {
 }
 
 /// What the writer holds for each queued request until its group is durable.
-struct Held {
+pub(super) struct Held {
     _permit: Reservation,
     done: oneshot::Sender<Result<(), SubmitError>>,
 }
 
-fn settle(held: &mut Vec<Held>, r: Result<(), SubmitError>) {
+pub(super) fn settle(held: &mut Vec<Held>, r: Result<(), SubmitError>) {
     for h in held.drain(..) {
         let _ = h.done.send(r.clone());
     }
@@ -148,6 +152,33 @@ impl Pipeline {
             store_up: true,
             spool_bytes: sp.pending_bytes(),
         });
+        if ingest.clickhouse_ack == ClickHouseAck::Spool && store.backend() == "clickhouse" {
+            let handle = start_wal(
+                store,
+                sp,
+                ingest,
+                spool,
+                write_timeout,
+                &metrics,
+                Arc::clone(&spool_full),
+                status_tx,
+                rx,
+                shutdown,
+            );
+            return Ok((
+                Pipeline {
+                    tx,
+                    permits,
+                    max_permits,
+                    wait: ingest.backpressure_wait,
+                    retry_after_secs: spool.retry_after_secs,
+                    spool_full,
+                    metrics,
+                },
+                PipelineTask { handle },
+                status_rx,
+            ));
+        }
         let writer = Writer {
             store,
             spool: Arc::new(Mutex::new(sp)),
@@ -266,6 +297,64 @@ impl Pipeline {
             .map_err(|_| SubmitError::Closed)?;
         durable.await.unwrap_or(Err(SubmitError::NotStored))
     }
+}
+
+/// ClickHouse acknowledged from the spool (`ingest.clickhouse_ack = "spool"`): the WAL writer
+/// appends and answers, the shipper drains the spool into the store (`shipper.rs`).
+#[allow(clippy::too_many_arguments)]
+fn start_wal(
+    store: Arc<dyn Store>,
+    sp: Spool,
+    ingest: &IngestConfig,
+    spool: &SpoolConfig,
+    write_timeout: Duration,
+    metrics: &Metrics,
+    spool_full: Arc<std::sync::atomic::AtomicBool>,
+    status: watch::Sender<WriterStatus>,
+    rx: mpsc::UnboundedReceiver<Item>,
+    shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    use super::shipper::{Shared, Shipper, WalWriter};
+    let backlog_start = sp.cursor();
+    let backlog_end = sp.end();
+    let shared = Arc::new(Shared {
+        spool_bytes: std::sync::atomic::AtomicU64::new(sp.pending_bytes()),
+        spool: Arc::new(Mutex::new(sp)),
+        metrics: metrics.clone(),
+        status,
+        store_up: std::sync::atomic::AtomicBool::new(true),
+        spool_full,
+        cached: std::sync::atomic::AtomicUsize::new(0),
+        cache_limit: ingest.max_inflight_bytes / 4,
+    });
+    let (to_shipper, from_writer) = mpsc::unbounded_channel();
+    let writer = WalWriter {
+        shared: Arc::clone(&shared),
+        rx,
+        to_shipper,
+        max_rows: ingest.batch_max_rows.get(),
+        max_delay: ingest.batch_max_delay,
+        retry_after_secs: spool.retry_after_secs,
+    };
+    let shipper = Shipper {
+        shared,
+        store,
+        rx: from_writer,
+        max_rows: ingest.batch_max_rows.get(),
+        write_timeout,
+        backlog_end,
+        next_disk: backlog_start,
+    };
+    let w = tokio::spawn(writer.run(shutdown.clone()));
+    let s = tokio::spawn(shipper.run(shutdown));
+    tokio::spawn(async move {
+        if let Err(e) = w.await {
+            tracing::error!(error = %e, "ingest WAL writer task failed");
+        }
+        if let Err(e) = s.await {
+            tracing::error!(error = %e, "spool shipper task failed");
+        }
+    })
 }
 
 /// Memory taken from the ingest budget; given back when dropped or when its batch is written.
@@ -699,14 +788,14 @@ impl Writer {
     }
 }
 
-fn poisoned() -> SpoolError {
+pub(super) fn poisoned() -> SpoolError {
     SpoolError::Io {
         path: "<spool>".into(),
         source: std::io::Error::other("spool mutex poisoned"),
     }
 }
 
-fn take(pending: &mut Batch, held: &mut Vec<Held>, mut item: Item) {
+pub(super) fn take(pending: &mut Batch, held: &mut Vec<Held>, mut item: Item) {
     pending.append(&mut item.batch);
     held.push(Held {
         _permit: item.permit,
@@ -783,18 +872,51 @@ mod tests {
         max_active: AtomicUsize,
         /// (batch id, rows) of each write the store took.
         writes: Mutex<Vec<(u64, usize)>>,
+        /// `"clickhouse"` makes the pipeline acknowledge from the spool.
+        backend: &'static str,
+        /// Merged writes wait for a permit each (`None`: they do not wait).
+        gate: Option<tokio::sync::Semaphore>,
+        /// This many merged writes store their rows, then fail (the answer was lost).
+        lose: AtomicUsize,
+        /// (batch id, mode) of each merged write, in call order.
+        merged: Mutex<Vec<Vec<(u64, WriteMode)>>>,
+        /// Batches written `Fresh` although already stored.
+        doubled: AtomicUsize,
     }
 
     impl Slow {
         fn new(delay_ms: u64, concurrency: usize, fail: usize) -> Arc<Slow> {
-            Arc::new(Slow {
+            Arc::new(Slow::base(delay_ms, concurrency, fail))
+        }
+        fn base(delay_ms: u64, concurrency: usize, fail: usize) -> Slow {
+            Slow {
                 delay: Duration::from_millis(delay_ms),
                 concurrency,
                 fail: AtomicUsize::new(fail),
                 active: AtomicUsize::new(0),
                 max_active: AtomicUsize::new(0),
                 writes: Mutex::new(Vec::new()),
+                backend: "slow",
+                gate: None,
+                lose: AtomicUsize::new(0),
+                merged: Mutex::new(Vec::new()),
+                doubled: AtomicUsize::new(0),
+            }
+        }
+        /// A ClickHouse-like store (acknowledged from the spool) whose writes wait for
+        /// [`Slow::open_gate`] and whose first `lose` merged writes lose their answer.
+        fn clickhouse_like(lose: usize) -> Arc<Slow> {
+            Arc::new(Slow {
+                backend: "clickhouse",
+                gate: Some(tokio::sync::Semaphore::new(0)),
+                lose: AtomicUsize::new(lose),
+                ..Slow::base(0, 2, 0)
             })
+        }
+        fn open_gate(&self) {
+            if let Some(g) = &self.gate {
+                g.add_permits(1 << 20);
+            }
         }
         fn writes(&self) -> Vec<(u64, usize)> {
             self.writes.lock().unwrap().clone()
@@ -807,7 +929,39 @@ mod tests {
 
     impl Store for Slow {
         fn backend(&self) -> &'static str {
-            "slow"
+            self.backend
+        }
+        fn write_merged(&self, batches: Vec<(Arc<Batch>, WriteMode)>) -> StoreFuture<'_, ()> {
+            Box::pin(async move {
+                if let Some(g) = &self.gate {
+                    g.acquire().await.expect("gate").forget();
+                }
+                self.merged
+                    .lock()
+                    .unwrap()
+                    .push(batches.iter().map(|(b, m)| (b.id, *m)).collect());
+                {
+                    let mut w = self.writes.lock().unwrap();
+                    for (b, mode) in &batches {
+                        let there = w.iter().any(|(id, _)| *id == b.id);
+                        match (there, mode) {
+                            (false, _) => w.push((b.id, b.num_rows())),
+                            (true, WriteMode::Fresh) => {
+                                self.doubled.fetch_add(1, Ordering::SeqCst);
+                            }
+                            (true, WriteMode::Replay) => {}
+                        }
+                    }
+                }
+                if self
+                    .lose
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
+                    .is_ok()
+                {
+                    return Err(StoreError::BadQuery("answer lost".into()));
+                }
+                Ok(())
+            })
         }
         fn migrate(&self) -> StoreFuture<'_, ()> {
             Box::pin(async { Ok(()) })
@@ -995,5 +1149,170 @@ mod tests {
         let mut sizes: Vec<usize> = store.writes().iter().map(|w| w.1).collect();
         sizes.sort_unstable();
         assert_eq!(sizes, vec![4, 5]);
+    }
+
+    async fn wait_for(what: impl Fn() -> bool) {
+        for _ in 0..1000 {
+            if what() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("condition never held");
+    }
+
+    #[tokio::test]
+    async fn clickhouse_is_acknowledged_from_the_spool_and_shipped_merged_behind_it() {
+        let store = Slow::clickhouse_like(0);
+        let (p, task, stop, dir) = start(Arc::clone(&store));
+        // The store takes nothing yet: every request is still answered (durable in the spool)
+        // and its memory is given back.
+        for n in 1..=5 {
+            p.submit(rows(n), 1000).await.unwrap();
+        }
+        assert!(store.writes().is_empty(), "acknowledged before any insert");
+        assert_eq!(p.taken(), 0, "memory given back once spooled");
+        let spooled = Spool::open(&dir.path().join("spool"), 1 << 30, 64 << 20)
+            .unwrap()
+            .pending_bytes();
+        assert!(spooled > 0, "the acknowledged rows are in the spool");
+        store.open_gate();
+        wait_for(|| store.writes().iter().map(|w| w.1).sum::<usize>() == 15).await;
+        // Five records, at most two inserts in flight: the ones queued behind the first
+        // inserts were merged.
+        let merged = store.merged.lock().unwrap().clone();
+        assert!(merged.len() < 5, "records merged: {merged:?}");
+        assert!(merged.iter().flatten().all(|(_, m)| *m == WriteMode::Fresh));
+        assert_eq!(store.doubled.load(Ordering::SeqCst), 0);
+        stop.send(true).unwrap();
+        task.finish().await;
+        let s = Spool::open(&dir.path().join("spool"), 1 << 30, 64 << 20).unwrap();
+        assert!(s.is_empty(), "the cursor moved past everything shipped");
+    }
+
+    #[tokio::test]
+    async fn a_merged_insert_whose_answer_was_lost_is_retried_with_the_check_not_doubled() {
+        let store = Slow::clickhouse_like(1);
+        let (p, _task, _stop, _dir) = start(Arc::clone(&store));
+        for n in 1..=4 {
+            p.submit(rows(n), 1000).await.unwrap();
+        }
+        store.open_gate();
+        wait_for(|| store.merged.lock().unwrap().len() >= 2).await;
+        wait_for(|| store.writes().iter().map(|w| w.1).sum::<usize>() == 10).await;
+        let merged = store.merged.lock().unwrap().clone();
+        // The retry of the lost insert asks the store to check those batches.
+        let lost: Vec<u64> = merged[0].iter().map(|(id, _)| *id).collect();
+        let retried: Vec<(u64, WriteMode)> = merged[1..]
+            .iter()
+            .flatten()
+            .filter(|(id, _)| lost.contains(id))
+            .copied()
+            .collect();
+        assert!(!retried.is_empty(), "{merged:?}");
+        assert!(
+            retried.iter().all(|(_, m)| *m == WriteMode::Replay),
+            "{merged:?}"
+        );
+        assert_eq!(store.doubled.load(Ordering::SeqCst), 0, "{merged:?}");
+    }
+
+    #[tokio::test]
+    async fn after_a_restart_the_unshipped_records_are_shipped_with_the_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool_dir = dir.path().join("spool");
+        // First life: acknowledged, never shipped (the store never answers), then gone.
+        let store = Slow::clickhouse_like(0);
+        let (stop, stopped) = watch::channel(false);
+        let (p, task, _) = Pipeline::start(
+            Arc::clone(&store) as Arc<dyn Store>,
+            &spool_dir,
+            &IngestConfig::default(),
+            &SpoolConfig::default(),
+            Duration::from_secs(60),
+            Metrics::new(),
+            stopped,
+        )
+        .unwrap();
+        for n in 1..=3 {
+            p.submit(rows(n), 1000).await.unwrap();
+        }
+        drop(p);
+        drop(task); // the tasks are left hanging on the closed gate, as if killed
+        drop(stop);
+        // Second life on the same spool.
+        let store2 = Slow::clickhouse_like(0);
+        store2.open_gate();
+        let (_stop2, stopped2) = watch::channel(false);
+        let (_p2, _task2, _) = Pipeline::start(
+            Arc::clone(&store2) as Arc<dyn Store>,
+            &spool_dir,
+            &IngestConfig::default(),
+            &SpoolConfig::default(),
+            Duration::from_secs(60),
+            Metrics::new(),
+            stopped2,
+        )
+        .unwrap();
+        wait_for(|| store2.writes().iter().map(|w| w.1).sum::<usize>() == 6).await;
+        let merged = store2.merged.lock().unwrap().clone();
+        assert_eq!(
+            merged.len(),
+            1,
+            "the backlog went as one merged insert: {merged:?}"
+        );
+        assert!(merged[0].iter().all(|(_, m)| *m == WriteMode::Replay));
+    }
+
+    #[tokio::test]
+    async fn a_full_spool_refuses_with_spool_full_and_takes_requests_again_once_shipped() {
+        let store = Slow::clickhouse_like(0);
+        let dir = tempfile::tempdir().unwrap();
+        let (_stop, stopped) = watch::channel(false);
+        let spool = SpoolConfig {
+            max_bytes: 8192,
+            segment_bytes: 4096,
+            ..SpoolConfig::default()
+        };
+        let (p, _task, _) = Pipeline::start(
+            Arc::clone(&store) as Arc<dyn Store>,
+            &dir.path().join("spool"),
+            &IngestConfig::default(),
+            &spool,
+            Duration::from_secs(60),
+            Metrics::new(),
+            stopped,
+        )
+        .unwrap();
+        // One group larger than the whole spool: refused, nothing acknowledged, and it does not
+        // block the next request.
+        let err = p.submit(rows(200), 1000).await.unwrap_err();
+        assert!(matches!(err, SubmitError::SpoolFull { .. }), "{err}");
+        p.submit(rows(1), 1000).await.unwrap();
+        // The store takes nothing: the spool fills, then refuses.
+        let mut refused = None;
+        for _ in 0..200 {
+            if let Err(e) = p.submit(rows(5), 1000).await {
+                refused = Some(e);
+                break;
+            }
+        }
+        assert!(
+            matches!(refused, Some(SubmitError::SpoolFull { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(p.taken(), 0, "a refused request gives its memory back");
+        // Shipped: room again.
+        store.open_gate();
+        let mut ok = false;
+        for _ in 0..500 {
+            if p.submit(rows(1), 1000).await.is_ok() {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(ok, "requests are taken again once the shipper made room");
+        assert_eq!(store.doubled.load(Ordering::SeqCst), 0);
     }
 }

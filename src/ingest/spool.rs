@@ -53,6 +53,25 @@ pub struct Peeked {
     pub end: u64,
 }
 
+/// Where a record starts (or the spool ends): a segment id and a byte offset in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Pos {
+    pub segment: u64,
+    pub offset: u64,
+}
+
+/// What [`Spool::read_at`] found at a position past the cursor.
+#[derive(Debug)]
+pub enum ReadAt {
+    /// A whole, valid record (its `end` is where the next one starts).
+    Record(Peeked),
+    /// Nothing there yet: the end of the newest segment.
+    End,
+    /// A record that cannot be trusted: the rest of its segment is skipped, reading goes on
+    /// at `next`.
+    Corrupt { next: Pos },
+}
+
 /// The spool. Not thread-safe by itself: the ingest writer owns it behind a mutex.
 #[derive(Debug)]
 pub struct Spool {
@@ -223,6 +242,154 @@ impl Spool {
     /// [`SpoolError::Full`] when it would pass `max_bytes` (nothing is written), or IO.
     pub fn append(&mut self, payload: &[u8]) -> Result<(), SpoolError> {
         self.append_inner(payload, true)
+    }
+
+    /// [`Spool::append`], saying where the record starts and where it ends.
+    ///
+    /// # Errors
+    /// As [`Spool::append`].
+    pub fn append_pos(&mut self, payload: &[u8]) -> Result<(Pos, Pos), SpoolError> {
+        self.append_inner(payload, true)?;
+        let segment = *self.segments.last().expect("non-empty");
+        let start = self.write_len - HEADER - payload.len() as u64;
+        Ok((
+            Pos {
+                segment,
+                offset: start,
+            },
+            Pos {
+                segment,
+                offset: self.write_len,
+            },
+        ))
+    }
+
+    /// The first record not yet replayed.
+    pub fn cursor(&self) -> Pos {
+        Pos {
+            segment: self.read_seg,
+            offset: self.read_off,
+        }
+    }
+
+    /// Where the next appended record will start (or the newest segment ends).
+    pub fn end(&self) -> Pos {
+        Pos {
+            segment: *self.segments.last().expect("non-empty"),
+            offset: self.write_len,
+        }
+    }
+
+    fn seg_len(&self, id: u64) -> Result<u64, SpoolError> {
+        if Some(&id) == self.segments.last() {
+            return Ok(self.write_len);
+        }
+        let path = seg_path(&self.dir, id);
+        Ok(fs::metadata(&path).map_err(io_err(&path))?.len())
+    }
+
+    /// Reads the record at `at` (at or after the cursor), without moving the cursor: the
+    /// shipper reads ahead of it to merge records. At the end of an older segment it goes on
+    /// in the next one.
+    ///
+    /// # Errors
+    /// IO errors reading the segment.
+    pub fn read_at(&self, mut at: Pos) -> Result<ReadAt, SpoolError> {
+        loop {
+            let len = match self.segments.binary_search(&at.segment) {
+                Ok(_) => self.seg_len(at.segment)?,
+                // A segment already dropped (everything in it committed): go on at the cursor.
+                Err(_) if at.segment < self.read_seg => {
+                    at = self.cursor();
+                    continue;
+                }
+                Err(_) => return Ok(ReadAt::End),
+            };
+            let is_last = Some(&at.segment) == self.segments.last();
+            if at.offset >= len {
+                if is_last {
+                    return Ok(ReadAt::End);
+                }
+                let pos = self.segments.binary_search(&at.segment).unwrap_or_default();
+                at = Pos {
+                    segment: self.segments[pos + 1],
+                    offset: 0,
+                };
+                continue;
+            }
+            let path = seg_path(&self.dir, at.segment);
+            let skip = Pos {
+                segment: at.segment,
+                offset: len,
+            };
+            if len - at.offset < HEADER {
+                return Ok(ReadAt::Corrupt { next: skip });
+            }
+            let mut f = File::open(&path).map_err(io_err(&path))?;
+            f.seek(SeekFrom::Start(at.offset)).map_err(io_err(&path))?;
+            let mut h = [0u8; 8];
+            f.read_exact(&mut h).map_err(io_err(&path))?;
+            let n = u64::from(u32::from_le_bytes([h[0], h[1], h[2], h[3]]));
+            let crc = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+            if n > MAX_RECORD_BYTES || len - at.offset - HEADER < n {
+                return Ok(ReadAt::Corrupt { next: skip });
+            }
+            let mut payload = vec![0u8; n as usize];
+            f.read_exact(&mut payload).map_err(io_err(&path))?;
+            if crc32fast::hash(&payload) != crc {
+                return Ok(ReadAt::Corrupt { next: skip });
+            }
+            return Ok(ReadAt::Record(Peeked {
+                payload,
+                segment: at.segment,
+                end: at.offset + HEADER + n,
+            }));
+        }
+    }
+
+    /// Moves the cursor forward to `to` (a record's end, or a position past skipped bytes):
+    /// everything before it was shipped. One cursor write; segments left wholly behind are
+    /// deleted after it. A position at or before the cursor changes nothing.
+    ///
+    /// # Errors
+    /// IO errors writing the cursor.
+    pub fn commit_to(&mut self, to: Pos) -> Result<(), SpoolError> {
+        if to <= self.cursor() {
+            return Ok(());
+        }
+        let mut gone = Vec::new();
+        while self.read_seg < to.segment {
+            let len = self.seg_len(self.read_seg)?;
+            self.pending_bytes = self
+                .pending_bytes
+                .saturating_sub(len.saturating_sub(self.read_off));
+            let pos = self
+                .segments
+                .iter()
+                .position(|&s| s == self.read_seg)
+                .unwrap_or(0);
+            if pos + 1 >= self.segments.len() {
+                break;
+            }
+            gone.push(self.segments.remove(pos));
+            self.read_seg = self.segments[pos];
+            self.read_off = 0;
+        }
+        if self.read_seg == to.segment && to.offset > self.read_off {
+            let len = self.seg_len(self.read_seg)?;
+            let to_off = to.offset.min(len);
+            self.pending_bytes = self.pending_bytes.saturating_sub(to_off - self.read_off);
+            self.read_off = to_off;
+        }
+        self.write_cursor()?;
+        for id in gone {
+            let _ = fs::remove_file(seg_path(&self.dir, id));
+        }
+        let is_last = Some(&self.read_seg) == self.segments.last();
+        if !is_last && self.read_off >= self.seg_len(self.read_seg)? {
+            self.advance_segment()?;
+        }
+        Ok(())
     }
 
     /// Appends even past `max_bytes`: for shutdown, when keeping what was already accepted
@@ -434,6 +601,64 @@ mod tests {
             s.peek().unwrap().is_none(),
             "nothing replays twice after reopen"
         );
+    }
+
+    #[test]
+    fn read_ahead_and_commit_to_across_segments_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Spool::open(dir.path(), 1 << 20, 4096).unwrap();
+        let recs: Vec<Vec<u8>> = (0..30u8).map(|i| vec![i; 300]).collect();
+        let mut ends = Vec::new();
+        for r in &recs {
+            let (start, end) = s.append_pos(r).unwrap();
+            match s.read_at(start).unwrap() {
+                ReadAt::Record(p) => assert_eq!(&p.payload, r),
+                other => panic!("{other:?}"),
+            }
+            ends.push(end);
+        }
+        // Walk ahead of the cursor, across segment ends, without moving it.
+        let mut at = s.cursor();
+        let mut seen = Vec::new();
+        while let ReadAt::Record(p) = s.read_at(at).unwrap() {
+            at = Pos {
+                segment: p.segment,
+                offset: p.end,
+            };
+            seen.push(p.payload);
+        }
+        assert_eq!(seen, recs);
+        assert_eq!(at, s.end());
+        let total = s.pending_bytes();
+        s.commit_to(ends[9]).unwrap();
+        assert_eq!(s.pending_bytes(), total - 10 * (300 + HEADER));
+        s.commit_to(ends[3]).unwrap(); // behind the cursor: nothing moves
+        assert_eq!(s.pending_bytes(), total - 10 * (300 + HEADER));
+        drop(s);
+        let mut s = Spool::open(dir.path(), 1 << 20, 4096).unwrap();
+        assert_eq!(s.pending_bytes(), total - 10 * (300 + HEADER));
+        assert_eq!(s.peek().unwrap().unwrap().payload, recs[10]);
+        let end = s.end();
+        s.commit_to(end).unwrap();
+        assert!(s.is_empty());
+        assert_eq!(
+            fs::read_dir(dir.path())
+                .unwrap()
+                .filter(|e| e
+                    .as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "seg"))
+                .count(),
+            1,
+            "segments behind the cursor deleted"
+        );
+        drop(s);
+        let mut s = Spool::open(dir.path(), 1 << 20, 4096).unwrap();
+        assert!(s.peek().unwrap().is_none());
+        s.append(b"next").unwrap();
+        assert_eq!(drain(&mut s), vec![b"next".to_vec()]);
     }
 
     #[test]

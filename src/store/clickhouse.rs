@@ -10,7 +10,9 @@
 //!   `argMax`.
 //! - Every row carries `batch_id` and `seq` (its index in the batch). A replayed batch first
 //!   asks which `seq`s of that batch each table already holds and writes only the rest, so a
-//!   write that succeeded on the server but whose answer was lost is not doubled.
+//!   write that succeeded on the server but whose answer was lost is not doubled. A merged
+//!   write ([`Store::write_merged`]: several spool records in one INSERT per table) keeps each
+//!   row's own batch id and index and asks once per table for all its batches in replay mode.
 //! - **Cluster** (`storage.clickhouse_cluster`, docs/SCALING.md): each table `t` becomes a
 //!   `Replicated…MergeTree` `t_local` created `ON CLUSTER` (ZooKeeper path
 //!   `/clickhouse/tables/{shard}/<db>.t_local`, replica `{replica}`: the servers' macros) and a
@@ -22,6 +24,7 @@
 //!   `ON CLUSTER` on the local tables.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use brownout_protocol::{AgentSnapshot, Category, Criticality, FailureEvent};
 use clickhouse::{Client, Row};
@@ -353,17 +356,6 @@ impl ClickHouseStore {
         Ok(n > 0)
     }
 
-    /// Which `seq`s of `batch_id` table `t` already holds.
-    async fn present(&self, t: &str, batch_id: u64) -> Result<HashSet<u32>, StoreError> {
-        let seqs: Vec<u32> = self
-            .client
-            .query(&format!("SELECT seq FROM {t} WHERE batch_id = ?"))
-            .bind(batch_id)
-            .fetch_all()
-            .await?;
-        Ok(seqs.into_iter().collect())
-    }
-
     async fn insert_rows<T>(
         &self,
         table: &str,
@@ -416,133 +408,80 @@ impl ClickHouseStore {
     }
 
     async fn write(&self, b: &Batch, mode: WriteMode) -> Result<(), StoreError> {
+        self.write_many(&[(b, mode)]).await
+    }
+
+    /// Which `(batch_id, seq)` of the batches `ids` table `t` already holds: one query for all
+    /// of them. No query when `ids` is empty.
+    async fn present_many(&self, t: &str, ids: &[u64]) -> Result<HashSet<(u64, u32)>, StoreError> {
+        if ids.is_empty() {
+            return Ok(HashSet::new());
+        }
+        #[derive(Row, Deserialize)]
+        struct Present {
+            batch_id: u64,
+            seq: u32,
+        }
+        // Ids are numbers: written into the query, not bound (a list of them).
+        let list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        let rows: Vec<Present> = self
+            .client
+            .query(&format!(
+                "SELECT batch_id, seq FROM {t} WHERE batch_id IN ({list})"
+            ))
+            .fetch_all()
+            .await?;
+        Ok(rows.into_iter().map(|r| (r.batch_id, r.seq)).collect())
+    }
+
+    /// Writes several batches with one INSERT per table (the four tables at once). Each row
+    /// keeps its own batch's id and index, so a merged insert is checked on replay like a
+    /// single one: for the batches in [`WriteMode::Replay`] (their earlier write may have
+    /// landed) one query per table asks which of their rows are there, and only the rest are
+    /// inserted; [`WriteMode::Fresh`] batches are not checked.
+    async fn write_many(&self, items: &[(&Batch, WriteMode)]) -> Result<(), StoreError> {
         self.ensure_migrated().await?;
-        let skip = |t: &str, len: usize| {
-            let t = t.to_string();
-            async move {
-                if mode == WriteMode::Replay && len > 0 {
-                    self.present(&t, b.id).await
-                } else {
-                    Ok(HashSet::new())
-                }
-            }
-        };
         let spans = async {
-            let present = skip(&self.spans, b.spans.len()).await?;
-            self.insert_rows(
-                &self.spans,
-                b.spans
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| !present.contains(&(*i as u32)))
-                    .map(|(i, s)| {
-                        let (attr_keys, attr_values) = unzip(&s.attributes);
-                        ChSpan {
-                            ts: secs_from_us(s.start_us),
-                            start_us: s.start_us,
-                            duration_us: s.duration_us,
-                            trace_id: s.trace_id.clone(),
-                            span_id: s.span_id.clone(),
-                            parent_span_id: s.parent_span_id.clone(),
-                            service: s.service.clone(),
-                            name: s.name.clone(),
-                            kind: s.kind,
-                            status: s.status,
-                            status_message: s.status_message.clone(),
-                            feature: s.feature.clone(),
-                            criticality: s.criticality.clone(),
-                            host: s.host.clone(),
-                            is_request: u8::from(s.is_request),
-                            attr_keys,
-                            attr_values,
-                            batch_id: b.id,
-                            seq: i as u32,
-                        }
-                    }),
-            )
-            .await
+            let present = self
+                .present_many(&self.spans, &replay_ids(items, span_count))
+                .await?;
+            self.insert_rows(&self.spans, span_rows(items, &present))
+                .await
         };
         let logs = async {
-            let present = skip(&self.logs, b.logs.len()).await?;
-            self.insert_rows(
-                &self.logs,
-                b.logs
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| !present.contains(&(*i as u32)))
-                    .map(|(i, l)| {
-                        let (attr_keys, attr_values) = unzip(&l.attributes);
-                        ChLog {
-                            ts: secs_from_us(l.ts_us),
-                            ts_us: l.ts_us,
-                            trace_id: l.trace_id.clone(),
-                            span_id: l.span_id.clone(),
-                            service: l.service.clone(),
-                            host: l.host.clone(),
-                            severity_number: l.severity_number,
-                            severity_text: l.severity_text.clone(),
-                            body: l.body.clone(),
-                            attr_keys,
-                            attr_values,
-                            batch_id: b.id,
-                            seq: i as u32,
-                        }
-                    }),
-            )
-            .await
+            let present = self
+                .present_many(&self.logs, &replay_ids(items, log_count))
+                .await?;
+            self.insert_rows(&self.logs, log_rows(items, &present))
+                .await
         };
         let failures = async {
-            let present = skip(&self.failures, b.failures.len()).await?;
-            self.insert_rows(
-                &self.failures,
-                b.failures
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| !present.contains(&(*i as u32)))
-                    .map(|(i, f)| {
-                        let e = &f.event;
-                        let (attr_keys, attr_values) = super::map_to_pairs(&e.attributes);
-                        ChFailure {
-                            ts: secs_from_ms(e.ts_ms),
-                            ts_ms: e.ts_ms,
-                            id: f.id.clone(),
-                            service: e.service.clone(),
-                            host: e.host.clone(),
-                            request_id: e.request_id.clone(),
-                            trace_id: e.trace_id.clone(),
-                            user_id: e.user_id.clone(),
-                            feature: e.feature.clone(),
-                            criticality: e.criticality.as_str().to_string(),
-                            category: e.category.as_str().to_string(),
-                            error_type: e.error_type.clone(),
-                            message: e.message.clone(),
-                            latency_ms: e.latency_ms,
-                            pattern: f.pattern.clone(),
-                            attr_keys,
-                            attr_values,
-                            batch_id: b.id,
-                            seq: i as u32,
-                        }
-                    }),
-            )
-            .await
+            let present = self
+                .present_many(&self.failures, &replay_ids(items, failure_count))
+                .await?;
+            self.insert_rows(&self.failures, failure_rows(items, &present))
+                .await
         };
         let snapshots = async {
-            let present = skip(&self.snapshots, b.snapshots.len()).await?;
-            let mut snaps = Vec::with_capacity(b.snapshots.len());
-            for (i, s) in b.snapshots.iter().enumerate() {
-                if present.contains(&(i as u32)) {
-                    continue;
+            let present = self
+                .present_many(&self.snapshots, &replay_ids(items, snapshot_count))
+                .await?;
+            let mut snaps = Vec::new();
+            for &(b, _) in items {
+                for (i, s) in b.snapshots.iter().enumerate() {
+                    if present.contains(&(b.id, i as u32)) {
+                        continue;
+                    }
+                    snaps.push(ChSnapshot {
+                        ts: secs_from_ms(s.ts_ms),
+                        ts_ms: s.ts_ms,
+                        host: s.host.clone(),
+                        json: serde_json::to_string(s)
+                            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                        batch_id: b.id,
+                        seq: i as u32,
+                    });
                 }
-                snaps.push(ChSnapshot {
-                    ts: secs_from_ms(s.ts_ms),
-                    ts_ms: s.ts_ms,
-                    host: s.host.clone(),
-                    json: serde_json::to_string(s)
-                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                    batch_id: b.id,
-                    seq: i as u32,
-                });
             }
             self.insert_rows(&self.snapshots, snaps.into_iter()).await
         };
@@ -550,6 +489,135 @@ impl ClickHouseStore {
         futures::future::try_join4(spans, logs, failures, snapshots).await?;
         Ok(())
     }
+}
+
+/// The ids of the batches in replay mode that have rows in a table (`rows` counts them).
+fn replay_ids(items: &[(&Batch, WriteMode)], rows: fn(&Batch) -> usize) -> Vec<u64> {
+    items
+        .iter()
+        .filter(|(b, m)| *m == WriteMode::Replay && rows(b) > 0)
+        .map(|(b, _)| b.id)
+        .collect()
+}
+
+fn span_count(b: &Batch) -> usize {
+    b.spans.len()
+}
+
+fn log_count(b: &Batch) -> usize {
+    b.logs.len()
+}
+
+fn failure_count(b: &Batch) -> usize {
+    b.failures.len()
+}
+
+fn snapshot_count(b: &Batch) -> usize {
+    b.snapshots.len()
+}
+
+/// The spans of `items` not in `present`, as rows (each with its batch id and index).
+fn span_rows<'a>(
+    items: &'a [(&'a Batch, WriteMode)],
+    present: &'a HashSet<(u64, u32)>,
+) -> impl Iterator<Item = ChSpan> + Send + 'a {
+    items.iter().flat_map(move |&(b, _)| {
+        b.spans
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| !present.contains(&(b.id, *i as u32)))
+            .map(move |(i, s)| {
+                let (attr_keys, attr_values) = unzip(&s.attributes);
+                ChSpan {
+                    ts: secs_from_us(s.start_us),
+                    start_us: s.start_us,
+                    duration_us: s.duration_us,
+                    trace_id: s.trace_id.clone(),
+                    span_id: s.span_id.clone(),
+                    parent_span_id: s.parent_span_id.clone(),
+                    service: s.service.clone(),
+                    name: s.name.clone(),
+                    kind: s.kind,
+                    status: s.status,
+                    status_message: s.status_message.clone(),
+                    feature: s.feature.clone(),
+                    criticality: s.criticality.clone(),
+                    host: s.host.clone(),
+                    is_request: u8::from(s.is_request),
+                    attr_keys,
+                    attr_values,
+                    batch_id: b.id,
+                    seq: i as u32,
+                }
+            })
+    })
+}
+
+fn log_rows<'a>(
+    items: &'a [(&'a Batch, WriteMode)],
+    present: &'a HashSet<(u64, u32)>,
+) -> impl Iterator<Item = ChLog> + Send + 'a {
+    items.iter().flat_map(move |&(b, _)| {
+        b.logs
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| !present.contains(&(b.id, *i as u32)))
+            .map(move |(i, l)| {
+                let (attr_keys, attr_values) = unzip(&l.attributes);
+                ChLog {
+                    ts: secs_from_us(l.ts_us),
+                    ts_us: l.ts_us,
+                    trace_id: l.trace_id.clone(),
+                    span_id: l.span_id.clone(),
+                    service: l.service.clone(),
+                    host: l.host.clone(),
+                    severity_number: l.severity_number,
+                    severity_text: l.severity_text.clone(),
+                    body: l.body.clone(),
+                    attr_keys,
+                    attr_values,
+                    batch_id: b.id,
+                    seq: i as u32,
+                }
+            })
+    })
+}
+
+fn failure_rows<'a>(
+    items: &'a [(&'a Batch, WriteMode)],
+    present: &'a HashSet<(u64, u32)>,
+) -> impl Iterator<Item = ChFailure> + Send + 'a {
+    items.iter().flat_map(move |&(b, _)| {
+        b.failures
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| !present.contains(&(b.id, *i as u32)))
+            .map(move |(i, f)| {
+                let e = &f.event;
+                let (attr_keys, attr_values) = super::map_to_pairs(&e.attributes);
+                ChFailure {
+                    ts: secs_from_ms(e.ts_ms),
+                    ts_ms: e.ts_ms,
+                    id: f.id.clone(),
+                    service: e.service.clone(),
+                    host: e.host.clone(),
+                    request_id: e.request_id.clone(),
+                    trace_id: e.trace_id.clone(),
+                    user_id: e.user_id.clone(),
+                    feature: e.feature.clone(),
+                    criticality: e.criticality.as_str().to_string(),
+                    category: e.category.as_str().to_string(),
+                    error_type: e.error_type.clone(),
+                    message: e.message.clone(),
+                    latency_ms: e.latency_ms,
+                    pattern: f.pattern.clone(),
+                    attr_keys,
+                    attr_values,
+                    batch_id: b.id,
+                    seq: i as u32,
+                }
+            })
+    })
 }
 
 fn span_from_ch(s: ChSpan) -> SpanRow {
@@ -685,6 +753,16 @@ impl Store for ClickHouseStore {
 
     fn write_batch<'a>(&'a self, batch: &'a Batch, mode: WriteMode) -> StoreFuture<'a, ()> {
         Box::pin(self.write(batch, mode))
+    }
+
+    /// One INSERT per table for all of them; the replay check only for the batches in
+    /// [`WriteMode::Replay`] (one query per table for all of those).
+    fn write_merged(&self, batches: Vec<(Arc<Batch>, WriteMode)>) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let items: Vec<(&Batch, WriteMode)> =
+                batches.iter().map(|(b, m)| (b.as_ref(), *m)).collect();
+            self.write_many(&items).await
+        })
     }
 
     /// Two inserts at a time: one is serialized and sent while ClickHouse writes the other's

@@ -284,6 +284,19 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(async move { self.write_batch(&batch, mode).await })
     }
 
+    /// Writes several batches as one write (ClickHouse: one INSERT per table for all of them),
+    /// each keeping its own id. Batches in [`WriteMode::Replay`] may be partly stored already
+    /// (an earlier write whose answer was lost): only their missing rows are written. The
+    /// default writes them one after another.
+    fn write_merged(&self, batches: Vec<(Arc<Batch>, WriteMode)>) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            for (b, mode) in batches {
+                self.write_shared(b, mode).await?;
+            }
+            Ok(())
+        })
+    }
+
     /// How many batch writes the ingest writer may have in flight at once. 1 (the default):
     /// one after another, the next group gathering while one commits.
     fn write_concurrency(&self) -> usize {

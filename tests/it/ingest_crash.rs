@@ -227,3 +227,109 @@ async fn sigkill_while_spooling_for_a_dead_clickhouse_loses_nothing_acknowledged
     kill_mid_ingest_then(Some((&url, &prefix)), 5_000, Some(back)).await;
     drop(ch);
 }
+
+/// Sends failure event `n` of `service` as its own request; true when acknowledged (200).
+async fn send_event(c: &reqwest::Client, url: &str, service: &str, n: u64) -> bool {
+    let line = format!(
+        "{{\"ts\":{},\"service\":\"{service}\",\"request_id\":\"k{n}\",\"message\":\"acked {n}\"}}\n",
+        brownout_protocol::now_ms()
+    );
+    c.post(format!("{url}/v1/failures"))
+        .bearer_auth(INGEST)
+        .body(line)
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .is_ok_and(|r| r.status() == 200)
+}
+
+async fn ingest_status(c: &reqwest::Client, url: &str) -> Option<serde_json::Value> {
+    c.get(format!("{url}/api/v1/ingest/status"))
+        .bearer_auth(READ)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()
+}
+
+/// Waits until the spool is empty and the store up (everything shipped).
+async fn wait_shipped(c: &reqwest::Client, url: &str) {
+    for _ in 0..1200 {
+        if let Some(s) = ingest_status(c, url).await
+            && s["spool_bytes"] == 0
+            && s["store_up"] == true
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the spool never drained: {:?}", ingest_status(c, url).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_with_acknowledged_but_unshipped_records_stores_each_exactly_once() {
+    // ClickHouse is acknowledged from the spool: while our ClickHouse is frozen (SIGSTOP, its
+    // inserts hang) `brownout serve` still acknowledges — the rows are in the fsync'ed spool,
+    // not yet in ClickHouse. Then serve is killed with SIGKILL (inserts cut off mid-way, the
+    // cursor behind them), ClickHouse resumes, serve restarts on the same data dir, and every
+    // acknowledged event is in ClickHouse exactly once.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let mut ch = OwnClickHouse::new(&dir.path().join("ch"));
+    ch.start().await;
+    let prefix = unique("unshipped_") + "_";
+    let mut s = Serve::new(dir.path(), Some((&ch.url(), &prefix)));
+    s.spawn();
+    let url = s.url();
+    Serve::wait_ready(url.clone(), s.log.clone()).await.unwrap();
+    let c = reqwest::Client::new();
+    let service = "unshipped";
+    let mut acked = 0u64;
+    // Some shipped the normal way first.
+    for n in 0..100 {
+        assert!(send_event(&c, &url, service, n).await, "event {n} refused");
+        acked += 1;
+    }
+    wait_shipped(&c, &url).await;
+
+    ch.pause();
+    for n in 100..400 {
+        assert!(
+            send_event(&c, &url, service, n).await,
+            "event {n} refused while ClickHouse is frozen: acknowledgements must not wait for it"
+        );
+        acked += 1;
+    }
+    let st = ingest_status(&c, &url).await.expect("status");
+    assert!(
+        st["spool_bytes"].as_u64().unwrap() > 0,
+        "acknowledged rows are waiting in the spool: {st}"
+    );
+    s.kill9();
+    ch.resume();
+    // Let ClickHouse finish what it had fully received before the kill (an insert whose answer
+    // is lost), so the restarted shipper's check sees it.
+    ch.query("SELECT 1").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    s.spawn();
+    Serve::wait_ready(url.clone(), s.log.clone()).await.unwrap();
+    wait_shipped(&c, &url).await;
+    let got: Vec<u64> = ch
+        .query(&format!(
+            "SELECT count(), uniqExact(request_id) FROM {prefix}failures WHERE service = '{service}'"
+        ))
+        .await
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(
+        got,
+        vec![acked, acked],
+        "every acknowledged event stored exactly once"
+    );
+    s.kill9();
+}

@@ -106,7 +106,27 @@ impl OwnClickHouse {
         }
     }
 
-    async fn query(&self, sql: &str) -> String {
+    /// SIGSTOP: the server hangs (connections open, no answers), as a stalled ClickHouse.
+    pub(crate) fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`OwnClickHouse::pause`].
+    pub(crate) fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("started").id();
+        let ok = Command::new("kill")
+            .arg(sig)
+            .arg(pid.to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    }
+
+    pub(crate) async fn query(&self, sql: &str) -> String {
         let r = reqwest::Client::new()
             .post(self.url())
             .body(sql.to_string())
@@ -477,4 +497,131 @@ async fn clickhouse_kill_drill_stores_every_event_exactly_once() {
         rep.render()
     );
     run.stop().await.unwrap();
+}
+
+fn span_row(batch: u64, i: u64) -> brownout::store::SpanRow {
+    brownout::store::SpanRow {
+        trace_id: format!("{batch:016x}{i:016x}"),
+        span_id: format!("{i:016x}"),
+        parent_span_id: String::new(),
+        service: "merged".into(),
+        name: "op".into(),
+        kind: 2,
+        start_us: brownout_protocol::now_ms() * 1000,
+        duration_us: 10,
+        status: 0,
+        status_message: String::new(),
+        feature: String::new(),
+        criticality: "default".into(),
+        host: "h".into(),
+        is_request: true,
+        attributes: vec![("k".into(), format!("v{i}"))],
+    }
+}
+
+fn batch_of(id: u64, spans: std::ops::Range<u64>) -> Arc<brownout::store::Batch> {
+    Arc::new(brownout::store::Batch {
+        id,
+        spans: spans.map(|i| span_row(id, i)).collect(),
+        ..Default::default()
+    })
+}
+
+/// A merged insert (several spool records, one INSERT) that reached ClickHouse but whose answer
+/// was lost is retried in replay mode: each row carries its own batch id and index, so the
+/// retry writes only what is missing — also for a batch that landed only in part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merged_insert_whose_answer_was_lost_is_not_doubled_on_replay() {
+    use brownout::store::{Store, WriteMode, clickhouse::ClickHouseStore};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut own = None;
+    let url = match std::env::var("CLICKHOUSE_TEST_URL") {
+        Ok(u) if !u.is_empty() => u,
+        _ => {
+            let mut ch = OwnClickHouse::new(tmp.path());
+            ch.start().await;
+            let u = ch.url();
+            own = Some(ch);
+            u
+        }
+    };
+    let prefix = format!("m{}_", uuid::Uuid::new_v4().simple());
+    let store = ClickHouseStore::new(&ClickHouseConfig {
+        url: url.clone(),
+        database: "default".into(),
+        user: None,
+        password: None,
+        table_prefix: prefix.clone(),
+        cluster: None,
+    });
+    store.migrate().await.unwrap();
+    let (a, b, c, d) = (
+        batch_of(11, 0..3),
+        batch_of(12, 0..2),
+        batch_of(13, 0..4),
+        batch_of(14, 0..5),
+    );
+    // A and B merged into one insert: it lands, the answer is lost.
+    store
+        .write_merged(vec![
+            (Arc::clone(&a), WriteMode::Fresh),
+            (Arc::clone(&b), WriteMode::Fresh),
+        ])
+        .await
+        .unwrap();
+    // D landed only in part (its first two rows) before the failure.
+    store
+        .write_merged(vec![(batch_of(14, 0..2), WriteMode::Fresh)])
+        .await
+        .unwrap();
+    // The retry merges the uncertain records (replay mode) with a new one (C, fresh).
+    store
+        .write_merged(vec![
+            (Arc::clone(&a), WriteMode::Replay),
+            (Arc::clone(&b), WriteMode::Replay),
+            (Arc::clone(&d), WriteMode::Replay),
+            (Arc::clone(&c), WriteMode::Fresh),
+        ])
+        .await
+        .unwrap();
+    // And once more, all uncertain (a restart after the retry's answer was lost too).
+    store
+        .write_merged(
+            [&a, &b, &c, &d]
+                .into_iter()
+                .map(|x| (Arc::clone(x), WriteMode::Replay))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let q = |sql: String| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            http.post(&url)
+                .body(sql)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    let got = q(format!(
+        "SELECT batch_id, count(), uniqExact(seq), uniqExact(trace_id) FROM {prefix}spans \
+         GROUP BY batch_id ORDER BY batch_id FORMAT CSV"
+    ))
+    .await;
+    assert_eq!(
+        got.trim(),
+        "11,3,3,3\n12,2,2,2\n13,4,4,4\n14,5,5,5",
+        "each row of each merged batch stored exactly once"
+    );
+    for t in ["spans", "logs", "failures", "snapshots", "docs"] {
+        q(format!("DROP TABLE IF EXISTS {prefix}{t}")).await;
+    }
+    drop(own);
 }
