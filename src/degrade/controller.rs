@@ -688,7 +688,12 @@ impl Controller {
             ..Reason::default()
         };
         if let Some(v) = top.value {
-            r.detail = format!("{} (now {v:.3})", top.condition);
+            r.detail = if top.trigger == "p99_jump" {
+                // A ratio, not seconds: "now 30.5" read as a 30 s p99 once.
+                format!("{} (now x{v:.1})", top.condition)
+            } else {
+                format!("{} (now {v:.3})", top.condition)
+            };
         }
         if top.trigger == "slo_burn" {
             // The condition text holds the slo name; take the alert's own fields.

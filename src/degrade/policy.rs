@@ -513,7 +513,7 @@ impl Condition {
                 window_ms,
                 min_value,
             } => format!(
-                "{} x{factor} within {}s on an engine (to at least {min_value})",
+                "{} rose x{factor} or more within {}s on an engine (to at least {min_value} s; the value is the ratio now / lowest)",
                 signal.trigger(),
                 window_ms / 1000
             ),

@@ -323,6 +323,55 @@ fn default_policy_raises_a_tier_within_5s_of_an_overload_onset() {
     }
 }
 
+/// A p99 jump's value is a ratio (now over the lowest in the window), and its reason says so:
+/// "now 30.5" once read as a TTFT p99 of 30 s.
+#[test]
+fn a_p99_jump_reports_its_ratio_as_a_ratio() {
+    let policy = Policy::from_yaml(
+        r#"
+features: []
+tiers:
+  t1:
+    hold_down_secs: 5
+    enter:
+      - p99_jump: { signal: ttft_p99, factor: 2.0, window_secs: 10, min_secs: 1.0 }
+  t2:
+    hold_down_secs: 5
+    params: { model_route: fallback, max_tokens_cap: 128, max_num_seqs: 8 }
+  t3:
+    hold_down_secs: 5
+    params: { admit_min_criticality: critical, retry_after_base_secs: 8, jitter_ratio: 0.5, recovery_eta_max_secs: 60 }
+"#,
+    )
+    .unwrap();
+    let mut c = Controller::new(policy);
+    let mut t = 0;
+    let e = |ttft| Eng {
+        ttft,
+        ..Eng::default()
+    };
+    for _ in 0..5 {
+        t += 1000;
+        assert_eq!(c.step(&two(t, e(0.1), e(0.1))).tier, Tier::T0);
+    }
+    t += 1000;
+    let d = c.step(&two(t, e(3.05), e(0.1)));
+    assert_eq!(d.tier, Tier::T1);
+    let r = d
+        .reasons
+        .iter()
+        .find(|r| r.trigger == "p99_jump")
+        .expect("p99_jump latched");
+    assert!((r.value.unwrap() - 30.5).abs() < 1e-9, "{r:?}");
+    assert!(r.condition.contains("ratio"), "{}", r.condition);
+    assert_eq!(d.reason.trigger, "p99_jump");
+    assert!(
+        d.reason.detail.contains("(now x30.5)"),
+        "{}",
+        d.reason.detail
+    );
+}
+
 /// Completions at `rps` per engine each second, T3 through an Alertmanager alert.
 fn ramp_policy() -> Policy {
     Policy::from_yaml(
