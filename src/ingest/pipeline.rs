@@ -133,6 +133,10 @@ impl Pipeline {
         shutdown: watch::Receiver<bool>,
     ) -> Result<(Pipeline, PipelineTask, watch::Receiver<WriterStatus>), SpoolError> {
         let sp = Spool::open(spool_dir, spool.max_bytes, spool.segment_bytes)?;
+        // The store tags its inserts with the spool's id, stable across restarts, so a replay
+        // can wait for inserts a predecessor left running; half the write timeout for that
+        // wait leaves the other half to the check and the insert.
+        store.set_writer(sp.writer_id(), write_timeout / 2);
         metrics
             .ingest
             .spool_bytes
