@@ -699,24 +699,20 @@ async fn a_replay_waits_for_an_insert_still_running_in_clickhouse_and_does_not_d
             assert!(ok, "slow insert: {text}");
         })
     };
-    let running = |query_id: String| {
-        let q = q.clone();
-        async move {
-            for _ in 0..200 {
-                let n = q(format!(
-                    "SELECT count() FROM system.processes WHERE query_id = '{query_id}'"
-                ))
-                .await;
-                if n.trim() == "1" {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
+    let running = |query_id: String| async move {
+        for _ in 0..200 {
+            let n = q(format!(
+                "SELECT count() FROM system.processes WHERE query_id = '{query_id}'"
+            ))
+            .await;
+            if n.trim() == "1" {
+                return;
             }
-            panic!("{query_id} never showed up in system.processes");
+            tokio::time::sleep(Duration::from_millis(25)).await;
         }
+        panic!("{query_id} never showed up in system.processes");
     };
     let stored = |batch: u64| {
-        let q = q.clone();
         let prefix = prefix.clone();
         async move {
             q(format!(
