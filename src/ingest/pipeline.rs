@@ -133,6 +133,10 @@ impl Pipeline {
         shutdown: watch::Receiver<bool>,
     ) -> Result<(Pipeline, PipelineTask, watch::Receiver<WriterStatus>), SpoolError> {
         let sp = Spool::open(spool_dir, spool.max_bytes, spool.segment_bytes)?;
+        // The store tags its inserts with the spool's id, stable across restarts, so a replay
+        // can wait for inserts a predecessor left running; half the write timeout for that
+        // wait leaves the other half to the check and the insert.
+        store.set_writer(sp.writer_id(), write_timeout / 2);
         metrics
             .ingest
             .spool_bytes
@@ -882,6 +886,8 @@ mod tests {
         merged: Mutex<Vec<Vec<(u64, WriteMode)>>>,
         /// Batches written `Fresh` although already stored.
         doubled: AtomicUsize,
+        /// What [`Store::set_writer`] was last told.
+        writer: Mutex<Option<(String, Duration)>>,
     }
 
     impl Slow {
@@ -901,6 +907,7 @@ mod tests {
                 lose: AtomicUsize::new(0),
                 merged: Mutex::new(Vec::new()),
                 doubled: AtomicUsize::new(0),
+                writer: Mutex::new(None),
             }
         }
         /// A ClickHouse-like store (acknowledged from the spool) whose writes wait for
@@ -995,6 +1002,9 @@ mod tests {
         fn write_concurrency(&self) -> usize {
             self.concurrency
         }
+        fn set_writer(&self, writer_id: &str, settle_within: Duration) {
+            *self.writer.lock().unwrap() = Some((writer_id.to_string(), settle_within));
+        }
         fn trace<'a>(&'a self, _: &'a str) -> StoreFuture<'a, Vec<SpanRow>> {
             none()
         }
@@ -1065,6 +1075,44 @@ mod tests {
                 .collect(),
             ..Batch::default()
         }
+    }
+
+    /// The store is told the spool's writer id (the same after a restart on the same spool),
+    /// and half the write timeout for a replay's wait, in both acknowledgement modes.
+    #[tokio::test]
+    async fn the_store_is_named_after_the_spool_and_keeps_the_name_across_restarts() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool_dir = dir.path().join("spool");
+        let mut seen = Vec::new();
+        for store in [Slow::clickhouse_like(0), Slow::new(0, 1, 0)] {
+            let (stop, stopped) = watch::channel(false);
+            let (p, task, _) = Pipeline::start(
+                Arc::clone(&store) as Arc<dyn Store>,
+                &spool_dir,
+                &IngestConfig::default(),
+                &SpoolConfig::default(),
+                Duration::from_secs(10),
+                Metrics::new(),
+                stopped,
+            )
+            .unwrap();
+            let (id, within) = store.writer.lock().unwrap().clone().expect("set_writer");
+            assert_eq!(within, Duration::from_secs(5));
+            assert_eq!(
+                std::fs::read_to_string(spool_dir.join("writer-id"))
+                    .unwrap()
+                    .trim(),
+                id
+            );
+            seen.push(id);
+            stop.send(true).unwrap();
+            drop(p);
+            task.finish().await;
+        }
+        assert_eq!(
+            seen[0], seen[1],
+            "a restart on the same spool keeps the writer id"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,6 +5,7 @@
 //!   00000000000000000001.seg   ┐ append-only segments, oldest first
 //!   00000000000000000002.seg   ┘ record = [len: u32 LE][crc32(payload): u32 LE][payload]
 //!   cursor                      "<segment> <offset>": the first record not yet replayed
+//!   writer-id                   random hex, created once: names this spool's store writes
 //! ```
 //!
 //! - [`Spool::append`] writes a record at the end of the newest segment (rotating past
@@ -15,6 +16,11 @@
 //! - Opening after a crash truncates a torn record at the end of the newest segment. A record
 //!   whose checksum does not match anywhere else is skipped with the rest of its segment and
 //!   counted (it cannot be trusted to say where the next record starts).
+//!
+//! - `writer-id` ([`Spool::writer_id`]) is made once, when the spool is first opened (written
+//!   to a temp file, fsync'ed, renamed, the directory fsync'ed) and read on every later open.
+//!   The store tags its inserts with it (`query_id` on ClickHouse), so a restarted process can
+//!   see which inserts its predecessor left running and wait for them before a replay check.
 //!
 //! Replay is in order. It is exactly-once together with the store: a record replayed but not
 //! yet committed when the process dies is replayed again after restart, and the store's
@@ -90,6 +96,38 @@ pub struct Spool {
     pending_bytes: u64,
     /// Records skipped as corrupt since open.
     pub num_corrupt: u64,
+    /// This spool's stable writer id (the `writer-id` file).
+    writer_id: String,
+}
+
+const WRITER_ID_FILE: &str = "writer-id";
+
+fn valid_writer_id(s: &str) -> bool {
+    (1..=32).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Reads the spool's writer id, creating it (durably) the first time.
+fn load_writer_id(dir: &Path) -> Result<String, SpoolError> {
+    let path = dir.join(WRITER_ID_FILE);
+    match fs::read_to_string(&path) {
+        Ok(s) if valid_writer_id(s.trim()) => return Ok(s.trim().to_ascii_lowercase()),
+        Ok(s) => {
+            // Written by rename, so never torn; anything else was put there by hand.
+            tracing::warn!(path = %path.display(), content = %s.trim(), "spool writer-id is not hex; making a new one");
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(&path)(e)),
+    }
+    let id = format!("{:016x}", rand::random::<u64>());
+    let tmp = dir.join("writer-id.tmp");
+    let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+    writeln!(f, "{id}").map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))?;
+    Ok(id)
 }
 
 fn seg_path(dir: &Path, id: u64) -> PathBuf {
@@ -135,6 +173,7 @@ impl Spool {
     /// When the directory or its files cannot be read or written.
     pub fn open(dir: &Path, max_bytes: u64, segment_bytes: u64) -> Result<Spool, SpoolError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let writer_id = load_writer_id(dir)?;
         let mut segments: Vec<u64> = Vec::new();
         for e in fs::read_dir(dir).map_err(io_err(dir))? {
             let e = e.map_err(io_err(dir))?;
@@ -219,7 +258,14 @@ impl Spool {
             read_off,
             pending_bytes,
             num_corrupt,
+            writer_id,
         })
+    }
+
+    /// The id that names this spool's writes to the store across restarts (hex, made once when
+    /// the spool directory was first opened).
+    pub fn writer_id(&self) -> &str {
+        &self.writer_id
     }
 
     /// Bytes waiting to be replayed.
@@ -688,6 +734,25 @@ mod tests {
         assert_eq!(n, 8);
         assert_eq!(drain(&mut s).len(), 8);
         s.append(&[1u8; 1000]).unwrap();
+    }
+
+    #[test]
+    fn writer_id_is_made_once_and_kept_across_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Spool::open(dir.path(), 1 << 20, 1 << 16).unwrap();
+        let id = a.writer_id().to_string();
+        assert!(valid_writer_id(&id), "{id}");
+        drop(a);
+        let b = Spool::open(dir.path(), 1 << 20, 1 << 16).unwrap();
+        assert_eq!(
+            b.writer_id(),
+            id,
+            "the same spool directory keeps its writer id"
+        );
+        let other = tempfile::tempdir().unwrap();
+        let c = Spool::open(other.path(), 1 << 20, 1 << 16).unwrap();
+        assert_ne!(c.writer_id(), id, "another spool directory gets its own");
+        assert!(!dir.path().join("writer-id.tmp").exists());
     }
 
     #[test]

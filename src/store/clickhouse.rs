@@ -13,6 +13,17 @@
 //!   write that succeeded on the server but whose answer was lost is not doubled. A merged
 //!   write ([`Store::write_merged`]: several spool records in one INSERT per table) keeps each
 //!   row's own batch id and index and asks once per table for all its batches in replay mode.
+//! - **Settling before a replay check.** An INSERT whose body ClickHouse has fully received
+//!   goes on being written after our side gave up on it (the control plane killed, or the
+//!   write timed out), and its rows are visible only once it finishes. So every INSERT is sent
+//!   with `query_id = brownout-<writer>-<run>-<n>` (`<writer>`: the spool's id, stable across
+//!   restarts, [`Store::set_writer`]; `<run>`: random per store instance; `<n>`: a counter, so
+//!   no two running inserts share an id), and a replay first polls `system.processes` (every
+//!   50 ms) until no insert of this writer started before the replay — every one of an earlier
+//!   run, this run's with a smaller counter — is still running. A query leaves
+//!   `system.processes` only after its parts are committed, so the check that follows sees its
+//!   rows. Past the settle bound (half of `storage.write_timeout_ms`) the replay fails
+//!   ([`StoreError::Unsettled`]) without checking or inserting, and is retried later.
 //! - **Cluster** (`storage.clickhouse_cluster`, docs/SCALING.md): each table `t` becomes a
 //!   `Replicated…MergeTree` `t_local` created `ON CLUSTER` (ZooKeeper path
 //!   `/clickhouse/tables/{shard}/<db>.t_local`, replica `{replica}`: the servers' macros) and a
@@ -24,7 +35,9 @@
 //!   `ON CLUSTER` on the local tables.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use brownout_protocol::{AgentSnapshot, Category, Criticality, FailureEvent};
 use clickhouse::{Client, Row};
@@ -51,6 +64,39 @@ pub struct ClickHouseStore {
     failures: String,
     snapshots: String,
     docs: String,
+    /// Whose inserts these are ([`Store::set_writer`]; module docs "Settling").
+    writer: Mutex<WriterTag>,
+    /// Random per store instance: tells this run's inserts from a predecessor's.
+    run: String,
+    /// The next insert's number in this run.
+    next_query: AtomicU64,
+}
+
+/// The `query_id` prefix of this writer's inserts and how long a replay waits for them.
+struct WriterTag {
+    /// `brownout-<writer id>-`.
+    prefix: String,
+    settle_within: Duration,
+}
+
+/// How often a replay asks `system.processes` whether earlier inserts are still running.
+const SETTLE_POLL: Duration = Duration::from_millis(50);
+
+fn random_hex() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// Whether the running query `query_id` is an insert of this writer started before the insert
+/// numbered `before` of run `run`: any of another run (a predecessor on the same spool), or one
+/// of this run with a smaller number.
+fn started_before(query_id: &str, prefix: &str, run: &str, before: u64) -> bool {
+    let Some(rest) = query_id.strip_prefix(prefix) else {
+        return false;
+    };
+    match rest.rsplit_once('-') {
+        Some((r, n)) if r == run => n.parse::<u64>().map_or(true, |n| n < before),
+        _ => true,
+    }
 }
 
 #[derive(Debug, Row, Serialize, Deserialize)]
@@ -195,6 +241,70 @@ impl ClickHouseStore {
             failures: t("failures"),
             snapshots: t("snapshots"),
             docs: t("docs"),
+            writer: Mutex::new(WriterTag {
+                // Until the ingest pipeline names the spool's writer: this instance alone.
+                prefix: format!("brownout-{}-", random_hex()),
+                settle_within: Duration::from_secs(5),
+            }),
+            run: random_hex(),
+            next_query: AtomicU64::new(0),
+        }
+    }
+
+    /// The `query_id` prefix of this store's inserts: `brownout-<writer id>-`.
+    pub fn writer_prefix(&self) -> String {
+        self.writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .prefix
+            .clone()
+    }
+
+    /// A fresh `query_id` for one insert (unique: ClickHouse refuses a second running query
+    /// with the same id).
+    fn next_query_id(&self) -> String {
+        let n = self.next_query.fetch_add(1, Ordering::SeqCst);
+        format!("{}{}-{n}", self.writer_prefix(), self.run)
+    }
+
+    /// Waits until no insert of this writer started before this call is still running in
+    /// ClickHouse (module docs "Settling"), polling `system.processes`.
+    ///
+    /// # Errors
+    /// [`StoreError::Unsettled`] when some are still running after the settle bound; or when
+    /// ClickHouse does not answer.
+    async fn settle(&self) -> Result<(), StoreError> {
+        let (prefix, within) = {
+            let w = self
+                .writer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            (w.prefix.clone(), w.settle_within)
+        };
+        let before = self.next_query.load(Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let running: Vec<String> = self
+                .client
+                .query("SELECT query_id FROM system.processes WHERE startsWith(query_id, ?)")
+                .bind(prefix.as_str())
+                .fetch_all()
+                .await?;
+            let earlier = running
+                .iter()
+                .filter(|id| started_before(id, &prefix, &self.run, before))
+                .count();
+            if earlier == 0 {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(StoreError::Unsettled(format!(
+                    "{earlier} insert(s) with query_id {prefix}… still running after {} ms; \
+                     the replay check waits for them",
+                    within.as_millis()
+                )));
+            }
+            tokio::time::sleep(SETTLE_POLL).await;
         }
     }
 
@@ -367,7 +477,11 @@ impl ClickHouseStore {
         // The crate quotes the name as one identifier: `db.t` would not resolve. The session's
         // database is the configured one, where a cluster store's tables are.
         let table = table.rsplit('.').next().unwrap_or(table);
-        let mut ins = self.client.insert::<T>(table).await?;
+        let mut ins = self
+            .client
+            .insert::<T>(table)
+            .await?
+            .with_setting("query_id", self.next_query_id());
         let mut n = 0usize;
         for r in rows {
             ins.write(&r).await?;
@@ -441,6 +555,14 @@ impl ClickHouseStore {
     /// inserted; [`WriteMode::Fresh`] batches are not checked.
     async fn write_many(&self, items: &[(&Batch, WriteMode)]) -> Result<(), StoreError> {
         self.ensure_migrated().await?;
+        if items
+            .iter()
+            .any(|(b, m)| *m == WriteMode::Replay && !b.is_empty())
+        {
+            // An earlier insert of these rows may still be running: its rows would not be
+            // seen by the check below, and would land next to the ones inserted again.
+            self.settle().await?;
+        }
         let spans = async {
             let present = self
                 .present_many(&self.spans, &replay_ids(items, span_count))
@@ -755,6 +877,15 @@ impl Store for ClickHouseStore {
         Box::pin(self.write(batch, mode))
     }
 
+    fn set_writer(&self, writer_id: &str, settle_within: Duration) {
+        let mut w = self
+            .writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        w.prefix = format!("brownout-{writer_id}-");
+        w.settle_within = settle_within;
+    }
+
     /// One INSERT per table for all of them; the replay check only for the batches in
     /// [`WriteMode::Replay`] (one query per table for all of those).
     fn write_merged(&self, batches: Vec<(Arc<Batch>, WriteMode)>) -> StoreFuture<'_, ()> {
@@ -1063,4 +1194,24 @@ fn doc_from_ch(d: ChDoc) -> Result<Doc, StoreError> {
         value: serde_json::from_str(&d.json)
             .map_err(|e| StoreError::Corrupt(format!("doc json: {e}")))?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::started_before;
+
+    #[test]
+    fn a_replay_waits_for_a_predecessors_inserts_and_this_runs_earlier_ones_only() {
+        let p = "brownout-00ab-";
+        // A previous process on the same spool: every one of its inserts is earlier.
+        assert!(started_before("brownout-00ab-99ff-7", p, "11aa", 3));
+        assert!(started_before("brownout-00ab-99ff-700", p, "11aa", 3));
+        // This run: only those numbered before the replay began.
+        assert!(started_before("brownout-00ab-11aa-2", p, "11aa", 3));
+        assert!(!started_before("brownout-00ab-11aa-3", p, "11aa", 3));
+        assert!(!started_before("brownout-00ab-11aa-40", p, "11aa", 3));
+        // Another writer's inserts are not waited for (a prefix of an id is not the id).
+        assert!(!started_before("brownout-00abc-11aa-1", p, "11aa", 3));
+        assert!(!started_before("something-else", p, "11aa", 3));
+    }
 }

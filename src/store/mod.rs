@@ -40,6 +40,10 @@ pub enum StoreError {
     BadQuery(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// A replay check was not run because earlier inserts of this writer were still running
+    /// in the store (their rows may not be visible yet); try again later.
+    #[error("earlier inserts still running: {0}")]
+    Unsettled(String),
 }
 
 /// The boxed future every [`Store`] method returns (keeps the trait object-safe).
@@ -296,6 +300,15 @@ pub trait Store: Send + Sync + 'static {
             Ok(())
         })
     }
+
+    /// Names the writer of this store's inserts (the spool's [`crate::ingest::spool::Spool::writer_id`],
+    /// stable across restarts) and how long a [`WriteMode::Replay`] may wait for this writer's
+    /// earlier inserts to finish before its existence check. ClickHouse tags every INSERT with a
+    /// `query_id` under this id and, before a replay's check, waits until none it (or a previous
+    /// process on the same spool) started earlier is still running; past `settle_within` the
+    /// replay fails with [`StoreError::Unsettled`] and is retried. The default does nothing
+    /// (SQLite writes a batch and its id in one transaction).
+    fn set_writer(&self, _writer_id: &str, _settle_within: std::time::Duration) {}
 
     /// How many batch writes the ingest writer may have in flight at once. 1 (the default):
     /// one after another, the next group gathering while one commits.

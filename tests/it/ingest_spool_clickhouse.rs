@@ -625,3 +625,195 @@ async fn a_merged_insert_whose_answer_was_lost_is_not_doubled_on_replay() {
     }
     drop(own);
 }
+
+/// An insert ClickHouse is still writing when a replay of the same rows begins (the control
+/// plane was killed, or its side timed out, after ClickHouse had the whole INSERT): the replay
+/// waits until every insert its writer started earlier — a predecessor's on the same spool
+/// included — has finished, and only then asks which rows are there; so it finds the rows and
+/// does not store them twice. Past the settle bound it fails instead, without checking or
+/// inserting, and a later retry writes nothing twice. Another writer's inserts are not waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_waits_for_an_insert_still_running_in_clickhouse_and_does_not_double_it() {
+    use brownout::store::{Store, StoreError, WriteMode, clickhouse::ClickHouseStore};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut own = None;
+    let url = match std::env::var("CLICKHOUSE_TEST_URL") {
+        Ok(u) if !u.is_empty() => u,
+        _ => {
+            let mut ch = OwnClickHouse::new(tmp.path());
+            ch.start().await;
+            let u = ch.url();
+            own = Some(ch);
+            u
+        }
+    };
+    let prefix = format!("s{}_", uuid::Uuid::new_v4().simple());
+    let cfg = ClickHouseConfig {
+        url: url.clone(),
+        database: "default".into(),
+        user: None,
+        password: None,
+        table_prefix: prefix.clone(),
+        cluster: None,
+    };
+    let store = ClickHouseStore::new(&cfg);
+    store.migrate().await.unwrap();
+    // The writer id a spool directory would give; unique per test run.
+    let writer = format!("{:016x}", rand::random::<u64>());
+    store.set_writer(&writer, Duration::from_secs(30));
+    let http = reqwest::Client::new();
+    let q = |sql: String| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let r = http.post(&url).body(sql).send().await.unwrap();
+            let ok = r.status().is_success();
+            let text = r.text().await.unwrap();
+            assert!(ok, "{text}");
+            text
+        }
+    };
+    // An INSERT of batch `batch`'s rows 0..3 that ClickHouse holds for ~3 s (a slow source),
+    // sent by another client with query id `query_id`.
+    let slow_insert = |batch: u64, query_id: String| {
+        let http = http.clone();
+        let url = url.clone();
+        let sql = format!(
+            "INSERT INTO {prefix}spans (ts, start_us, service, batch_id, seq) \
+             SELECT now(), toUInt64(now()) * 1000000, 'slow', {batch}, toUInt32(number) \
+             FROM (SELECT number FROM system.numbers LIMIT 3) WHERE sleep(3) = 0"
+        );
+        tokio::spawn(async move {
+            let r = http
+                .post(format!(
+                    "{}/?query_id={query_id}",
+                    url.trim_end_matches('/')
+                ))
+                .body(sql)
+                .send()
+                .await
+                .unwrap();
+            let ok = r.status().is_success();
+            let text = r.text().await.unwrap();
+            assert!(ok, "slow insert: {text}");
+        })
+    };
+    let running = |query_id: String| async move {
+        for _ in 0..200 {
+            let n = q(format!(
+                "SELECT count() FROM system.processes WHERE query_id = '{query_id}'"
+            ))
+            .await;
+            if n.trim() == "1" {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("{query_id} never showed up in system.processes");
+    };
+    let stored = |batch: u64| {
+        let prefix = prefix.clone();
+        async move {
+            q(format!(
+                "SELECT service, count(), uniqExact(seq) FROM {prefix}spans \
+                 WHERE batch_id = {batch} GROUP BY service ORDER BY service FORMAT CSV"
+            ))
+            .await
+            .trim()
+            .to_string()
+        }
+    };
+
+    // 1. A predecessor on this spool (another run of the same writer) left an insert of batch
+    //    21 running; the restarted process replays batch 21.
+    let id = format!("brownout-{writer}-0dead0-1");
+    let slow = slow_insert(21, id.clone());
+    running(id).await;
+    store
+        .write_merged(vec![(batch_of(21, 0..3), WriteMode::Replay)])
+        .await
+        .expect("the replay waits for the running insert, then checks");
+    slow.await.unwrap();
+    assert_eq!(
+        stored(21).await,
+        "\"slow\",3,3",
+        "the replay found the running insert's rows once it finished and wrote none again"
+    );
+
+    // 2. With the wait bounded below the insert's run time, the replay fails rather than
+    //    check too early; another writer's replay does not wait for this writer's insert.
+    store.set_writer(&writer, Duration::from_millis(200));
+    let id = format!("brownout-{writer}-0dead0-2");
+    let slow = slow_insert(22, id.clone());
+    running(id).await;
+    let r = store
+        .write_merged(vec![(batch_of(22, 0..3), WriteMode::Replay)])
+        .await;
+    assert!(
+        matches!(r, Err(StoreError::Unsettled(_))),
+        "a replay whose writer's earlier insert still runs past the bound fails: {r:?}"
+    );
+    let other = ClickHouseStore::new(&cfg);
+    other.set_writer("0123456789abcdef", Duration::from_millis(200));
+    other
+        .write_merged(vec![(batch_of(23, 0..2), WriteMode::Replay)])
+        .await
+        .expect("another writer's running insert is not waited for");
+    slow.await.unwrap();
+    // The retry (as the shipper makes after its backoff) now settles at once.
+    store
+        .write_merged(vec![(batch_of(22, 0..3), WriteMode::Replay)])
+        .await
+        .unwrap();
+    assert_eq!(
+        stored(22).await,
+        "\"slow\",3,3",
+        "nothing of batch 22 doubled"
+    );
+    assert_eq!(stored(23).await, "\"merged\",2,2");
+
+    // 3. This store's own insert, timed out on our side while ClickHouse goes on with it (a
+    //    materialized view that sleeps keeps the INSERT running): it runs under the writer's
+    //    query id, and the retry's replay returns only once it has finished.
+    q(format!(
+        "CREATE MATERIALIZED VIEW {prefix}slow_mv ENGINE = Memory AS \
+         SELECT batch_id FROM {prefix}spans WHERE sleep(2) = 0"
+    ))
+    .await;
+    store.set_writer(&writer, Duration::from_secs(30));
+    let timed_out = tokio::time::timeout(
+        Duration::from_millis(300),
+        store.write_merged(vec![(batch_of(25, 0..3), WriteMode::Fresh)]),
+    )
+    .await;
+    assert!(timed_out.is_err(), "the insert outlives our timeout");
+    let ours = format!(
+        "SELECT count() FROM system.processes WHERE startsWith(query_id, 'brownout-{writer}-')"
+    );
+    assert_eq!(
+        q(ours.clone()).await.trim(),
+        "1",
+        "the store's INSERT runs under its writer's query id"
+    );
+    store
+        .write_merged(vec![(batch_of(25, 0..3), WriteMode::Replay)])
+        .await
+        .unwrap();
+    assert_eq!(
+        q(ours).await.trim(),
+        "0",
+        "the replay returned only after the timed-out insert had finished"
+    );
+    assert_eq!(
+        stored(25).await,
+        "\"merged\",3,3",
+        "nothing of batch 25 doubled"
+    );
+    q(format!("DROP TABLE IF EXISTS {prefix}slow_mv")).await;
+
+    for t in ["spans", "logs", "failures", "snapshots", "docs"] {
+        q(format!("DROP TABLE IF EXISTS {prefix}{t}")).await;
+    }
+    drop(own);
+}
