@@ -357,6 +357,7 @@ impl Controller {
         self.record_latency(inputs);
 
         // 1. Update every condition's latch.
+        let t3_now = self.tier == Tier::T3;
         for (ti, tp) in self.policy.tiers.iter().enumerate() {
             for (ci, cond) in tp.enter.iter().enumerate() {
                 let st = &mut self.conds[ti][ci];
@@ -371,7 +372,13 @@ impl Controller {
                         st.value = Some(v);
                         if v > *above {
                             let since = *st.above_since.get_or_insert(now);
-                            if st.latched_since.is_none() && now.saturating_sub(since) >= *for_ms {
+                            let need = self.stop_bleed.effective_for_ms(
+                                &self.policy,
+                                *for_ms,
+                                now,
+                                t3_now,
+                            );
+                            if st.latched_since.is_none() && now.saturating_sub(since) >= need {
                                 st.latched_since = Some(now);
                             }
                         } else {

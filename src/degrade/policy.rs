@@ -141,6 +141,8 @@ struct RawStorm {
     min_rate_rps: f64,
     #[serde(default = "default_storm_after")]
     watch_after_t3_secs: u64,
+    #[serde(default)]
+    min_for_secs_after_t3: u64,
 }
 
 fn default_periods() -> Vec<u64> {
@@ -610,6 +612,10 @@ pub struct StormPolicy {
     pub min_rate_rps: f64,
     /// Watched while T3 is in force, during a ramp, and this long after T3 ends.
     pub watch_after_t3_ms: u64,
+    /// For `watch_after_t3_ms` after T3, a threshold condition latches only once it has held
+    /// at least this long (its own `for` when that is longer): one scrape of a recovery burst
+    /// (the base load plus retry waves) does not raise a tier again. 0: no such rule.
+    pub min_for_after_t3_ms: u64,
 }
 
 /// A validated policy.
@@ -1040,12 +1046,19 @@ fn validate_storm(r: RawStorm) -> Result<StormPolicy, PolicyError> {
             "must be a non-negative number",
         ));
     }
+    if r.min_for_secs_after_t3 > 600 {
+        return Err(invalid(
+            format!("{f}.min_for_secs_after_t3"),
+            "must be at most 600",
+        ));
+    }
     Ok(StormPolicy {
         periods_secs: r.periods_secs,
         window_secs: r.window_secs,
         min_autocorrelation: r.min_autocorrelation,
         min_rate_rps: r.min_rate_rps,
         watch_after_t3_ms: r.watch_after_t3_secs * 1000,
+        min_for_after_t3_ms: r.min_for_secs_after_t3 * 1000,
     })
 }
 

@@ -669,6 +669,23 @@ impl StopBleedState {
         out
     }
 
+    /// The `for` a threshold condition needs now: its own, or `min_for_after_t3_ms` when that
+    /// is longer and T3 ended less than `watch_after_t3_ms` ago (T3 itself not in force).
+    pub fn effective_for_ms(&self, policy: &Policy, for_ms: u64, now: u64, t3_now: bool) -> u64 {
+        let Some(sp) = &policy.storm else {
+            return for_ms;
+        };
+        let recovering = !t3_now
+            && self
+                .last_t3_ms
+                .is_some_and(|t| now.saturating_sub(t) <= sp.watch_after_t3_ms);
+        if recovering {
+            for_ms.max(sp.min_for_after_t3_ms)
+        } else {
+            for_ms
+        }
+    }
+
     fn storm_watched(&self, sp: &StormPolicy, now: u64, t3: bool) -> bool {
         t3 || self.ramp.is_some()
             || self

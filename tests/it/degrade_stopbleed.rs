@@ -323,6 +323,69 @@ fn default_policy_raises_a_tier_within_5s_of_an_overload_onset() {
     }
 }
 
+/// After T3, for the recovery-storm watch, a threshold condition needs
+/// `min_for_secs_after_t3` to latch: one evaluation of a recovery burst raises nothing, a queue
+/// that stays does; without the rule the same burst raises T1 again.
+#[test]
+fn after_t3_a_one_scrape_burst_does_not_raise_a_tier_again() {
+    let policy = |rule: &str| {
+        Policy::from_yaml(&format!(
+            r#"
+features: []
+tiers:
+  t1:
+    hold_down_secs: 5
+    enter:
+      - queue_depth: {{ above: 4, exit_below: 1, for_secs: 0 }}
+  t2:
+    hold_down_secs: 5
+    params: {{ model_route: fallback, max_tokens_cap: 128, max_num_seqs: 8 }}
+  t3:
+    hold_down_secs: 5
+    enter:
+      - alertmanager: {{ alertname: Overload }}
+    params: {{ admit_min_criticality: critical, retry_after_base_secs: 8, jitter_ratio: 0.5, recovery_eta_max_secs: 60 }}
+recovery_storm: {{ periods_secs: [8, 16], window_secs: 64, watch_after_t3_secs: 60{rule} }}
+"#
+        ))
+        .unwrap()
+    };
+    // 10 s of T3 (the alert), 30 s to come down, then one evaluation with 6 waiting, 5 calm
+    // ones, then 6 waiting for 3 s in a row. Returns the tier after each of the last 9 steps.
+    let run = |p: Policy| {
+        let mut c = Controller::new(p);
+        let mut t = 0;
+        let mut step = |waiting: u64, firing: bool| {
+            t += 1000;
+            let mut i = two(
+                t,
+                Eng {
+                    waiting,
+                    ..Eng::default()
+                },
+                Eng::default(),
+            );
+            if firing {
+                i.alertmanager_firing.insert("Overload".into());
+            }
+            c.step(&i).tier
+        };
+        for _ in 0..10 {
+            step(0, true);
+        }
+        for _ in 0..30 {
+            step(0, false);
+        }
+        assert_eq!(step(0, false), Tier::T0, "came down from T3");
+        [6, 0, 0, 0, 0, 0, 6, 6, 6].map(|w| step(w, false))
+    };
+    let with = run(policy(", min_for_secs_after_t3: 2"));
+    assert_eq!(&with[..6], &[Tier::T0; 6], "the burst raised nothing: {with:?}");
+    assert_eq!(with[6..], [Tier::T0, Tier::T0, Tier::T1], "a lasting queue: {with:?}");
+    let without = run(policy(""));
+    assert_eq!(without[0], Tier::T1, "without the rule the burst raises T1: {without:?}");
+}
+
 /// A p99 jump's value is a ratio (now over the lowest in the window), and its reason says so:
 /// "now 30.5" once read as a TTFT p99 of 30 s.
 #[test]
@@ -943,6 +1006,13 @@ EXTRA
         "tiers.t1.enter[0].demand_ratio"
     );
     assert_eq!(bad(ok_enter, "capacity_rps: 0"), "capacity_rps");
+    assert_eq!(
+        bad(
+            ok_enter,
+            "recovery_storm: { periods_secs: [8], min_for_secs_after_t3: 601 }"
+        ),
+        "recovery_storm.min_for_secs_after_t3"
+    );
     assert_eq!(bad(ok_enter, "capacity_rps: .nan"), "capacity_rps");
     assert_eq!(
         bad(
