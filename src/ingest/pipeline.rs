@@ -156,6 +156,15 @@ impl Pipeline {
             store_up: true,
             spool_bytes: sp.pending_bytes(),
         });
+        let pipeline = Pipeline {
+            tx,
+            permits,
+            max_permits,
+            wait: ingest.backpressure_wait,
+            retry_after_secs: spool.retry_after_secs,
+            spool_full: Arc::clone(&spool_full),
+            metrics: metrics.clone(),
+        };
         if ingest.clickhouse_ack == ClickHouseAck::Spool && store.backend() == "clickhouse" {
             let handle = start_wal(
                 store,
@@ -164,24 +173,12 @@ impl Pipeline {
                 spool,
                 write_timeout,
                 &metrics,
-                Arc::clone(&spool_full),
+                spool_full,
                 status_tx,
                 rx,
                 shutdown,
             );
-            return Ok((
-                Pipeline {
-                    tx,
-                    permits,
-                    max_permits,
-                    wait: ingest.backpressure_wait,
-                    retry_after_secs: spool.retry_after_secs,
-                    spool_full,
-                    metrics,
-                },
-                PipelineTask { handle },
-                status_rx,
-            ));
+            return Ok((pipeline, PipelineTask { handle }, status_rx));
         }
         let writer = Writer {
             store,
@@ -199,19 +196,7 @@ impl Pipeline {
             shutdown: shutdown.clone(),
         };
         let handle = tokio::spawn(writer.run(shutdown));
-        Ok((
-            Pipeline {
-                tx,
-                permits,
-                max_permits,
-                wait: ingest.backpressure_wait,
-                retry_after_secs: spool.retry_after_secs,
-                spool_full,
-                metrics,
-            },
-            PipelineTask { handle },
-            status_rx,
-        ))
+        Ok((pipeline, PipelineTask { handle }, status_rx))
     }
 
     /// Accepts a batch (its id is replaced by the writer's), holding `approx_bytes` of the
@@ -465,9 +450,29 @@ async fn timed_write(
     write_timeout: Duration,
     metrics: &Metrics,
 ) -> bool {
+    timed_store_write(
+        store.write_shared(Arc::clone(batch), mode),
+        store.backend(),
+        batch.num_rows(),
+        "spooling",
+        write_timeout,
+        metrics,
+    )
+    .await
+}
+
+/// One store write under `write_timeout`: its time observed when it succeeds; a failure or a
+/// timeout counted and logged with the rows and what happens next (`then`). True when stored.
+pub(super) async fn timed_store_write(
+    write: impl std::future::Future<Output = Result<(), crate::store::StoreError>>,
+    backend: &str,
+    rows: usize,
+    then: &str,
+    write_timeout: Duration,
+    metrics: &Metrics,
+) -> bool {
     let t0 = Instant::now();
-    let r = tokio::time::timeout(write_timeout, store.write_shared(Arc::clone(batch), mode)).await;
-    match r {
+    match tokio::time::timeout(write_timeout, write).await {
         Ok(Ok(())) => {
             metrics
                 .ingest
@@ -477,15 +482,17 @@ async fn timed_write(
         }
         Ok(Err(e)) => {
             metrics.ingest.store_write_errors_total.inc();
-            tracing::warn!(error = %e, backend = store.backend(), rows = batch.num_rows(), "store write failed; spooling");
+            tracing::warn!(error = %e, backend, rows, then, "store write failed");
             false
         }
         Err(_) => {
             metrics.ingest.store_write_errors_total.inc();
             tracing::warn!(
                 timeout_ms = write_timeout.as_millis() as u64,
-                rows = batch.num_rows(),
-                "store write timed out; spooling"
+                backend,
+                rows,
+                then,
+                "store write timed out"
             );
             false
         }

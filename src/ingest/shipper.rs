@@ -33,7 +33,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
@@ -543,32 +543,16 @@ async fn ship(
         return true;
     }
     let rows: usize = group.iter().map(|(b, _)| b.num_rows()).sum();
-    let records = group.len();
-    let t0 = Instant::now();
-    match tokio::time::timeout(write_timeout, store.write_merged(group)).await {
-        Ok(Ok(())) => {
-            metrics
-                .ingest
-                .store_write_seconds
-                .observe(t0.elapsed().as_secs_f64());
-            true
-        }
-        Ok(Err(e)) => {
-            metrics.ingest.store_write_errors_total.inc();
-            tracing::warn!(error = %e, backend = store.backend(), rows, records, "shipping the spool failed; retrying with the replay check");
-            false
-        }
-        Err(_) => {
-            metrics.ingest.store_write_errors_total.inc();
-            tracing::warn!(
-                timeout_ms = write_timeout.as_millis() as u64,
-                rows,
-                records,
-                "shipping the spool timed out; retrying with the replay check"
-            );
-            false
-        }
-    }
+    let backend = store.backend();
+    super::pipeline::timed_store_write(
+        store.write_merged(group),
+        backend,
+        rows,
+        "shipping retried with the replay check",
+        write_timeout,
+        &metrics,
+    )
+    .await
 }
 
 async fn sleep_until_opt(d: Option<tokio::time::Instant>) {
