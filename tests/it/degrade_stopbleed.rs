@@ -380,10 +380,22 @@ recovery_storm: {{ periods_secs: [8, 16], window_secs: 64, watch_after_t3_secs: 
         [6, 0, 0, 0, 0, 0, 6, 6, 6].map(|w| step(w, false))
     };
     let with = run(policy(", min_for_secs_after_t3: 2"));
-    assert_eq!(&with[..6], &[Tier::T0; 6], "the burst raised nothing: {with:?}");
-    assert_eq!(with[6..], [Tier::T0, Tier::T0, Tier::T1], "a lasting queue: {with:?}");
+    assert_eq!(
+        &with[..6],
+        &[Tier::T0; 6],
+        "the burst raised nothing: {with:?}"
+    );
+    assert_eq!(
+        with[6..],
+        [Tier::T0, Tier::T0, Tier::T1],
+        "a lasting queue: {with:?}"
+    );
     let without = run(policy(""));
-    assert_eq!(without[0], Tier::T1, "without the rule the burst raises T1: {without:?}");
+    assert_eq!(
+        without[0],
+        Tier::T1,
+        "without the rule the burst raises T1: {without:?}"
+    );
 }
 
 /// A p99 jump's value is a ratio (now over the lowest in the window), and its reason says so:
