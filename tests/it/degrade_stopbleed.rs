@@ -329,26 +329,13 @@ fn default_policy_raises_a_tier_within_5s_of_an_overload_onset() {
 #[test]
 fn after_t3_a_one_scrape_burst_does_not_raise_a_tier_again() {
     let policy = |rule: &str| {
-        Policy::from_yaml(&format!(
-            r#"
-features: []
-tiers:
-  t1:
-    hold_down_secs: 5
-    enter:
-      - queue_depth: {{ above: 4, exit_below: 1, for_secs: 0 }}
-  t2:
-    hold_down_secs: 5
-    params: {{ model_route: fallback, max_tokens_cap: 128, max_num_seqs: 8 }}
-  t3:
-    hold_down_secs: 5
-    enter:
-      - alertmanager: {{ alertname: Overload }}
-    params: {{ admit_min_criticality: critical, retry_after_base_secs: 8, jitter_ratio: 0.5, recovery_eta_max_secs: 60 }}
-recovery_storm: {{ periods_secs: [8, 16], window_secs: 64, watch_after_t3_secs: 60{rule} }}
-"#
-        ))
-        .unwrap()
+        policy_with(
+            &format!(
+                "recovery_storm: {{ periods_secs: [8, 16], window_secs: 64, watch_after_t3_secs: 60{rule} }}"
+            ),
+            &["{ queue_depth: { above: 4, exit_below: 1, for_secs: 0 } }"],
+            &["{ alertmanager: { alertname: Overload } }"],
+        )
     };
     // 10 s of T3 (the alert), 30 s to come down, then one evaluation with 6 waiting, 5 calm
     // ones, then 6 waiting for 3 s in a row. Returns the tier after each of the last 9 steps.
@@ -402,23 +389,11 @@ recovery_storm: {{ periods_secs: [8, 16], window_secs: 64, watch_after_t3_secs: 
 /// "now 30.5" once read as a TTFT p99 of 30 s.
 #[test]
 fn a_p99_jump_reports_its_ratio_as_a_ratio() {
-    let policy = Policy::from_yaml(
-        r#"
-features: []
-tiers:
-  t1:
-    hold_down_secs: 5
-    enter:
-      - p99_jump: { signal: ttft_p99, factor: 2.0, window_secs: 10, min_secs: 1.0 }
-  t2:
-    hold_down_secs: 5
-    params: { model_route: fallback, max_tokens_cap: 128, max_num_seqs: 8 }
-  t3:
-    hold_down_secs: 5
-    params: { admit_min_criticality: critical, retry_after_base_secs: 8, jitter_ratio: 0.5, recovery_eta_max_secs: 60 }
-"#,
-    )
-    .unwrap();
+    let policy = policy_with(
+        "",
+        &["{ p99_jump: { signal: ttft_p99, factor: 2.0, window_secs: 10, min_secs: 1.0 } }"],
+        &[],
+    );
     let mut c = Controller::new(policy);
     let mut t = 0;
     let e = |ttft| Eng {
@@ -768,6 +743,30 @@ tiers:
     assert!(at.is_some_and(|i| (30..=34).contains(&i)), "{at:?}");
 }
 
+/// A policy with the given T1 and T3 entry conditions (one YAML flow mapping each) and extra
+/// top-level lines, 5 s hold-downs, T2 only as a route.
+fn policy_with(top: &str, t1_enter: &[&str], t3_enter: &[&str]) -> Policy {
+    let list = |c: &[&str]| format!("[{}]", c.join(", "));
+    Policy::from_yaml(&format!(
+        r#"
+features: []
+{top}
+tiers:
+  t1: {{ hold_down_secs: 5, enter: {} }}
+  t2:
+    hold_down_secs: 5
+    params: {{ model_route: fallback, max_tokens_cap: 128, max_num_seqs: 8 }}
+  t3:
+    hold_down_secs: 5
+    enter: {}
+    params: {{ admit_min_criticality: critical, retry_after_base_secs: 8, jitter_ratio: 0.5, recovery_eta_max_secs: 60 }}
+"#,
+        list(t1_enter),
+        list(t3_enter)
+    ))
+    .unwrap()
+}
+
 /// A declared capacity (`capacity_rps`, from a load test) lets `demand_ratio` read before the
 /// engines have been saturated once: the measured rate is then only the load seen so far (and
 /// nothing at all for its first 10 s), so without it an overload that starts early is seen
@@ -775,24 +774,11 @@ tiers:
 #[test]
 fn a_declared_capacity_lets_demand_ratio_react_before_the_first_saturation() {
     let policy = |declared: &str| {
-        Policy::from_yaml(&format!(
-            r#"
-features: []
-{declared}
-tiers:
-  t1:
-    hold_down_secs: 5
-    enter:
-      - demand_ratio: {{ above: 1.2, exit_below: 0.9, for_secs: 1 }}
-  t2:
-    hold_down_secs: 5
-    params: {{ model_route: fallback, max_tokens_cap: 128, max_num_seqs: 8 }}
-  t3:
-    hold_down_secs: 5
-    params: {{ admit_min_criticality: critical, retry_after_base_secs: 8, jitter_ratio: 0.5, recovery_eta_max_secs: 60 }}
-"#
-        ))
-        .unwrap()
+        policy_with(
+            declared,
+            &["{ demand_ratio: { above: 1.2, exit_below: 0.9, for_secs: 1 } }"],
+            &[],
+        )
     };
     // Per engine and second: 5 s at 30 first attempts (0.6x of 100/s over both engines), then
     // 75 (1.5x) while the engines still complete 30.
@@ -837,21 +823,7 @@ tiers:
 /// seen to complete more than declared).
 #[test]
 fn a_measured_rate_above_the_declared_capacity_wins() {
-    let policy = Policy::from_yaml(
-        r#"
-features: []
-capacity_rps: 50
-tiers:
-  t1: { hold_down_secs: 5 }
-  t2:
-    hold_down_secs: 5
-    params: { model_route: fallback, max_tokens_cap: 128, max_num_seqs: 8 }
-  t3:
-    hold_down_secs: 5
-    params: { admit_min_criticality: critical, retry_after_base_secs: 8, jitter_ratio: 0.5, recovery_eta_max_secs: 60 }
-"#,
-    )
-    .unwrap();
+    let policy = policy_with("capacity_rps: 50", &[], &[]);
     assert_eq!(policy.declared_capacity_rps, Some(50.0));
     let mut c = Controller::new(policy);
     let mut t = 0;
