@@ -1058,18 +1058,34 @@ mod tests {
         tempfile::TempDir,
     ) {
         let dir = tempfile::tempdir().unwrap();
+        let (p, task, stop) = start_at(
+            store,
+            &dir.path().join("spool"),
+            &SpoolConfig::default(),
+            Duration::from_secs(10),
+        );
+        (p, task, stop, dir)
+    }
+
+    /// A pipeline on `store` with its spool in `spool_dir` (default ingest settings).
+    fn start_at(
+        store: Arc<Slow>,
+        spool_dir: &std::path::Path,
+        spool: &SpoolConfig,
+        write_timeout: Duration,
+    ) -> (Pipeline, PipelineTask, watch::Sender<bool>) {
         let (stop, stopped) = watch::channel(false);
         let (p, task, _) = Pipeline::start(
             store,
-            &dir.path().join("spool"),
+            spool_dir,
             &IngestConfig::default(),
-            &SpoolConfig::default(),
-            Duration::from_secs(10),
+            spool,
+            write_timeout,
             Metrics::new(),
             stopped,
         )
         .unwrap();
-        (p, task, stop, dir)
+        (p, task, stop)
     }
 
     fn rows(n: usize) -> Batch {
@@ -1092,17 +1108,12 @@ mod tests {
         let spool_dir = dir.path().join("spool");
         let mut seen = Vec::new();
         for store in [Slow::clickhouse_like(0), Slow::new(0, 1, 0)] {
-            let (stop, stopped) = watch::channel(false);
-            let (p, task, _) = Pipeline::start(
-                Arc::clone(&store) as Arc<dyn Store>,
+            let (p, task, stop) = start_at(
+                Arc::clone(&store),
                 &spool_dir,
-                &IngestConfig::default(),
                 &SpoolConfig::default(),
                 Duration::from_secs(10),
-                Metrics::new(),
-                stopped,
-            )
-            .unwrap();
+            );
             let (id, within) = store.writer.lock().unwrap().clone().expect("set_writer");
             assert_eq!(within, Duration::from_secs(5));
             assert_eq!(
@@ -1278,17 +1289,12 @@ mod tests {
         let spool_dir = dir.path().join("spool");
         // First life: acknowledged, never shipped (the store never answers), then gone.
         let store = Slow::clickhouse_like(0);
-        let (stop, stopped) = watch::channel(false);
-        let (p, task, _) = Pipeline::start(
-            Arc::clone(&store) as Arc<dyn Store>,
+        let (p, task, stop) = start_at(
+            Arc::clone(&store),
             &spool_dir,
-            &IngestConfig::default(),
             &SpoolConfig::default(),
             Duration::from_secs(60),
-            Metrics::new(),
-            stopped,
-        )
-        .unwrap();
+        );
         for n in 1..=3 {
             p.submit(rows(n), 1000).await.unwrap();
         }
@@ -1298,17 +1304,12 @@ mod tests {
         // Second life on the same spool.
         let store2 = Slow::clickhouse_like(0);
         store2.open_gate();
-        let (_stop2, stopped2) = watch::channel(false);
-        let (_p2, _task2, _) = Pipeline::start(
-            Arc::clone(&store2) as Arc<dyn Store>,
+        let (_p2, _task2, _stop2) = start_at(
+            Arc::clone(&store2),
             &spool_dir,
-            &IngestConfig::default(),
             &SpoolConfig::default(),
             Duration::from_secs(60),
-            Metrics::new(),
-            stopped2,
-        )
-        .unwrap();
+        );
         wait_for(|| store2.writes().iter().map(|w| w.1).sum::<usize>() == 6).await;
         let merged = store2.merged.lock().unwrap().clone();
         assert_eq!(
@@ -1323,22 +1324,17 @@ mod tests {
     async fn a_full_spool_refuses_with_spool_full_and_takes_requests_again_once_shipped() {
         let store = Slow::clickhouse_like(0);
         let dir = tempfile::tempdir().unwrap();
-        let (_stop, stopped) = watch::channel(false);
         let spool = SpoolConfig {
             max_bytes: 8192,
             segment_bytes: 4096,
             ..SpoolConfig::default()
         };
-        let (p, _task, _) = Pipeline::start(
-            Arc::clone(&store) as Arc<dyn Store>,
+        let (p, _task, _stop) = start_at(
+            Arc::clone(&store),
             &dir.path().join("spool"),
-            &IngestConfig::default(),
             &spool,
             Duration::from_secs(60),
-            Metrics::new(),
-            stopped,
-        )
-        .unwrap();
+        );
         // One group larger than the whole spool: refused, nothing acknowledged, and it does not
         // block the next request.
         let err = p.submit(rows(200), 1000).await.unwrap_err();

@@ -527,6 +527,35 @@ fn batch_of(id: u64, spans: std::ops::Range<u64>) -> Arc<brownout::store::Batch>
     })
 }
 
+/// ClickHouse for a store test — `CLICKHOUSE_TEST_URL`, or a server of our own with its data
+/// in `dir` (kept while the returned guard lives) — and a config whose tables get a fresh
+/// prefix starting with `tag`.
+async fn clickhouse_for_test(
+    dir: &std::path::Path,
+    tag: &str,
+) -> (ClickHouseConfig, Option<OwnClickHouse>) {
+    let mut own = None;
+    let url = match std::env::var("CLICKHOUSE_TEST_URL") {
+        Ok(u) if !u.is_empty() => u,
+        _ => {
+            let mut ch = OwnClickHouse::new(dir);
+            ch.start().await;
+            let u = ch.url();
+            own = Some(ch);
+            u
+        }
+    };
+    let cfg = ClickHouseConfig {
+        url,
+        database: "default".into(),
+        user: None,
+        password: None,
+        table_prefix: format!("{tag}{}_", uuid::Uuid::new_v4().simple()),
+        cluster: None,
+    };
+    (cfg, own)
+}
+
 /// A merged insert (several spool records, one INSERT) that reached ClickHouse but whose answer
 /// was lost is retried in replay mode: each row carries its own batch id and index, so the
 /// retry writes only what is missing — also for a batch that landed only in part.
@@ -535,26 +564,9 @@ async fn a_merged_insert_whose_answer_was_lost_is_not_doubled_on_replay() {
     use brownout::store::{Store, WriteMode, clickhouse::ClickHouseStore};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tmp = tempfile::tempdir().unwrap();
-    let mut own = None;
-    let url = match std::env::var("CLICKHOUSE_TEST_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => {
-            let mut ch = OwnClickHouse::new(tmp.path());
-            ch.start().await;
-            let u = ch.url();
-            own = Some(ch);
-            u
-        }
-    };
-    let prefix = format!("m{}_", uuid::Uuid::new_v4().simple());
-    let store = ClickHouseStore::new(&ClickHouseConfig {
-        url: url.clone(),
-        database: "default".into(),
-        user: None,
-        password: None,
-        table_prefix: prefix.clone(),
-        cluster: None,
-    });
+    let (cfg, own) = clickhouse_for_test(tmp.path(), "m").await;
+    let (url, prefix) = (cfg.url.clone(), cfg.table_prefix.clone());
+    let store = ClickHouseStore::new(&cfg);
     store.migrate().await.unwrap();
     let (a, b, c, d) = (
         batch_of(11, 0..3),
@@ -637,26 +649,8 @@ async fn a_replay_waits_for_an_insert_still_running_in_clickhouse_and_does_not_d
     use brownout::store::{Store, StoreError, WriteMode, clickhouse::ClickHouseStore};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tmp = tempfile::tempdir().unwrap();
-    let mut own = None;
-    let url = match std::env::var("CLICKHOUSE_TEST_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => {
-            let mut ch = OwnClickHouse::new(tmp.path());
-            ch.start().await;
-            let u = ch.url();
-            own = Some(ch);
-            u
-        }
-    };
-    let prefix = format!("s{}_", uuid::Uuid::new_v4().simple());
-    let cfg = ClickHouseConfig {
-        url: url.clone(),
-        database: "default".into(),
-        user: None,
-        password: None,
-        table_prefix: prefix.clone(),
-        cluster: None,
-    };
+    let (cfg, own) = clickhouse_for_test(tmp.path(), "s").await;
+    let (url, prefix) = (cfg.url.clone(), cfg.table_prefix.clone());
     let store = ClickHouseStore::new(&cfg);
     store.migrate().await.unwrap();
     // The writer id a spool directory would give; unique per test run.
