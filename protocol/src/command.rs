@@ -383,6 +383,13 @@ pub struct Shed {
     pub jitter_ratio: f64,
     /// When the control plane expects to leave T3 (unix ms).
     pub recovery_eta_ms: u64,
+    /// Shed only the excess: requests below `admit_min_criticality` are still admitted up to
+    /// this many per second on each instance (a token bucket that critical requests draw on
+    /// too, without ever being refused, and that `default` traffic gets before `sheddable`);
+    /// the rest get 429. Unset: everything below `admit_min_criticality` gets 429 (the first
+    /// release's T3, and what a subscriber that does not know the field does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admit_rps: Option<f64>,
 }
 
 /// A degradation command as published on Redis.

@@ -499,6 +499,7 @@ async fn degradation_tiers_are_obeyed() {
         retry_after_s: 20,
         jitter_ratio: 0.5,
         recovery_eta_ms: 1_764_460_890_000,
+        admit_rps: None,
     });
     control.apply(t3, 3).unwrap();
     for crit in ["sheddable", "default"] {

@@ -75,6 +75,7 @@ fn command(cluster: &str, epoch: u64, version: u64, tier: Tier, lease_ms: u64) -
             retry_after_s: 5,
             jitter_ratio: 0.5,
             recovery_eta_ms: now + 60_000,
+            admit_rps: None,
         });
     }
     c

@@ -121,6 +121,7 @@ async fn requests_become_otlp_spans_and_failures_become_ndjson_events() {
         retry_after_s: 5,
         jitter_ratio: 0.0,
         recovery_eta_ms: 0,
+        admit_rps: None,
     });
     control.apply(t3, 1).unwrap();
     assert_eq!(

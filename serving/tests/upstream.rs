@@ -610,6 +610,7 @@ async fn the_proxy_obeys_t1_t2_t3_and_drain_commands() {
         retry_after_s: 7,
         jitter_ratio: 0.0,
         recovery_eta_ms: now_ms() + 120_000,
+        admit_rps: None,
     });
     publish(&cl, &c, &[&px]).await;
     let (s, hd, v) = px.chat(&[("x-brownout-criticality", "sheddable")], 2).await;

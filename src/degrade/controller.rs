@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::policy::{Condition, Policy, Signal};
 pub use super::stopbleed::{InstanceAction, InstanceOverride};
-use super::stopbleed::{StopBleedState, TierContext};
+use super::stopbleed::{RouteContext, StopBleedState, TierContext};
 
 /// One SLO alert's state, as the SLO engine reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -168,11 +168,11 @@ impl Decision {
             && self
                 .shed
                 .as_ref()
-                .map(|s| (s.admit_min_criticality, s.retry_after_s))
+                .map(|s| (s.admit_min_criticality, s.retry_after_s, s.admit_rps))
                 == other
                     .shed
                     .as_ref()
-                    .map(|s| (s.admit_min_criticality, s.retry_after_s))
+                    .map(|s| (s.admit_min_criticality, s.retry_after_s, s.admit_rps))
     }
 }
 
@@ -277,12 +277,14 @@ impl Controller {
                 .filter(|v| v.is_finite())
                 .fold(0.0, f64::max),
             Signal::DemandRatio => self.stop_bleed.demand_ratio(),
+            Signal::FallbackDemandRatio => self.stop_bleed.fallback_demand_ratio(),
             Signal::ExpectedWait => {
                 let in_system: u64 = fresh
                     .flat_map(|s| s.engines.iter().filter(|e| e.up))
                     .map(|e| e.num_requests_waiting + e.num_requests_running)
                     .sum();
-                self.stop_bleed.expected_wait_s(in_system as f64)
+                self.stop_bleed
+                    .expected_wait_s(in_system as f64, self.tier >= Tier::T2)
             }
         }
     }
@@ -470,6 +472,13 @@ impl Controller {
                     self.tier = target;
                     self.clear_since = None;
                     transition = Transition::Enter;
+                } else if self.tier > Tier::T0
+                    && target < self.tier
+                    && self.demand_hold(self.tier, now).is_some()
+                {
+                    // The demand is more than the tier below can serve: the tier holds, and
+                    // its hold-down starts only once the demand has fallen.
+                    self.clear_since = None;
                 } else if self.tier > Tier::T0 && target < self.tier {
                     let since = *self.clear_since.get_or_insert(now);
                     let hold = self.policy.tier(self.tier).map_or(0, |t| t.hold_down_ms);
@@ -486,6 +495,11 @@ impl Controller {
         }
 
         let t2_max = (self.tier >= Tier::T2).then_some(self.policy.t2.max_num_seqs);
+        let route = match (previous, self.tier) {
+            (a, b) if a <= Tier::T1 && b <= Tier::T1 => RouteContext::Primary,
+            (Tier::T2, Tier::T2) => RouteContext::Fallback,
+            _ => RouteContext::None,
+        };
         let sb = self.stop_bleed.step(
             &self.policy,
             now,
@@ -495,9 +509,22 @@ impl Controller {
                 t3: self.tier == Tier::T3,
                 left_t3: previous == Tier::T3 && self.tier < Tier::T3,
                 t2_max_num_seqs: t2_max,
+                route,
             },
         );
-        let reasons = self.crossings(inputs);
+        let mut reasons = self.crossings(inputs);
+        if self.tier > Tier::T0
+            && operator_reason.is_none()
+            && let Some(c) = self.demand_hold(self.tier, now)
+        {
+            // The reason of the tier in force comes first (it is the command's reason when
+            // none of the tier's own conditions is latched any more).
+            let at = reasons
+                .iter()
+                .position(|r| r.tier <= c.tier)
+                .unwrap_or(reasons.len());
+            reasons.insert(at, c);
+        }
         let reason = match &operator_reason {
             Some(o) => Reason {
                 trigger: "operator".into(),
@@ -523,6 +550,48 @@ impl Controller {
         d.instances = sb.instances;
         d.instance_actions = sb.actions;
         d
+    }
+
+    /// Whether the demand holds `tier` (above T0): with the policy's `exit_demand_ratio`, the
+    /// offered demand is at least that share of what the tier below serves (T3 → T2: the T2
+    /// route's capacity; T2 → T1 and T1 → T0: the primary's). The crossing says so; `None`
+    /// when the demand is below, no ratio is set, or no capacity is known.
+    fn demand_hold(&self, tier: Tier, now: u64) -> Option<Crossing> {
+        let r = self.policy.exit_demand_ratio?;
+        let (value, cap, what) = if tier == Tier::T3 {
+            (
+                self.stop_bleed.fallback_demand_ratio(),
+                self.stop_bleed.fallback_rate_rps()?,
+                "the T2 route's",
+            )
+        } else {
+            (
+                self.stop_bleed.demand_ratio(),
+                self.stop_bleed.service_rate_rps()?,
+                "the primary route's",
+            )
+        };
+        (value >= r).then(|| Crossing {
+            tier,
+            trigger: "demand_hold".into(),
+            condition: format!(
+                "demand {:.1} req/s is at least {r} x {what} capacity {cap:.1} req/s: {tier} holds until it falls below",
+                value * cap
+            ),
+            value: Some(value),
+            threshold: Some(r),
+            since_ms: now,
+        })
+    }
+
+    /// What T3 admits of non-critical traffic on each instance (`shed.admit_rps`): the policy's
+    /// `admit_capacity_ratio` × the T2 route's capacity / the fresh engines, to 2 decimals;
+    /// `None` without the ratio or without a known capacity (then T3 sheds the whole class).
+    pub fn t3_admit_rps(&self) -> Option<f64> {
+        let r = self.policy.t3.admit_capacity_ratio?;
+        let cap = self.stop_bleed.fallback_rate_rps()?;
+        let n = self.stop_bleed.engines().max(1) as f64;
+        Some((r * cap / n * 100.0).round() / 100.0)
     }
 
     /// The measured capacity the admission ramp starts from (requests/s, all instances).
@@ -763,6 +832,7 @@ impl Controller {
                 retry_after_s: self.policy.t3.retry_after_base_secs,
                 jitter_ratio: self.policy.t3.jitter_ratio,
                 recovery_eta_ms: eta.min(now + self.policy.t3.recovery_eta_max_ms + hold),
+                admit_rps: self.t3_admit_rps(),
             }
         });
         Decision {

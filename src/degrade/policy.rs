@@ -66,6 +66,13 @@ struct RawPolicy {
     /// The declared capacity, requests/s over all engines (docs/DEGRADATION.md).
     #[serde(default)]
     capacity_rps: Option<f64>,
+    /// The declared capacity of the T2 route (fallback model, capped max_tokens), requests/s.
+    #[serde(default)]
+    fallback_capacity_rps: Option<f64>,
+    /// A tier steps down only when the demand is below this share of what the tier below
+    /// serves.
+    #[serde(default)]
+    exit_demand_ratio: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -220,6 +227,7 @@ struct RawCondition {
     queue_wait_p99: Option<RawSecs>,
     p99_jump: Option<RawJump>,
     demand_ratio: Option<RawLevel>,
+    fallback_demand_ratio: Option<RawLevel>,
     expected_wait: Option<RawSecs>,
 }
 
@@ -235,6 +243,7 @@ enum OneCondition {
     QueueWaitP99(RawSecs),
     Jump(RawJump),
     Demand(RawLevel),
+    FallbackDemand(RawLevel),
     ExpectedWait(RawSecs),
 }
 
@@ -274,13 +283,16 @@ impl RawCondition {
         if let Some(x) = self.demand_ratio {
             v.push(OneCondition::Demand(x));
         }
+        if let Some(x) = self.fallback_demand_ratio {
+            v.push(OneCondition::FallbackDemand(x));
+        }
         if let Some(x) = self.expected_wait {
             v.push(OneCondition::ExpectedWait(x));
         }
         if v.len() != 1 {
             return Err(invalid(
                 field,
-                "must hold exactly one of gpu_util, kv_usage, vram, queue_depth, slo_alert, alertmanager, new_pattern, ttft_p99, queue_wait_p99, p99_jump, demand_ratio, expected_wait",
+                "must hold exactly one of gpu_util, kv_usage, vram, queue_depth, slo_alert, alertmanager, new_pattern, ttft_p99, queue_wait_p99, p99_jump, demand_ratio, fallback_demand_ratio, expected_wait",
             ));
         }
         Ok(v.remove(0))
@@ -378,6 +390,10 @@ struct RawT3Params {
     retry_after_base_secs: u32,
     jitter_ratio: f64,
     recovery_eta_max_secs: u64,
+    /// Shed only the excess: admit non-critical traffic up to this share of the T2 route's
+    /// capacity.
+    #[serde(default)]
+    admit_capacity_ratio: Option<f64>,
 }
 
 fn default_admit() -> String {
@@ -409,6 +425,11 @@ pub enum Signal {
     /// answered, refusals included; mean of the last 3 s) over the highest 5 s completion rate
     /// seen in the admission ramp's capacity window (0 until 1 request/s was measured).
     DemandRatio,
+    /// Offered load over what the T2 route serves: the same offered rate over the fallback
+    /// route's capacity (declared `fallback_capacity_rps`, or measured while T2 or T3 was in
+    /// force, never below the primary's). Above 1 even T2 cannot carry the demand: T3's
+    /// trigger.
+    FallbackDemandRatio,
     /// Work waiting now against the measured service rate (seconds): the requests the fresh
     /// engines hold (waiting + running) over the same measured capacity `demand_ratio` divides
     /// by. By Little's law the time a new arrival needs to get through, read from the queue
@@ -429,10 +450,11 @@ impl Signal {
             Signal::TtftP99 => "ttft_p99",
             Signal::QueueWaitP99 => "queue_wait_p99",
             Signal::DemandRatio => "demand_ratio",
+            Signal::FallbackDemandRatio => "fallback_demand_ratio",
             Signal::ExpectedWait => "expected_wait",
         }
     }
-    pub const ALL: [Signal; 9] = [
+    pub const ALL: [Signal; 10] = [
         Signal::GpuUtil,
         Signal::KvUsage,
         Signal::Vram,
@@ -441,6 +463,7 @@ impl Signal {
         Signal::TtftP99,
         Signal::QueueWaitP99,
         Signal::DemandRatio,
+        Signal::FallbackDemandRatio,
         Signal::ExpectedWait,
     ];
 
@@ -557,6 +580,10 @@ pub struct T3Params {
     pub jitter_ratio: f64,
     /// Upper bound of the recovery estimate (used when the trend gives none).
     pub recovery_eta_max_ms: u64,
+    /// `Some(r)`: T3 sheds only the excess — each instance admits non-critical traffic up to
+    /// `r` × the T2 route's capacity / instances (`shed.admit_rps`), critical traffic drawing
+    /// on the same rate; `None`: everything below `admit_min_criticality` is shed.
+    pub admit_capacity_ratio: Option<f64>,
 }
 
 /// Per-instance stop-bleed on KV usage (seed figures: watch above 85 % for 2 min, halve
@@ -651,6 +678,14 @@ pub struct Policy {
     /// saturated once (the measured rate is only the load seen so far). `None`: the measured
     /// rate alone, after its warm-up.
     pub declared_capacity_rps: Option<f64>,
+    /// The declared capacity of the T2 route (`fallback_capacity_rps`), requests/s over all
+    /// engines; `None`: measured while T2 or T3 is in force.
+    pub declared_fallback_capacity_rps: Option<f64>,
+    /// `Some(r)`: a tier steps down only when the offered demand is below `r` × what the tier
+    /// below serves (T3 → T2: the T2 route's capacity; T2 → T1 and T1 → T0: the primary's), so
+    /// an exit reads the demand rather than the queue the tier itself empties. `None`, or no
+    /// capacity known: the hold-down alone decides.
+    pub exit_demand_ratio: Option<f64>,
 }
 
 impl Policy {
@@ -728,13 +763,20 @@ fn validate(raw: RawPolicy) -> Result<Policy, PolicyError> {
             "must be between 50 and 60000",
         ));
     }
-    if let Some(c) = raw.capacity_rps
-        && !(c.is_finite() && c > 0.0)
+    for (field, v) in [
+        ("capacity_rps", raw.capacity_rps),
+        ("fallback_capacity_rps", raw.fallback_capacity_rps),
+    ] {
+        if let Some(c) = v
+            && !(c.is_finite() && c > 0.0)
+        {
+            return Err(invalid(field, "must be a positive number of requests/s"));
+        }
+    }
+    if let Some(r) = raw.exit_demand_ratio
+        && !(r.is_finite() && r > 0.0 && r <= 2.0)
     {
-        return Err(invalid(
-            "capacity_rps",
-            "must be a positive number of requests/s",
-        ));
+        return Err(invalid("exit_demand_ratio", "must be in (0, 2]"));
     }
     if raw.command_lease_ms < 3 * raw.evaluate_interval_ms {
         return Err(invalid(
@@ -883,6 +925,14 @@ fn validate(raw: RawPolicy) -> Result<Policy, PolicyError> {
             "must be positive",
         ));
     }
+    if let Some(r) = t3p.admit_capacity_ratio
+        && !(r.is_finite() && r > 0.0 && r <= 2.0)
+    {
+        return Err(invalid(
+            "tiers.t3.params.admit_capacity_ratio",
+            "must be in (0, 2]",
+        ));
+    }
 
     let instances = raw.instances.map(validate_instances).transpose()?;
     let ramp = raw.admission_ramp.map(validate_ramp).transpose()?;
@@ -907,12 +957,15 @@ fn validate(raw: RawPolicy) -> Result<Policy, PolicyError> {
             retry_after_base_secs: t3p.retry_after_base_secs,
             jitter_ratio: t3p.jitter_ratio,
             recovery_eta_max_ms: t3p.recovery_eta_max_secs * 1000,
+            admit_capacity_ratio: t3p.admit_capacity_ratio,
         },
         agents,
         instances,
         ramp,
         storm,
         declared_capacity_rps: raw.capacity_rps,
+        declared_fallback_capacity_rps: raw.fallback_capacity_rps,
+        exit_demand_ratio: raw.exit_demand_ratio,
     })
 }
 
@@ -1114,6 +1167,23 @@ fn validate_tier(
                 for_ms: r.for_secs * 1000,
             })
         };
+        let level = |signal: Signal, r: RawLevel| -> Result<Condition, PolicyError> {
+            if !(r.above.is_finite() && r.above > 0.0 && r.exit_below.is_finite())
+                || r.exit_below < 0.0
+                || r.exit_below >= r.above
+            {
+                return Err(invalid(
+                    format!("{f}.{}", signal.trigger()),
+                    "above must be positive and exit_below in [0, above) (hysteresis)",
+                ));
+            }
+            Ok(Condition::Threshold {
+                signal,
+                above: r.above,
+                exit_below: r.exit_below,
+                for_ms: r.for_secs * 1000,
+            })
+        };
         let cond = match c.one(&f)? {
             OneCondition::GpuUtil(r) => ratio(Signal::GpuUtil, r, "gpu_util")?,
             OneCondition::KvUsage(r) => ratio(Signal::KvUsage, r, "kv_usage")?,
@@ -1161,23 +1231,8 @@ fn validate_tier(
             OneCondition::TtftP99(r) => secs(Signal::TtftP99, r, "ttft_p99")?,
             OneCondition::QueueWaitP99(r) => secs(Signal::QueueWaitP99, r, "queue_wait_p99")?,
             OneCondition::ExpectedWait(r) => secs(Signal::ExpectedWait, r, "expected_wait")?,
-            OneCondition::Demand(r) => {
-                if !(r.above.is_finite() && r.above > 0.0 && r.exit_below.is_finite())
-                    || r.exit_below < 0.0
-                    || r.exit_below >= r.above
-                {
-                    return Err(invalid(
-                        format!("{f}.demand_ratio"),
-                        "above must be positive and exit_below in [0, above) (hysteresis)",
-                    ));
-                }
-                Condition::Threshold {
-                    signal: Signal::DemandRatio,
-                    above: r.above,
-                    exit_below: r.exit_below,
-                    for_ms: r.for_secs * 1000,
-                }
-            }
+            OneCondition::Demand(r) => level(Signal::DemandRatio, r)?,
+            OneCondition::FallbackDemand(r) => level(Signal::FallbackDemandRatio, r)?,
             OneCondition::Jump(j) => {
                 let g = format!("{f}.p99_jump");
                 let signal = Signal::parse_latency(&j.signal).ok_or_else(|| {

@@ -116,6 +116,22 @@ pub struct TierContext {
     pub left_t3: bool,
     /// The cluster-wide T2 `max_num_seqs` in force, if any (a halved limit never exceeds it).
     pub t2_max_num_seqs: Option<u32>,
+    /// Which route the completions seen in this step were served on: the tier before and
+    /// after this step (T0–T1 the primary, T2 the fallback; T3 limits the work itself, so its
+    /// completions measure no capacity).
+    pub route: RouteContext,
+}
+
+/// See [`TierContext::route`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RouteContext {
+    /// T0 or T1 before and after the step.
+    #[default]
+    Primary,
+    /// T2 before and after the step.
+    Fallback,
+    /// T3, or a change between the routes: no capacity is measured.
+    None,
 }
 
 /// The memory of the per-instance machine, the rate series, the ramp and the storm detector.
@@ -127,6 +143,13 @@ pub struct StopBleedState {
     arrivals: VecDeque<(u64, f64)>,
     /// (unix ms, completions/s summed over fresh engines).
     completions: VecDeque<(u64, f64)>,
+    /// The same, only while the primary route served (T0, T1): the primary's capacity.
+    primary_completions: VecDeque<(u64, f64)>,
+    /// The same, only while T2's route served with work waiting (saturated): the T2 route's
+    /// capacity. Below saturation the completions are the demand, not what the route can do.
+    fallback_completions: VecDeque<(u64, f64)>,
+    /// Requests waiting over the fresh engines at the last observation.
+    waiting: u64,
     /// (unix s, offered load/s summed over fresh engines: first-attempt arrivals where the
     /// engine exports them, else every request answered), one per second seen.
     demand: VecDeque<(u64, f64)>,
@@ -139,6 +162,8 @@ pub struct StopBleedState {
     last_observed_ms: u64,
     /// The policy's declared capacity (`capacity_rps`), requests/s, as of the last observation.
     declared_rps: Option<f64>,
+    /// The policy's `fallback_capacity_rps`, likewise.
+    declared_fallback_rps: Option<f64>,
 }
 
 /// How long completions must have been measured before [`StopBleedState::demand_ratio`] reads
@@ -206,18 +231,44 @@ pub fn detect_retry_waves(
     None
 }
 
+/// The highest mean over 5 seconds of a (unix ms, rate) series.
+fn best_5s_mean(q: &VecDeque<(u64, f64)>) -> f64 {
+    let v: Vec<(u64, f64)> = q.iter().copied().collect();
+    let mut best: f64 = 0.0;
+    let mut j = 0;
+    let mut sum = 0.0;
+    for i in 0..v.len() {
+        sum += v[i].1;
+        while v[i].0.saturating_sub(v[j].0) >= 5000 {
+            sum -= v[j].1;
+            j += 1;
+        }
+        let n = (i - j + 1) as f64;
+        best = best.max(sum / n);
+    }
+    best
+}
+
 fn fmt_ratio(v: f64) -> String {
     format!("{:.0}%", v * 100.0)
 }
 
 impl StopBleedState {
     /// Feeds the fresh snapshots: per-instance KV usage and the rate series.
-    fn observe(&mut self, policy: &Policy, now: u64, snapshots: &[AgentSnapshot]) {
+    fn observe(
+        &mut self,
+        policy: &Policy,
+        now: u64,
+        snapshots: &[AgentSnapshot],
+        route: RouteContext,
+    ) {
         let stale = policy.snapshot_stale_ms;
         self.declared_rps = policy.declared_capacity_rps;
+        self.declared_fallback_rps = policy.declared_fallback_capacity_rps;
         let mut arrivals = 0.0;
         let mut completions = 0.0;
         let mut demand = 0.0;
+        let mut waiting = 0;
         let mut seen = Vec::new();
         for s in snapshots
             .iter()
@@ -226,6 +277,9 @@ impl StopBleedState {
             for e in &s.engines {
                 let key = s.instance_key(e);
                 seen.push(key.clone());
+                if e.up {
+                    waiting += e.num_requests_waiting;
+                }
                 // Rates from the counters (a restart, i.e. a counter going down, resets them).
                 let c = self.counters.entry(key.clone()).or_insert(Counters {
                     ts_ms: s.ts_ms,
@@ -299,6 +353,14 @@ impl StopBleedState {
             self.demand.pop_front();
         }
         self.completions.push_back((now, completions));
+        self.waiting = waiting;
+        match route {
+            RouteContext::Primary => self.primary_completions.push_back((now, completions)),
+            RouteContext::Fallback if waiting > 0 => {
+                self.fallback_completions.push_back((now, completions));
+            }
+            _ => {}
+        }
         self.last_observed_ms = now;
         if completions >= 1.0 {
             self.completing_since.get_or_insert(now);
@@ -325,25 +387,90 @@ impl StopBleedState {
         while self.completions.len() > 8192 {
             self.completions.pop_front();
         }
+        // While T3 limits the work, nothing measures a route's capacity: keep what was
+        // measured before (else a long T3 would forget it, and admit less and less).
+        if route != RouteContext::None {
+            for q in [
+                &mut self.primary_completions,
+                &mut self.fallback_completions,
+            ] {
+                while q
+                    .front()
+                    .is_some_and(|(t, _)| now.saturating_sub(*t) > keep_ms)
+                {
+                    q.pop_front();
+                }
+            }
+        }
+        for q in [
+            &mut self.primary_completions,
+            &mut self.fallback_completions,
+        ] {
+            while q.len() > 8192 {
+                q.pop_front();
+            }
+        }
     }
 
     /// The measured capacity (requests/s, all instances): the highest 5-second mean of the
     /// completion rate over the ramp's capacity window.
     pub fn capacity_rps(&self) -> f64 {
-        let v: Vec<(u64, f64)> = self.completions.iter().copied().collect();
-        let mut best: f64 = 0.0;
-        let mut j = 0;
-        let mut sum = 0.0;
-        for i in 0..v.len() {
-            sum += v[i].1;
-            while v[i].0.saturating_sub(v[j].0) >= 5000 {
-                sum -= v[j].1;
-                j += 1;
-            }
-            let n = (i - j + 1) as f64;
-            best = best.max(sum / n);
+        best_5s_mean(&self.completions)
+    }
+
+    /// The primary route's measured capacity: as [`Self::capacity_rps`], over the
+    /// completions seen while T0 or T1 was in force.
+    pub fn primary_capacity_rps(&self) -> f64 {
+        best_5s_mean(&self.primary_completions)
+    }
+
+    /// The T2 route's measured capacity: the highest 5-second mean of the completions seen
+    /// while T2 was in force with work waiting; `None` before 5 s of such samples.
+    pub fn measured_fallback_rps(&self) -> Option<f64> {
+        let (first, last) = (
+            self.fallback_completions.front()?,
+            self.fallback_completions.back()?,
+        );
+        (last.0.saturating_sub(first.0) >= 5000).then(|| best_5s_mean(&self.fallback_completions))
+    }
+
+    /// What the T2 route serves (requests/s, all instances): the declared
+    /// `fallback_capacity_rps` or the measured one, whichever is higher, and never below the
+    /// primary's [`Self::service_rate_rps`] (the fallback is the cheaper route). `None` when
+    /// nothing is known.
+    pub fn fallback_rate_rps(&self) -> Option<f64> {
+        let primary = self.service_rate_rps();
+        [
+            self.declared_fallback_rps,
+            self.measured_fallback_rps(),
+            primary,
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .reduce(f64::max)
+    }
+
+    /// The mean offered rate of the last 3 seconds seen (requests/s, all instances).
+    pub fn offered_rps(&self) -> f64 {
+        let n = self.demand.len().min(3);
+        if n == 0 {
+            return 0.0;
         }
-        best
+        let sum: f64 = self.demand.iter().rev().take(n).map(|(_, v)| v).sum();
+        sum / n as f64
+    }
+
+    /// [`Signal::FallbackDemandRatio`](super::policy::Signal): the offered rate over
+    /// [`Self::fallback_rate_rps`]; 0 while nothing is known.
+    pub fn fallback_demand_ratio(&self) -> f64 {
+        self.fallback_rate_rps()
+            .map_or(0.0, |cap| self.offered_rps() / cap)
+    }
+
+    /// Fresh engines seen (the instances a cluster-wide rate is shared between).
+    pub fn engines(&self) -> usize {
+        self.counters.len()
     }
 
     /// Offered load over measured capacity ([`Signal::DemandRatio`](super::policy::Signal)):
@@ -354,15 +481,8 @@ impl StopBleedState {
     /// out) when it exports them, else every request it answered (refusals included, so
     /// retries of refused calls count).
     pub fn demand_ratio(&self) -> f64 {
-        let Some(cap) = self.service_rate_rps() else {
-            return 0.0;
-        };
-        let n = self.demand.len().min(3);
-        if n == 0 {
-            return 0.0;
-        }
-        let sum: f64 = self.demand.iter().rev().take(n).map(|(_, v)| v).sum();
-        sum / n as f64 / cap
+        self.service_rate_rps()
+            .map_or(0.0, |cap| self.offered_rps() / cap)
     }
 
     /// The service rate (requests/s, all instances) the demand and wait signals divide by: the
@@ -376,7 +496,7 @@ impl StopBleedState {
         let warm = self
             .completing_since
             .is_some_and(|t| self.last_observed_ms.saturating_sub(t) >= DEMAND_WARMUP_MS);
-        let cap = self.capacity_rps();
+        let cap = self.primary_capacity_rps();
         let measured = (warm && cap >= 1.0).then_some(cap);
         match (self.declared_rps, measured) {
             (Some(d), Some(m)) => Some(d.max(m)),
@@ -385,10 +505,16 @@ impl StopBleedState {
     }
 
     /// [`Signal::ExpectedWait`](super::policy::Signal): `in_system` requests (waiting +
-    /// running, summed over the fresh engines) over [`Self::service_rate_rps`], in seconds; 0
-    /// while no service rate is measured.
-    pub fn expected_wait_s(&self, in_system: f64) -> f64 {
-        self.service_rate_rps().map_or(0.0, |mu| in_system / mu)
+    /// running, summed over the fresh engines) over [`Self::service_rate_rps`] — over
+    /// [`Self::fallback_rate_rps`] when `fallback` (T2 or T3 in force: the route that serves
+    /// now) —, in seconds; 0 while no service rate is measured.
+    pub fn expected_wait_s(&self, in_system: f64, fallback: bool) -> f64 {
+        let mu = if fallback {
+            self.fallback_rate_rps()
+        } else {
+            self.service_rate_rps()
+        };
+        mu.map_or(0.0, |mu| in_system / mu)
     }
 
     /// The per-second arrival series, oldest first (missing seconds are 0).
@@ -514,8 +640,9 @@ impl StopBleedState {
             t3: tier_t3,
             left_t3,
             t2_max_num_seqs,
+            route,
         } = tier;
-        self.observe(policy, now, snapshots);
+        self.observe(policy, now, snapshots, route);
         let mut out = StopBleed::default();
         if tier_t3 {
             self.last_t3_ms = Some(now);

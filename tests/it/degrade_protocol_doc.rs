@@ -171,6 +171,7 @@ fn every_field_is_documented() {
         retry_after_s: 1,
         jitter_ratio: 0.1,
         recovery_eta_ms: 1,
+        admit_rps: Some(1.0),
     });
     let v: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
     let mut names = BTreeSet::new();

@@ -7,6 +7,7 @@
 
 mod alerts_rules;
 mod dashboards_valid;
+mod degrade_capacity;
 mod degrade_override;
 mod degrade_override_now;
 mod degrade_policy;

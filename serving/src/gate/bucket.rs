@@ -92,6 +92,45 @@ impl TokenBucket {
         let wait = ((1.0 - self.tokens) / rate).ceil() as u64;
         Err(wait.clamp(1, MAX_RETRY_AFTER_S))
     }
+
+    /// Takes a token only while more than `reserve` would be left (a lower priority leaves the
+    /// last `reserve` tokens of the burst to the higher one). `reserve` 0 is [`Self::try_take`].
+    ///
+    /// # Errors
+    /// The seconds until enough tokens are there, as [`Self::try_take`].
+    pub fn try_take_above(&mut self, now: Instant, reserve: f64) -> Result<(), u64> {
+        let Some(rate) = self.rate else {
+            return Ok(());
+        };
+        self.refill(now);
+        let need = 1.0 + reserve.max(0.0);
+        if self.tokens >= need {
+            self.tokens -= 1.0;
+            return Ok(());
+        }
+        self.throttled_total += 1;
+        if rate <= 0.0 {
+            return Err(ZERO_RATE_RETRY_AFTER_S);
+        }
+        let wait = ((need - self.tokens) / rate).ceil() as u64;
+        Err(wait.clamp(1, MAX_RETRY_AFTER_S))
+    }
+
+    /// Takes a token whatever is left (a request that is never refused, but whose work the
+    /// rate must account for): the bucket may go into debt down to minus one burst, which
+    /// the refill pays back before anyone else is admitted.
+    pub fn draw(&mut self, now: Instant) {
+        let Some(rate) = self.rate else {
+            return;
+        };
+        self.refill(now);
+        self.tokens = (self.tokens - 1.0).max(-Self::capacity(rate));
+    }
+
+    /// The burst at the current rate (0 without a rate).
+    pub fn burst(&self) -> f64 {
+        self.rate.map_or(0.0, Self::capacity)
+    }
 }
 
 #[cfg(test)]
@@ -136,6 +175,30 @@ mod tests {
         b.set_rate(None, t0);
         assert_eq!(b.try_take(t0), Ok(()));
         assert_eq!(b.tokens(t0), None);
+    }
+
+    #[test]
+    fn a_reserve_keeps_the_last_tokens_for_the_higher_priority_and_draws_go_into_debt() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new();
+        b.set_rate(Some(4.0), t0);
+        // The low priority leaves 2 of the 4 tokens.
+        assert_eq!(b.try_take_above(t0, 2.0), Ok(()));
+        assert_eq!(b.try_take_above(t0, 2.0), Ok(()));
+        assert_eq!(b.try_take_above(t0, 2.0), Err(1));
+        // The high priority takes them.
+        assert_eq!(b.try_take(t0), Ok(()));
+        assert_eq!(b.try_take(t0), Ok(()));
+        assert_eq!(b.try_take(t0), Err(1));
+        // Draws are never refused but go into debt, at most one burst.
+        for _ in 0..10 {
+            b.draw(t0);
+        }
+        assert_eq!(b.tokens(t0), Some(-4.0));
+        // The debt is paid back first: after 1 s the bucket is at 0, after 1.25 s one token.
+        assert_eq!(b.try_take(t0 + Duration::from_secs(1)), Err(1));
+        assert_eq!(b.try_take(t0 + Duration::from_millis(1250)), Ok(()));
+        assert_eq!(b.burst(), 4.0);
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! | 1 | `abort` lists the `x-brownout-conversation` or the `traceparent` trace id | everyone | 409 `agent_loop_detected` |
 //! | 2 | `features[x-brownout-feature]` is `disabled` (or `probe` and not in the share) | everyone | 503 `feature_disabled` |
 //! | 3 | `features["tool:<name>"]` of a declared tool is `disabled` (or `probe`, not in the share) | everyone | 503 `tool_disabled` |
-//! | 4 | T3: criticality below `shed.admit_min_criticality` | non-critical | 429 `shed` |
+//! | 4 | T3: criticality below `shed.admit_min_criticality` (with `shed.admit_rps`: only past that rate, `default` before `sheddable`, critical drawing on it too) | non-critical | 429 `shed` |
 //! | 5 | this instance's entry says `drain` | non-critical | 503 `instance_draining` |
 //! | 6 | the user has the cap's worth of agent requests in flight | non-critical agent traffic | 429 `user_concurrency_limit` |
 //! | 7 | the `admit_rps` bucket is empty | non-critical | 429 `admission_throttled` |
@@ -373,6 +373,8 @@ impl Probe {
 struct Mutable {
     policy: Option<Arc<Policy>>,
     bucket: TokenBucket,
+    /// T3's excess bucket (`shed.admit_rps`).
+    excess: TokenBucket,
     probes: BTreeMap<String, Probe>,
 }
 
@@ -462,6 +464,8 @@ impl Gate {
             &self.inner.cfg,
         ));
         st.bucket.set_rate(p.admit_rps(), now);
+        st.excess
+            .set_rate(p.command().shed.as_ref().and_then(|s| s.admit_rps), now);
         let cmd = p.command();
         st.probes
             .retain(|name, _| cmd.feature_state(name) == FeatureState::Probe);
@@ -582,28 +586,40 @@ impl Gate {
             }
         }
 
-        // 4. Load shedding (T3).
-        if let Some(shed) = &cmd.shed
-            && !critical
-            && meta.criticality < shed.admit_min_criticality
-        {
-            let jitter = shed.jitter_ratio.clamp(0.0, 10.0);
-            let factor = if jitter > 0.0 {
-                rand::rng().random_range(1.0..=1.0 + jitter)
-            } else {
-                1.0
-            };
-            let retry = (f64::from(shed.retry_after_s.max(1)) * factor).ceil() as u64;
-            let c = meta.criticality;
-            return Err(Refusal::new(
-                Outcome::Shed,
-                &p,
-                format!("The service is shedding {c} traffic to protect critical requests (tier T{t}); retry after {retry} s."),
-                format!("{c} request shed at tier T{t}"),
-            )
-            .with("estimated_recovery_at", json!(rfc3339(shed.recovery_eta_ms)))
-            .with("tier", json!(t))
-            .retry(retry));
+        // 4. Load shedding (T3): the whole class below `admit_min_criticality`, or with
+        // `admit_rps` only the excess over that rate (critical requests draw on it too).
+        if let Some(shed) = &cmd.shed {
+            if critical || meta.criticality >= shed.admit_min_criticality {
+                st.excess.draw(now);
+            } else if !self.excess_admits(&mut st, meta.criticality, now) {
+                let retry = shed_retry_after(shed, now_ms);
+                let c = meta.criticality;
+                let (message, detail) = match shed.admit_rps {
+                    Some(r) => (
+                        format!(
+                            "The service is at capacity and sheds the excess of {c} traffic to protect critical requests (tier T{t}, {r} requests/s admitted here); retry after {retry} s."
+                        ),
+                        format!("{c} request over the T3 admission rate {r}/s"),
+                    ),
+                    None => (
+                        format!(
+                            "The service is shedding {c} traffic to protect critical requests (tier T{t}); retry after {retry} s."
+                        ),
+                        format!("{c} request shed at tier T{t}"),
+                    ),
+                };
+                let mut r = Refusal::new(Outcome::Shed, &p, message, detail)
+                    .with(
+                        "estimated_recovery_at",
+                        json!(rfc3339(shed.recovery_eta_ms)),
+                    )
+                    .with("tier", json!(t))
+                    .retry(retry);
+                if let Some(rate) = shed.admit_rps {
+                    r = r.with("admit_rps", json!(rate));
+                }
+                return Err(r);
+            }
         }
 
         // 5. Drain.
@@ -689,6 +705,21 @@ impl Gate {
         })
     }
 
+    /// At T3 with `shed.admit_rps`: whether the excess bucket admits a request of this
+    /// criticality (`sheddable` leaves the last half of the burst to `default`). Without the
+    /// rate nothing below the admitted criticality passes.
+    fn excess_admits(&self, st: &mut Mutable, c: Criticality, now: Instant) -> bool {
+        if st.excess.rate().is_none() {
+            return false;
+        }
+        let reserve = if c == Criticality::Sheddable {
+            st.excess.burst() / 2.0
+        } else {
+            0.0
+        };
+        st.excess.try_take_above(now, reserve).is_ok()
+    }
+
     /// Whether a call to a feature in `state` passes (counting probes).
     fn passes(&self, st: &mut Mutable, name: &str, state: &FeatureState, ratio: f64) -> bool {
         match state {
@@ -764,6 +795,11 @@ impl Gate {
         let rate = st.bucket.rate();
         let tokens = st.bucket.tokens(now);
         let throttled = st.bucket.throttled_total;
+        let excess = json!({
+            "admit_rps": st.excess.rate(),
+            "tokens": st.excess.tokens(now),
+            "shed_total": st.excess.throttled_total,
+        });
         let probes: serde_json::Map<String, Value> = st
             .probes
             .iter()
@@ -790,6 +826,7 @@ impl Gate {
                 "burst": rate.map(|r| if r > 0.0 { r.max(1.0) } else { 0.0 }),
                 "tokens": tokens,
                 "throttled_total": throttled,
+                "t3_excess": excess,
             },
             "user_concurrency": {
                 "cap": cap,
@@ -814,6 +851,27 @@ impl Gate {
             "refused": refused,
         })
     }
+}
+
+/// The `Retry-After` of a T3 refusal. Shedding the whole class (no `admit_rps`):
+/// `retry_after_s × U[1, 1 + jitter_ratio]` (docs/REQUIREMENTS.md R3.3). Shedding the excess:
+/// uniform from `retry_after_s` up to the time left until the recovery estimate (at least the
+/// jittered span, at most [`bucket::MAX_RETRY_AFTER_S`]), so the refused do not all come back
+/// as one wave while the overload drains.
+fn shed_retry_after(shed: &brownout_protocol::Shed, now_ms: u64) -> u64 {
+    let base = f64::from(shed.retry_after_s.max(1));
+    let jitter = shed.jitter_ratio.clamp(0.0, 10.0);
+    let mut hi = base * (1.0 + jitter);
+    if shed.admit_rps.is_some() {
+        let left = shed.recovery_eta_ms.saturating_sub(now_ms) as f64 / 1000.0;
+        hi = hi.max(left.min(bucket::MAX_RETRY_AFTER_S as f64));
+    }
+    let v = if hi > base {
+        rand::rng().random_range(base..=hi)
+    } else {
+        base
+    };
+    v.ceil() as u64
 }
 
 fn active_aborts(p: &Policy, now_ms: u64) -> usize {

@@ -389,6 +389,7 @@ fn checks_run_in_the_documented_order() {
             retry_after_s: 5,
             jitter_ratio: 0.0,
             recovery_eta_ms: NOW_MS,
+            admit_rps: None,
         });
         c.instances.insert(
             "i".into(),
@@ -502,4 +503,99 @@ fn millions_of_users_through_the_gate_keep_the_table_bounded() {
     assert_eq!(d["user_concurrency"]["tracked_users"], 512);
     assert_eq!(d["user_concurrency"]["active_users"], 0);
     assert_eq!(d["user_concurrency"]["evicted_total"], 50_000 - 512);
+}
+
+fn t3_excess(h: &ControlHandle, rate: Option<f64>, eta_ms: u64) {
+    command(h, |c| {
+        c.tier = Tier::T3;
+        c.shed = Some(Shed {
+            admit_min_criticality: Criticality::Critical,
+            retry_after_s: 2,
+            jitter_ratio: 0.5,
+            recovery_eta_ms: eta_ms,
+            admit_rps: rate,
+        });
+    });
+}
+
+#[test]
+fn t3_with_admit_rps_sheds_only_the_excess_default_before_sheddable_critical_never() {
+    let (g, h) = gate("i", GateConfig::default());
+    t3_excess(&h, Some(4.0), NOW_MS + 30_000);
+    let t0 = Instant::now();
+    // Sheddable leaves the last half of the burst (2 of 4 tokens) to default.
+    assert!(
+        g.admit_at(&meta(Criticality::Sheddable), t0, NOW_MS)
+            .is_ok()
+    );
+    assert!(
+        g.admit_at(&meta(Criticality::Sheddable), t0, NOW_MS)
+            .is_ok()
+    );
+    let r = g
+        .admit_at(&meta(Criticality::Sheddable), t0, NOW_MS)
+        .unwrap_err();
+    assert_eq!((r.outcome, r.outcome.status()), (Outcome::Shed, 429));
+    assert_eq!(r.extra["admit_rps"], serde_json::json!(4.0));
+    assert!(g.admit_at(&meta(Criticality::Default), t0, NOW_MS).is_ok());
+    assert!(g.admit_at(&meta(Criticality::Default), t0, NOW_MS).is_ok());
+    let r = g
+        .admit_at(&meta(Criticality::Default), t0, NOW_MS)
+        .unwrap_err();
+    assert_eq!(r.outcome, Outcome::Shed);
+    // Retry-After spread from the base (2 s) up to the recovery estimate (30 s away).
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..400 {
+        let r = g
+            .admit_at(&meta(Criticality::Default), t0, NOW_MS)
+            .unwrap_err();
+        let s = r.retry_after_s.unwrap();
+        assert!((2..=30).contains(&s), "{s}");
+        seen.insert(s);
+    }
+    assert!(seen.len() > 15, "spread over the drain time: {seen:?}");
+    assert!(
+        seen.iter().any(|s| *s > 3),
+        "beyond the base jitter: {seen:?}"
+    );
+    // Critical is never refused, but its work is paid for: four critical calls put the bucket
+    // one burst into debt, so after one second nothing non-critical passes yet.
+    for _ in 0..20 {
+        assert!(g.admit_at(&meta(Criticality::Critical), t0, NOW_MS).is_ok());
+    }
+    let t1 = t0 + Duration::from_secs(1);
+    assert!(g.admit_at(&meta(Criticality::Default), t1, NOW_MS).is_err());
+    // Another 0.25 s: one token, to default only.
+    let t2 = t0 + Duration::from_millis(1250);
+    assert!(
+        g.admit_at(&meta(Criticality::Sheddable), t2, NOW_MS)
+            .is_err()
+    );
+    assert!(g.admit_at(&meta(Criticality::Default), t2, NOW_MS).is_ok());
+    // Over ten seconds the admitted non-critical rate is the bucket's.
+    let mut admitted = 0;
+    for i in 0..1000u64 {
+        let t = t2 + Duration::from_millis(10 * i);
+        if g.admit_at(&meta(Criticality::Default), t, NOW_MS).is_ok() {
+            admitted += 1;
+        }
+    }
+    assert!((39..=41).contains(&admitted), "{admitted} in 10 s at 4/s");
+}
+
+#[test]
+fn t3_without_admit_rps_sheds_the_whole_class_with_the_base_jitter() {
+    let (g, h) = gate("i", GateConfig::default());
+    t3_excess(&h, None, NOW_MS + 30_000);
+    let t0 = Instant::now();
+    for _ in 0..200 {
+        let r = g
+            .admit_at(&meta(Criticality::Default), t0, NOW_MS)
+            .unwrap_err();
+        assert_eq!(r.outcome, Outcome::Shed);
+        assert!(!r.extra.contains_key("admit_rps"));
+        // ceil(2 × U[1, 1.5]) ∈ {2, 3}.
+        assert!((2..=3).contains(&r.retry_after_s.unwrap()));
+    }
+    assert!(g.admit_at(&meta(Criticality::Critical), t0, NOW_MS).is_ok());
 }
