@@ -77,6 +77,10 @@ pub struct DemoLoadPlan {
     pub base_rate: f64,
     /// The peak's height relative to `base_rate`.
     pub peak_factor: f64,
+    /// What the calibration measured in requests/s (the primary route and the T2 route),
+    /// declared to the controller as the policy's `capacity_rps` and `fallback_capacity_rps`;
+    /// `None` with `--capacity-flows-per-s`.
+    pub measured: Option<overload::Capacity>,
 }
 
 impl DemoLoadPlan {
@@ -87,6 +91,7 @@ impl DemoLoadPlan {
             calibrated,
             base_rate: capacity_flows_per_s * BASE_LOAD_RATIO,
             peak_factor: PEAK_LOAD_RATIO / BASE_LOAD_RATIO,
+            measured: None,
         }
     }
 
@@ -110,19 +115,22 @@ pub async fn calibrate_demo(model: &str, secs: u64) -> anyhow::Result<DemoLoadPl
         ..WorldOptions::default()
     };
     let template = demo_load(Vec::new(), 1.0, 1, &DemoLoadPlan::for_capacity(1.0, false));
-    let c = overload::calibrate_capacity(
+    let m = overload::calibrate_capacity(
         opts,
         &template,
         Duration::from_secs(secs.max(3)),
         "brownout-demo",
     )
-    .await?
-    .flows_per_s;
+    .await?;
+    let c = m.flows_per_s;
     anyhow::ensure!(
         c > 0.0,
         "no flow finished within its deadline while calibrating: model {model} is too slow for the demo's deadlines"
     );
-    Ok(DemoLoadPlan::for_capacity(c, true))
+    Ok(DemoLoadPlan {
+        measured: Some(m),
+        ..DemoLoadPlan::for_capacity(c, true)
+    })
 }
 
 /// `brownout-demo bench …`.
@@ -196,7 +204,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         redis_url: std::env::var("REDIS_URL")
             .ok()
             .filter(|u| !u.trim().is_empty()),
-        policy_yaml: world::DEMO_POLICY.to_string(),
+        // The one policy with the small engines' knobs and the capacities just measured.
+        policy_yaml: match plan.as_ref().and_then(|p| p.measured.as_ref()) {
+            Some(m) => overload::declare_capacity(&world::small_engines_policy(), m)?,
+            None => world::small_engines_policy(),
+        },
         ..WorldOptions::default()
     };
     eprintln!("brownout-demo: starting (model {model}; loading and warming up two engines)…");

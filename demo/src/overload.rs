@@ -66,6 +66,10 @@ pub struct OverloadArgs {
     /// Without it such a run declares no capacity.
     #[arg(long, requires = "capacity_flows_per_s")]
     pub capacity_rps: Option<f64>,
+    /// With --capacity-flows-per-s: the requests/s the engines finish with T2 in force (the
+    /// calibration prints it), declared as the policy's `fallback_capacity_rps`.
+    #[arg(long, requires = "capacity_flows_per_s")]
+    pub fallback_capacity_rps: Option<f64>,
     /// After the load, wait at most this long for the serving tier to be back at T0.
     #[arg(long, default_value_t = 45)]
     pub settle_secs: u64,
@@ -74,7 +78,8 @@ pub struct OverloadArgs {
     /// `loop_on:no-demand-trigger`, `loop_on:no-wait-trigger`, `loop_on:no-admission-ramp`,
     /// `loop_on:no-instance-actions`, `loop_on:no-critical-reserve`,
     /// `loop_on:no-critical-step-guard`, `loop_on:no-refusal-aware-slis`,
-    /// `loop_on:no-declared-capacity`; `all` = the three and every ablation.
+    /// `loop_on:no-declared-capacity`, `loop_on:no-excess-admission`, `loop_on:no-demand-exit`,
+    /// `loop_on:no-fallback-capacity`; `all` = the three and every ablation.
     #[arg(long, default_value = "baseline,loop_off,loop_on")]
     pub configs: String,
     /// Policy YAML for the controller (default: the built-in examples/policy-overload.yaml).
@@ -151,10 +156,18 @@ pub enum Ablation {
     /// The calibrated capacity is not declared to the controller (`capacity_rps`): the demand
     /// and wait signals divide by the measured service rate alone.
     NoDeclaredCapacity,
+    /// T3 sheds the whole class below `admit_min_criticality` (no `admit_capacity_ratio`:
+    /// the first release's T3) instead of only the excess over the T2 route's capacity.
+    NoExcessAdmission,
+    /// Tiers step down by their hold-down alone (no `exit_demand_ratio`), whatever the demand.
+    NoDemandExit,
+    /// The T2 route's calibrated capacity is not declared (`fallback_capacity_rps`): it is
+    /// measured while T2 runs saturated, the primary's until then.
+    NoFallbackCapacity,
 }
 
 impl Ablation {
-    pub const ALL: [Ablation; 9] = [
+    pub const ALL: [Ablation; 12] = [
         Ablation::NoFastTriggers,
         Ablation::NoDemandTrigger,
         Ablation::NoWaitTrigger,
@@ -164,6 +177,9 @@ impl Ablation {
         Ablation::NoCriticalStepGuard,
         Ablation::NoRefusalAwareSlis,
         Ablation::NoDeclaredCapacity,
+        Ablation::NoExcessAdmission,
+        Ablation::NoDemandExit,
+        Ablation::NoFallbackCapacity,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -177,6 +193,9 @@ impl Ablation {
             Ablation::NoWaitTrigger => "no-wait-trigger",
             Ablation::NoRefusalAwareSlis => "no-refusal-aware-slis",
             Ablation::NoDeclaredCapacity => "no-declared-capacity",
+            Ablation::NoExcessAdmission => "no-excess-admission",
+            Ablation::NoDemandExit => "no-demand-exit",
+            Ablation::NoFallbackCapacity => "no-fallback-capacity",
         }
     }
 
@@ -323,6 +342,22 @@ pub fn ablate_policy(yaml: &str, ablation: Option<Ablation>) -> anyhow::Result<S
         Ablation::NoDeclaredCapacity => {
             m.remove("capacity_rps");
         }
+        Ablation::NoFallbackCapacity => {
+            m.remove("fallback_capacity_rps");
+        }
+        Ablation::NoDemandExit => {
+            m.remove("exit_demand_ratio");
+        }
+        Ablation::NoExcessAdmission => {
+            if let Some(p) = m
+                .get_mut("tiers")
+                .and_then(|t| t.get_mut("t3"))
+                .and_then(|t| t.get_mut("params"))
+                .and_then(|p| p.as_mapping_mut())
+            {
+                p.remove("admit_capacity_ratio");
+            }
+        }
         Ablation::NoInstanceActions => {
             m.remove("instances");
         }
@@ -333,9 +368,12 @@ pub fn ablate_policy(yaml: &str, ablation: Option<Ablation>) -> anyhow::Result<S
     Ok(serde_yaml::to_string(&v)?)
 }
 
-/// The controller's policy in the benchmark: every stop-bleed mechanism on, thresholds for one
-/// engine of 16 sequence slots.
-pub const OVERLOAD_POLICY: &str = include_str!("../../examples/policy-overload.yaml");
+/// The controller's policy in the benchmark: the one policy (`examples/policy.yaml`, the
+/// built-in default) with the small engines' knobs ([`super::world::PolicyKnobs`]), as the
+/// demo runs it.
+pub fn overload_policy() -> String {
+    super::world::small_engines_policy()
+}
 
 /// The load shape in seconds from the start of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -679,6 +717,10 @@ pub struct Capacity {
     /// the unit the controller's `demand_ratio` and `expected_wait` divide by. `None` when an engine's
     /// counters could not be read.
     pub requests_per_s: Option<f64>,
+    /// Requests/s the engines finished at the same concurrency with the policy's T2 in force
+    /// (the fallback route, `max_tokens` capped): the capacity T2 adds, declared to the
+    /// controller as `fallback_capacity_rps`. `None` when not measured.
+    pub fallback_requests_per_s: Option<f64>,
 }
 
 /// The capacity of a fresh deployment built from `opts` (start it without agents and in dry
@@ -699,6 +741,10 @@ pub async fn calibrate_capacity(
     label: &str,
 ) -> anyhow::Result<Capacity> {
     let seqs = opts.engine.max_num_seqs.max(1);
+    let t2 = brownout::degrade::Policy::from_yaml(&opts.policy_yaml)
+        .ok()
+        .map(|p| p.t2);
+    let t2 = t2.as_ref();
     let world = World::start(opts).await?;
     let engines = world.engine_urls();
     let n = engines.len().max(1);
@@ -721,7 +767,9 @@ pub async fn calibrate_capacity(
     let mut best = Capacity {
         flows_per_s: 0.0,
         requests_per_s: None,
+        fallback_requests_per_s: None,
     };
+    let mut best_users = 0;
     for c in [(seqs / 2).max(1), seqs, seqs * 2] {
         let users = c * n;
         let before = completed().await;
@@ -740,30 +788,81 @@ pub async fn calibrate_capacity(
             best = Capacity {
                 flows_per_s: r,
                 requests_per_s: rps,
+                fallback_requests_per_s: None,
             };
+            best_users = users;
         }
+    }
+    // The T2 route at the best concurrency: each engine is told T2 directly (the controller
+    // is in dry run), for as long as one concurrency took.
+    if best_users > 0
+        && let Some(t2) = t2
+    {
+        for (i, h) in world.engine_controls().iter().enumerate() {
+            let cur = h.current().command.order_key();
+            let mut cmd = brownout_protocol::Command::normal(
+                h.cluster(),
+                cur.0.max(1),
+                cur.1 + 1,
+                brownout_protocol::now_ms(),
+                3_600_000,
+            );
+            cmd.tier = Tier::T2;
+            cmd.reason.trigger = "operator".into();
+            cmd.reason.detail = "calibration of the T2 route".into();
+            cmd.model_route
+                .insert("default".into(), t2.model_route.clone());
+            cmd.limits.max_tokens_cap = Some(t2.max_tokens_cap);
+            cmd.limits.max_num_seqs = Some(t2.max_num_seqs);
+            h.apply(cmd, brownout_protocol::now_ms())
+                .with_context(|| format!("pinning T2 on engine {i} for the calibration"))?;
+        }
+        let before = completed().await;
+        let started = Instant::now();
+        let r = brownout::loadgen::closed_loop_flows_per_s(&cfg, best_users, each).await?;
+        let secs = started.elapsed().as_secs_f64();
+        let rps = match (before, completed().await) {
+            (Some(b), Some(a)) if secs > 0.0 => Some((a - b).max(0.0) / secs),
+            _ => None,
+        };
+        eprintln!(
+            "{label}: calibration: {best_users} users in a closed loop with T2 in force (route {}, max_tokens {}) → {r:.2} flows/s within deadline, {} requests/s finished",
+            t2.model_route,
+            t2.max_tokens_cap,
+            rps.map_or_else(|| "?".to_string(), |v| format!("{v:.2}"))
+        );
+        best.fallback_requests_per_s = rps;
     }
     world.stop().await?;
     Ok(best)
 }
 
-/// `policy` with `capacity_rps: rps` (the calibrated capacity declared to the controller),
-/// unless it declares one already or `rps` is unknown.
+/// `policy` with `capacity_rps` and `fallback_capacity_rps` (the calibrated capacities of the
+/// primary and the T2 route, declared to the controller as a load test would tell an
+/// operator), each unless the policy declares it already or it is unknown.
 ///
 /// # Errors
 /// YAML that does not parse.
-pub fn declare_capacity(policy: &str, rps: Option<f64>) -> anyhow::Result<String> {
-    let Some(rps) = rps.filter(|r| r.is_finite() && *r > 0.0) else {
-        return Ok(policy.to_string());
-    };
+pub fn declare_capacity(policy: &str, c: &Capacity) -> anyhow::Result<String> {
     let mut v: serde_yaml::Value = serde_yaml::from_str(policy).context("the policy YAML")?;
     let Some(m) = v.as_mapping_mut() else {
         anyhow::bail!("the policy YAML is not a mapping");
     };
-    if m.contains_key("capacity_rps") {
+    let mut changed = false;
+    for (key, rps) in [
+        ("capacity_rps", c.requests_per_s),
+        ("fallback_capacity_rps", c.fallback_requests_per_s),
+    ] {
+        if let Some(rps) = rps.filter(|r| r.is_finite() && *r > 0.0)
+            && !m.contains_key(key)
+        {
+            m.insert(key.into(), ((rps * 100.0).round() / 100.0).into());
+            changed = true;
+        }
+    }
+    if !changed {
         return Ok(policy.to_string());
     }
-    m.insert("capacity_rps".into(), rps.into());
     Ok(serde_yaml::to_string(&v)?)
 }
 
@@ -1184,7 +1283,7 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
     let policy = match &args.policy {
         Some(p) => std::fs::read_to_string(p)
             .with_context(|| format!("reading --policy {}", p.display()))?,
-        None => OVERLOAD_POLICY.to_string(),
+        None => overload_policy(),
     };
     for s in &setups {
         let o = s.world_options(&model, &policy, 0, 0)?;
@@ -1236,6 +1335,7 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
             Capacity {
                 flows_per_s: c,
                 requests_per_s: args.capacity_rps,
+                fallback_requests_per_s: args.fallback_capacity_rps,
             }
         }
         None => calibrate(&args, &model, &policy, step_ms, guard)
@@ -1250,16 +1350,21 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
     // The controller is told the capacity the calibration measured, in requests/s, as a load
     // test would tell an operator (`capacity_rps`, docs/DEGRADATION.md), unless the policy
     // declares its own.
-    let policy = declare_capacity(&policy, measured.requests_per_s)?;
-    let declared = brownout::degrade::Policy::from_yaml(&policy)
-        .context("the policy with the declared capacity")?
-        .declared_capacity_rps;
+    let policy = declare_capacity(&policy, &measured)?;
+    let declared_policy = brownout::degrade::Policy::from_yaml(&policy)
+        .context("the policy with the declared capacity")?;
+    let declared = declared_policy.declared_capacity_rps;
+    let declared_fallback = declared_policy.declared_fallback_capacity_rps;
     eprintln!(
         "bench overload: capacity {capacity:.2} flows/s, declared to the controller: {}; {:.0} s warm-up at {:.1}×, {:.0} s ramp, {:.0} s at {:.1}×, {:.0} s recovery (onset at {:.1} s, end at {:.0} s)",
-        declared.map_or_else(
-            || "none (pass --capacity-rps with --capacity-flows-per-s)".to_string(),
-            |r| format!("capacity_rps {r:.2}")
-        ),
+        match (declared, declared_fallback) {
+            (None, None) => "none (pass --capacity-rps with --capacity-flows-per-s)".to_string(),
+            (p, f) => format!(
+                "capacity_rps {}, fallback_capacity_rps {}",
+                p.map_or_else(|| "-".into(), |r| format!("{r:.2}")),
+                f.map_or_else(|| "-".into(), |r| format!("{r:.2}"))
+            ),
+        },
         phases.warmup_s,
         phases.base_ratio,
         phases.ramp_s,
@@ -1324,7 +1429,9 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
             "ablation_phases": ablation_phases,
             "capacity_flows_per_s": capacity,
             "capacity_rps": measured.requests_per_s,
+            "fallback_capacity_rps": measured.fallback_requests_per_s,
             "declared_capacity_rps": declared,
+            "declared_fallback_capacity_rps": declared_fallback,
             "runs": details.iter().map(|(s, d)| (s.as_str(), d)).collect::<BTreeMap<_, _>>(),
         });
         write("overload.json", &serde_json::to_string_pretty(&all)?)?;
@@ -1453,7 +1560,8 @@ mod tests {
             Setup::parse_list("all").unwrap().len(),
             3 + Ablation::ALL.len()
         );
-        let p = OVERLOAD_POLICY;
+        let owned = overload_policy();
+        let p = owned.as_str();
         let b = Setup::BASELINE
             .world_options("tiny-random", p, 25, 4)
             .unwrap();
@@ -1503,7 +1611,9 @@ mod tests {
     #[test]
     fn ablations_remove_exactly_their_mechanism_from_the_policy() {
         use brownout::degrade::policy::{Condition, Signal};
-        let full = brownout::degrade::Policy::from_yaml(OVERLOAD_POLICY).unwrap();
+        let owned = overload_policy();
+        let op = owned.as_str();
+        let full = brownout::degrade::Policy::from_yaml(op).unwrap();
         assert!(full.ramp.is_some() && full.instances.is_some());
         let fast = |p: &brownout::degrade::Policy| {
             p.tiers
@@ -1519,10 +1629,8 @@ mod tests {
                 .count()
         };
         assert!(fast(&full) > 0);
-        let get = |a| {
-            brownout::degrade::Policy::from_yaml(&ablate_policy(OVERLOAD_POLICY, Some(a)).unwrap())
-                .unwrap()
-        };
+        let get =
+            |a| brownout::degrade::Policy::from_yaml(&ablate_policy(op, Some(a)).unwrap()).unwrap();
         let nf = get(Ablation::NoFastTriggers);
         assert_eq!(fast(&nf), 0);
         let total =
@@ -1559,17 +1667,20 @@ mod tests {
         assert!(ni.instances.is_none());
         assert_eq!(ni.ramp, full.ramp);
         assert_eq!(get(Ablation::NoCriticalReserve), full);
-        assert_eq!(
-            ablate_policy(OVERLOAD_POLICY, None).unwrap(),
-            OVERLOAD_POLICY
-        );
+        assert_eq!(ablate_policy(op, None).unwrap(), op);
         // The calibrated capacity is declared, and its ablation takes only that away.
         assert_eq!(full.declared_capacity_rps, None, "the file declares none");
-        let declared = declare_capacity(OVERLOAD_POLICY, Some(7.5)).unwrap();
+        let cap = |p: Option<f64>, f: Option<f64>| Capacity {
+            flows_per_s: 1.0,
+            requests_per_s: p,
+            fallback_requests_per_s: f,
+        };
+        let declared = declare_capacity(op, &cap(Some(7.5), Some(15.25))).unwrap();
         let with = brownout::degrade::Policy::from_yaml(&declared).unwrap();
         assert_eq!(with.declared_capacity_rps, Some(7.5));
+        assert_eq!(with.declared_fallback_capacity_rps, Some(15.25));
         assert_eq!((&with.tiers, &with.ramp), (&full.tiers, &full.ramp));
-        let again = declare_capacity(&declared, Some(99.0)).unwrap();
+        let again = declare_capacity(&declared, &cap(Some(99.0), None)).unwrap();
         assert_eq!(
             brownout::degrade::Policy::from_yaml(&again)
                 .unwrap()
@@ -1577,15 +1688,28 @@ mod tests {
             Some(7.5),
             "a policy's own capacity_rps is kept"
         );
-        assert_eq!(
-            declare_capacity(OVERLOAD_POLICY, None).unwrap(),
-            OVERLOAD_POLICY
-        );
+        assert_eq!(declare_capacity(op, &cap(None, None)).unwrap(), op);
         let without = brownout::degrade::Policy::from_yaml(
             &ablate_policy(&declared, Some(Ablation::NoDeclaredCapacity)).unwrap(),
         )
         .unwrap();
         assert_eq!(without.declared_capacity_rps, None);
+        assert_eq!(without.declared_fallback_capacity_rps, Some(15.25));
         assert_eq!(without.tiers, full.tiers);
+        let nf = brownout::degrade::Policy::from_yaml(
+            &ablate_policy(&declared, Some(Ablation::NoFallbackCapacity)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (nf.declared_capacity_rps, nf.declared_fallback_capacity_rps),
+            (Some(7.5), None)
+        );
+        // The loop's own mechanisms: excess-only T3 and exits that read the demand.
+        assert!(full.t3.admit_capacity_ratio.is_some());
+        assert!(full.exit_demand_ratio.is_some());
+        let ne = get(Ablation::NoExcessAdmission);
+        assert_eq!((ne.t3.admit_capacity_ratio, &ne.tiers), (None, &full.tiers));
+        let nx = get(Ablation::NoDemandExit);
+        assert_eq!((nx.exit_demand_ratio, &nx.tiers), (None, &full.tiers));
     }
 }

@@ -19,9 +19,67 @@ use brownout::config::{Config, Secret};
 use brownout::degrade::{InProcBus, Policy, Transport};
 use brownout::plane::{App, Listeners, Plane, PlaneOptions};
 
-/// The demo's policy: the production thresholds of `examples/policy.yaml` scaled to two small
-/// CPU engines, with short hold-downs so a first-time user sees tiers rise and fall in minutes.
-pub const DEMO_POLICY: &str = include_str!("../../examples/policy-demo.yaml");
+/// The one policy (`examples/policy.yaml`): the control plane's built-in default, which the
+/// demo and the benchmark run too, changed only by [`PolicyKnobs`].
+pub const POLICY: &str = include_str!("../../examples/policy.yaml");
+
+/// The knobs in which the demo's and the benchmark's policy differ from the built-in default
+/// (docs/DEGRADATION.md "One policy"): nothing else of the policy is touched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyKnobs {
+    /// `tiers.t1/t2/t3.hold_down_secs`: a demo evening and the benchmark's overload last
+    /// minutes, so the tiers step down within seconds of the demand falling, not a minute.
+    pub hold_down_secs: [u64; 3],
+    /// `tiers.t2.params.max_tokens_cap`: their calls ask for 24 tokens, so the default 256
+    /// would cap nothing.
+    pub t2_max_tokens_cap: u32,
+    /// `tiers.t2.params.max_num_seqs`: their engines have 16 sequence slots.
+    pub t2_max_num_seqs: u32,
+}
+
+impl PolicyKnobs {
+    /// The demo's and the benchmark's knobs (both run engines of 16 slots on this CPU).
+    pub const SMALL_ENGINES: PolicyKnobs = PolicyKnobs {
+        hold_down_secs: [20, 5, 5],
+        t2_max_tokens_cap: 16,
+        t2_max_num_seqs: 16,
+    };
+
+    /// `policy` (YAML) with these knobs set.
+    ///
+    /// # Errors
+    /// YAML that does not parse or lacks the tiers.
+    pub fn apply(&self, policy: &str) -> anyhow::Result<String> {
+        let mut v: serde_yaml::Value = serde_yaml::from_str(policy).context("the policy YAML")?;
+        let tiers = v
+            .get_mut("tiers")
+            .and_then(|t| t.as_mapping_mut())
+            .context("the policy has no tiers")?;
+        for (name, secs) in ["t1", "t2", "t3"].iter().zip(self.hold_down_secs) {
+            let t = tiers
+                .get_mut(*name)
+                .and_then(|t| t.as_mapping_mut())
+                .with_context(|| format!("the policy has no tiers.{name}"))?;
+            t.insert("hold_down_secs".into(), secs.into());
+        }
+        if let Some(p) = tiers
+            .get_mut("t2")
+            .and_then(|t| t.get_mut("params"))
+            .and_then(|p| p.as_mapping_mut())
+        {
+            p.insert("max_tokens_cap".into(), self.t2_max_tokens_cap.into());
+            p.insert("max_num_seqs".into(), self.t2_max_num_seqs.into());
+        }
+        Ok(serde_yaml::to_string(&v)?)
+    }
+}
+
+/// The demo's and the benchmark's policy: [`POLICY`] with [`PolicyKnobs::SMALL_ENGINES`].
+pub fn small_engines_policy() -> String {
+    PolicyKnobs::SMALL_ENGINES
+        .apply(POLICY)
+        .expect("examples/policy.yaml has the tiers (checked by tests)")
+}
 
 /// True when SmolLM2 is in the local model cache.
 pub fn smollm2_cached() -> bool {
@@ -66,7 +124,7 @@ impl Default for WorldOptions {
             model: "tiny-random".into(),
             cluster: "demo".into(),
             redis_url: None,
-            policy_yaml: DEMO_POLICY.to_string(),
+            policy_yaml: small_engines_policy(),
             dry_run: false,
             num_engines: 2,
             engine: ServeOptions {

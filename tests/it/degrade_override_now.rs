@@ -15,8 +15,8 @@ fn slow_policy() -> Policy {
     let text =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policy.yaml"))
             .unwrap()
-            .replace("evaluate_interval_ms: 1000", "evaluate_interval_ms: 60000")
-            .replace("command_lease_ms: 30000", "command_lease_ms: 300000");
+            .replace("evaluate_interval_ms: 500", "evaluate_interval_ms: 60000")
+            .replace("command_lease_ms: 15000", "command_lease_ms: 300000");
     let p = Policy::from_yaml(&text).unwrap();
     assert_eq!(p.evaluate_interval, Duration::from_secs(60));
     p

@@ -78,7 +78,7 @@ fn gpu_inputs(now_ms: u64, gpu: f64) -> Inputs {
 #[test]
 fn example_policy_parses_and_follows_the_seeds() {
     let p = Policy::from_yaml(EXAMPLE).unwrap();
-    assert_eq!(p.evaluate_interval.as_millis(), 1000);
+    assert_eq!(p.evaluate_interval.as_millis(), 500);
     let gpu_enter: Vec<(f64, u64)> = p
         .tiers
         .iter()

@@ -231,7 +231,7 @@ fn write_seeds() {
         serde_json::to_string(&logs).unwrap().as_bytes(),
     );
     // YAML: the example files.
-    for f in ["policy.yaml", "policy-demo.yaml"] {
+    for f in ["policy.yaml"] {
         write(
             "policy_yaml",
             f,
