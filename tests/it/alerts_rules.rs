@@ -152,3 +152,31 @@ fn every_alert_has_severity_summary_runbook_and_a_firing_test() {
         );
     }
 }
+
+/// Every Alertmanager alert the default policy acts on is an alert this repository defines
+/// (and, by the test above, one a unit test sees firing).
+#[test]
+fn every_alert_the_default_policy_names_is_defined_here() {
+    use brownout::degrade::policy::{Condition, Policy};
+    let policy = Policy::seed_default();
+    let named: Vec<String> = policy
+        .tiers
+        .iter()
+        .flat_map(|t| &t.enter)
+        .filter_map(|c| match c {
+            Condition::Alertmanager { alertname } => Some(alertname.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(named.len() >= 2, "{named:?}");
+    let defined: String = our_rule_files()
+        .iter()
+        .map(|p| std::fs::read_to_string(p).expect("read rules"))
+        .collect();
+    for n in named {
+        assert!(
+            defined.contains(&format!("- alert: {n}\n")),
+            "examples/policy.yaml acts on {n}, which no file in alerts/ defines"
+        );
+    }
+}
