@@ -554,6 +554,30 @@ fn labels_match(selector: &Value, labels: &Value) -> bool {
         .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| &labels[k.as_str().unwrap()] == v))
 }
 
+/// Every preStop sleep of a pod ends inside its termination grace period, leaving the control
+/// plane its `shutdown_grace_ms` (10 s) and brownout-serve its 10 s graceful stop after it; the
+/// control plane runs at least two replicas (the lease moves, the PDB keeps one).
+fn drain_problems(at: &str, pod: &Value) -> Vec<String> {
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+    let mut v = Vec::new();
+    for c in containers(pod) {
+        let sleep = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+            .as_u64()
+            .unwrap_or(0);
+        let ours = strs(&c["command"])
+            .first()
+            .is_some_and(|b| OURS.contains(&b.as_str()));
+        let after = if ours { 10 } else { 0 };
+        if sleep + after > grace {
+            v.push(format!(
+                "{at} container {}: preStop {sleep} s + {after} s stop > terminationGracePeriodSeconds {grace}",
+                c["name"].as_str().unwrap_or("?")
+            ));
+        }
+    }
+    v
+}
+
 /// What serves one HTTP path: which binary, run how.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Debug)]
 struct Route {
@@ -578,6 +602,7 @@ fn check_overlay(o: &Overlay, b: &mut Binaries) -> (Vec<String>, BTreeSet<Route>
         let at = format!("{}: {at}", o.name);
         let mut names = BTreeMap::new();
         let mut ours = BTreeMap::new();
+        problems.extend(drain_problems(&at, pod));
         for c in containers(pod) {
             let declared = container_ports(c);
             names.extend(declared.clone());
@@ -600,6 +625,21 @@ fn check_overlay(o: &Overlay, b: &mut Binaries) -> (Vec<String>, BTreeSet<Route>
             };
             for p in &listening {
                 ours.insert(*p, (inv.bin.clone(), args.clone()));
+            }
+            if inv.bin == "brownout-serve" && !declared.is_empty() {
+                // The drain: readiness on /health (503 while drained or without upstream),
+                // liveness anything but /health (a drain must not restart it).
+                if c["readinessProbe"]["httpGet"]["path"] != "/health" {
+                    problems.push(format!("{}: readiness is not GET /health", inv.at));
+                }
+                if c["livenessProbe"].is_null()
+                    || c["livenessProbe"]["httpGet"]["path"] == "/health"
+                {
+                    problems.push(format!(
+                        "{}: needs a liveness probe other than /health",
+                        inv.at
+                    ));
+                }
             }
             for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
                 let pr = &c[probe];
@@ -907,6 +947,11 @@ fn deploy_manifests_name_only_what_the_binaries_have() {
         }
     }
     assert!(checked >= 6, "only {checked} workloads");
+    for o in rendered() {
+        let cp = find(&o.docs, "Deployment", "brownout-control-plane").expect("the control plane");
+        let n = cp["spec"]["replicas"].as_u64().unwrap_or(1);
+        assert!(n >= 2, "{}: the control plane runs {n} replica(s)", o.name);
+    }
     let must = [
         "/healthz",
         "/health",
@@ -928,8 +973,9 @@ fn deploy_manifests_name_only_what_the_binaries_have() {
 
 #[test]
 fn deploy_a_flag_the_binary_lacks_is_caught() {
-    // The drift check itself, on a manifest changed by hand: a flag, a variable, a port and a
-    // path that brownout-serve does not have.
+    // The drift check itself, on overlays/vllm changed by hand: a flag and a variable
+    // brownout-serve does not have, a port gpu-agent does not listen on, a grace period shorter
+    // than the gate's preStop and stop...
     let o = rendered()
         .into_iter()
         .find(|o| o.name == "vllm")
@@ -938,8 +984,24 @@ fn deploy_a_flag_the_binary_lacks_is_caught() {
     text = text
         .replace("--upstream-max-concurrency", "--upstream-max-concurrencies")
         .replace("BROWNOUT_INSTANCE_ID", "BROWNOUT_INSTANCE_NAME")
-        .replace("containerPort: 9400", "containerPort: 9401");
-    let docs: Vec<Value> = serde_yaml::from_str(&text).unwrap();
+        .replace("containerPort: 9400", "containerPort: 9401")
+        .replace(
+            "terminationGracePeriodSeconds: 60",
+            "terminationGracePeriodSeconds: 35",
+        );
+    let mut docs: Vec<Value> = serde_yaml::from_str(&text).unwrap();
+    // ...and the gate's liveness on /health, where a drain would restart it.
+    let vllm = docs
+        .iter_mut()
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "vllm")
+        .expect("Deployment/vllm");
+    let gate = vllm["spec"]["template"]["spec"]["containers"]
+        .as_sequence_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|c| c["name"] == "gate")
+        .expect("container gate");
+    gate["livenessProbe"] = serde_yaml::from_str("{httpGet: {path: /health, port: http}}").unwrap();
     let (p, _) = check_overlay(
         &Overlay {
             name: "vllm (changed)".into(),
@@ -952,6 +1014,8 @@ fn deploy_a_flag_the_binary_lacks_is_caught() {
         "has no flag --upstream-max-concurrencies",
         "reads no variable BROWNOUT_INSTANCE_NAME",
         "declares ports {9401}, listens on {9400}",
+        "container gate: preStop 30 s + 10 s stop > terminationGracePeriodSeconds 35",
+        "container gate: needs a liveness probe other than /health",
     ] {
         assert!(all.contains(want), "not caught: {want}\n{all}");
     }
