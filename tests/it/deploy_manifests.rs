@@ -11,6 +11,11 @@
 //!   every probe, scrape and annotation path answers something other than 404 from the real
 //!   binary, started here. The mounted brownout.toml, SLO file and policy are parsed by the
 //!   control plane's own loaders. Services and monitors select pods that have the named ports.
+//!   A variable's name as a string in the binary is evidence that the code names it, not proof
+//!   that it reads it; a short name the compiler folds into instructions (std's `TMPDIR`) is not
+//!   found, and is refused: give such a setting another way.
+//! - The drain: preStop sleeps plus the binary's own stop end inside the grace period, the gates'
+//!   readiness is `/health` and their liveness not, the control plane has two replicas or more.
 //! - The PrometheusRules say what alerts/ says; every dashboard is a sidecar ConfigMap.
 //! - The units pass `systemd-analyze verify` with no warning.
 //!
@@ -18,7 +23,8 @@
 //! systemd-analyze (scripts/test.sh installs them all) and the four binaries, which
 //! `cargo test --workspace` builds; alone:
 //! `cargo build -p brownout-serving -p brownout-gpu-agent -p brownout-demo && cargo test -p brownout --test it deploy_`.
-//! A missing tool or binary fails the test with what to install; nothing is skipped.
+//! A missing tool or binary fails the test with what to install; nothing is skipped. Run alone,
+//! the three other binaries are whatever was last built: rebuild them after changing their code.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{Read, Write};
