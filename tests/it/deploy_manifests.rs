@@ -585,6 +585,57 @@ fn drain_problems(at: &str, pod: &Value) -> Vec<String> {
     v
 }
 
+/// Every `http://NAME:PORT` a container is given (args, env values, ConfigMap values it reads)
+/// whose NAME is a bare Service name: that Service exists in the overlay and has that port.
+/// Names with dots (your Redis, ClickHouse or vLLM elsewhere) and loopback are not checked.
+fn service_url_problems(o: &Overlay) -> Vec<String> {
+    let mut values: Vec<String> = Vec::new();
+    for (_, _, pod) in pod_templates(&o.docs) {
+        for c in containers(pod) {
+            values.extend(strs(&c["args"]));
+            values.extend(
+                seq(&c["env"])
+                    .iter()
+                    .filter_map(|e| e["value"].as_str().map(String::from)),
+            );
+        }
+    }
+    for d in o.docs.iter().filter(|d| d["kind"] == "ConfigMap") {
+        if let Some(m) = d["data"].as_mapping() {
+            values.extend(m.values().filter_map(|v| v.as_str().map(String::from)));
+        }
+    }
+    let mut v = Vec::new();
+    for val in values {
+        for part in val.split("://").skip(1) {
+            let host_port = part.split(['/', ' ', '\n']).next().unwrap_or("");
+            let host_port = host_port.rsplit('@').next().unwrap_or("");
+            let Some((host, port)) = host_port.split_once(':') else {
+                continue;
+            };
+            if host.contains('.') || host.contains('$') || host == "localhost" || host.is_empty() {
+                continue;
+            }
+            let port: u64 = port.split(',').next().unwrap_or("").parse().unwrap_or(0);
+            match find(&o.docs, "Service", host) {
+                Some(svc)
+                    if seq(&svc["spec"]["ports"])
+                        .iter()
+                        .any(|p| p["port"].as_u64() == Some(port)) => {}
+                Some(_) => v.push(format!(
+                    "{}: {val}: Service {host} has no port {port}",
+                    o.name
+                )),
+                None => v.push(format!(
+                    "{}: {val}: no Service {host} in this overlay",
+                    o.name
+                )),
+            }
+        }
+    }
+    v
+}
+
 /// What serves one HTTP path: which binary, run how.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Debug)]
 struct Route {
@@ -701,6 +752,7 @@ fn check_overlay(o: &Overlay, b: &mut Binaries) -> (Vec<String>, BTreeSet<Route>
         }
         pods.push((meta, names, ours));
     }
+    problems.extend(service_url_problems(o));
     // Services, ServiceMonitors and PodMonitors: the pods they select have the ports they name.
     let selected = |sel: &Value| -> Vec<usize> {
         (0..pods.len())
@@ -981,7 +1033,8 @@ fn deploy_manifests_name_only_what_the_binaries_have() {
 #[test]
 fn deploy_a_flag_the_binary_lacks_is_caught() {
     // The drift check itself, on overlays/vllm changed by hand: a flag and a variable
-    // brownout-serve does not have, a port gpu-agent does not listen on, a grace period shorter
+    // brownout-serve does not have, a port gpu-agent does not listen on, a Service port nobody
+    // serves, a grace period shorter
     // than the gate's preStop and stop...
     let o = rendered()
         .into_iter()
@@ -992,6 +1045,7 @@ fn deploy_a_flag_the_binary_lacks_is_caught() {
         .replace("--upstream-max-concurrency", "--upstream-max-concurrencies")
         .replace("BROWNOUT_INSTANCE_ID", "BROWNOUT_INSTANCE_NAME")
         .replace("containerPort: 9400", "containerPort: 9401")
+        .replace("http://brownout-otlp:4317", "http://brownout-otlp:4316")
         .replace(
             "terminationGracePeriodSeconds: 60",
             "terminationGracePeriodSeconds: 35",
@@ -1021,6 +1075,7 @@ fn deploy_a_flag_the_binary_lacks_is_caught() {
         "has no flag --upstream-max-concurrencies",
         "reads no variable BROWNOUT_INSTANCE_NAME",
         "declares ports {9401}, listens on {9400}",
+        "http://brownout-otlp:4316: Service brownout-otlp has no port 4316",
         "container gate: preStop 30 s + 10 s stop > terminationGracePeriodSeconds 35",
         "container gate: needs a liveness probe other than /health",
     ] {
