@@ -929,6 +929,25 @@ fn is_host_field(t: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'/' | b':' | b'_'))
 }
 
+/// `RAS`, `KERNEL`, `UNKNOWN_LOCATION`: an upper-case field name.
+fn is_upper_field(t: &str) -> bool {
+    t.len() >= 2
+        && t.bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+        && t.as_bytes()[0].is_ascii_uppercase()
+}
+
+/// `[main]`, `[pool-1-thread-3]`: one bracketed token.
+fn is_bracketed(t: &str) -> bool {
+    t.len() > 2 && t.starts_with('[') && t.ends_with(']')
+}
+
+/// `INFO`, `WARNING`, `[ERROR]`: a level written in capitals (four letters or more).
+fn is_upper_level(t: &str) -> bool {
+    let c = strip_punct(t);
+    c.len() >= 4 && c.bytes().all(|b| b.is_ascii_uppercase()) && LEVELS.contains(&c)
+}
+
 /// `<13>1`, `<3>`: a syslog priority (and RFC 5424 version) opening a line.
 fn is_syslog_pri(t: &str) -> bool {
     let Some(r) = t.strip_prefix('<') else {
@@ -982,7 +1001,7 @@ fn level_prefix(rest: &str) -> Option<&str> {
 /// Strips a raw line's header: a timestamp in one of the common shapes (possibly after a few
 /// fields: `- 1117838570 2005.06.03 …`, `134681 node-246 unix.hw … 1077804742`), then what
 /// follows it in headers: more dates and clocks, numbers (pids, thread ids), digit-bearing ids
-/// (hosts such as `dn228`), `-`, a level
+/// (hosts such as `dn228`), fields before an upper-case level (`RAS KERNEL INFO`, `[main] INFO`), `-`, a level
 /// (`INFO`, `[error]`, `D`), a `[thread name]` after the level, and the logger (`tag:`, or a
 /// dotted name and one `[context]` after it; after a host word when there is no level:
 /// `combo sshd[19939]:`).
@@ -1101,7 +1120,13 @@ pub fn strip_header(line: &str) -> &str {
             match tok(i) {
                 Some(n) if is_exception_type(n) => {}
                 Some(n) if is_tag(n) => i += 1,
-                Some(n) if is_logger(n) => i = bracket(i + 1),
+                Some(n) if is_logger(n) => {
+                    i = bracket(i + 1);
+                    // `%c - %m` (Log4j), `%(name)s - %(message)s` (Python).
+                    if tok(i) == Some("-") && i + 1 < toks.len() {
+                        i += 1;
+                    }
+                }
                 _ => {}
             }
             break;
@@ -1119,6 +1144,23 @@ pub fn strip_header(line: &str) -> &str {
             || is_date(t, true)
             || all_digits(strip_punct(t))
             || is_host_field(t)
+        {
+            i += 1;
+            continue;
+        }
+        // Fields between the timestamp and an upper-case level are header fields: a
+        // component or facility (`RAS KERNEL INFO`), a thread (`[main] INFO`, Log4j's
+        // `%d [%t] %-5p %c - %m`).
+        if (is_upper_field(t) || is_bracketed(t))
+            && (i + 1..toks.len().min(i + 6))
+                .take_while(|&k| {
+                    let n = toks[k].1;
+                    is_upper_field(n)
+                        || is_bracketed(n)
+                        || n.bytes().any(|b| b.is_ascii_digit())
+                        || is_upper_level(n)
+                })
+                .any(|k| is_upper_level(toks[k].1))
         {
             i += 1;
             continue;
@@ -1418,11 +1460,19 @@ mod tests {
             ),
             (
                 "- 1117838570 2005.06.03 R02-M1-N0-C:J12-U11 2005-06-03-15.42.50.675872 R02-M1-N0-C:J12-U11 RAS KERNEL INFO instruction cache parity error corrected",
-                "RAS KERNEL INFO instruction cache parity error corrected",
+                "instruction cache parity error corrected",
             ),
             (
                 "- 1117869872 2005.06.04 UNKNOWN_LOCATION 2005-06-04-00.24.32.432192 UNKNOWN_LOCATION NULL DISCOVERY WARNING Node card is not fully functional",
-                "UNKNOWN_LOCATION 2005-06-04-00.24.32.432192 UNKNOWN_LOCATION NULL DISCOVERY WARNING Node card is not fully functional",
+                "Node card is not fully functional",
+            ),
+            (
+                "2026-11-27 20:15:00,123 [main] INFO com.example.App - Started",
+                "Started",
+            ),
+            (
+                "2026-11-27 20:15:00,123 [main] Error connecting",
+                "[main] Error connecting",
             ),
             ("Took 19.05 seconds to spawn", "Took 19.05 seconds to spawn"),
             (
