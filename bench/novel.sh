@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Throughput on lines the miner has not seen, beside drain3 on the same input.
 #
-#   bench/novel.sh --data DIR [--bin BROWNOUT] [--out DIR]
+#   bench/novel.sh LOGHUB_DIR [BROWNOUT_BIN] [OUT_DIR]
 #
-# --data  Loghub-2k with the corrected ground truth (DIR/<Name>/<Name>_2k.log_structured_corrected.csv,
-#         as for bench/loghub.sh). Also read from $LOGHUB_DIR.
-# --bin   The brownout binary (default: $CARGO_TARGET_DIR/release/brownout, else target/release/brownout).
+# LOGHUB_DIR    Loghub-2k with the corrected ground truth
+#               (DIR/<Name>/<Name>_2k.log_structured_corrected.csv, as for bench/loghub.sh).
+# BROWNOUT_BIN  default: $CARGO_TARGET_DIR/release/brownout, else target/release/brownout.
 #
 # Two inputs per dataset, each mined in-process by `brownout patterns bench` (a fresh miner per
 # pass: nothing is carried from one pass to the next) and by bench/drain3_peer.py (one pass):
@@ -17,20 +17,11 @@
 # <out>/unique.md and <out>/failures.md. Needs python3 and drain3 (`pip install drain3==0.9.11`).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-data="${LOGHUB_DIR:-}"
-bin=""
-out=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --data) data="$2"; shift 2 ;;
-    --bin) bin="$2"; shift 2 ;;
-    --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-    *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
-  esac
-done
-[ -n "$data" ] && [ -d "$data" ] || { echo "--data DIR (Loghub-2k) is required" >&2; exit 2; }
-bin="${bin:-${CARGO_TARGET_DIR:-$here/../target}/release/brownout}"
+case "${1:-}" in -h|--help|"") sed -n '2,20p' "$0"; exit 2 ;; esac
+data="$1"
+bin="${2:-${CARGO_TARGET_DIR:-$here/../target}/release/brownout}"
+out="${3:-}"
+[ -d "$data" ] || { echo "$data: not a directory (Loghub-2k)" >&2; exit 2; }
 [ -x "$bin" ] || { echo "no brownout binary at $bin" >&2; exit 2; }
 python3 -c 'import drain3' 2>/dev/null || { echo "drain3 missing: pip install drain3==0.9.11" >&2; exit 2; }
 out="${out:-$here/out/novel-$(date +%Y%m%d-%H%M%S)}"

@@ -364,15 +364,24 @@ fn parse_python(text: &str) -> Option<Trace> {
         .filter_map(|b| b.1.as_ref().map(|x| x.0.clone()))
         .collect();
     let (mut frames, head) = blocks.swap_remove(last);
-    let (error_type, headline) = head?;
     frames.reverse(); // Python prints the innermost frame last.
-    Some(Trace {
+    Some(trace_of(head?, lead, frames, causes))
+}
+
+/// A [`Trace`] from its exception's (type, line) and the rest.
+fn trace_of(
+    (error_type, headline): (String, String),
+    lead: String,
+    frames: Vec<Frame>,
+    causes: Vec<String>,
+) -> Trace {
+    Trace {
         error_type,
         headline,
         lead,
         frames,
         causes,
-    })
+    }
 }
 
 fn parse_java(text: &str) -> Option<Trace> {
@@ -410,17 +419,11 @@ fn parse_java(text: &str) -> Option<Trace> {
             line.trim().clone_into(&mut lead);
         }
     }
-    let (error_type, headline) = head?;
+    let head = head?;
     if frames.is_empty() && causes.is_empty() {
         return None; // a single line naming an exception is not a stack trace
     }
-    Some(Trace {
-        error_type,
-        headline,
-        lead,
-        frames,
-        causes,
-    })
+    Some(trace_of(head, lead, frames, causes))
 }
 
 /// Bytes of a key at most (an exception type longer than this is cut).
