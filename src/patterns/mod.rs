@@ -495,10 +495,10 @@ fn cmd_cluster(file: &str) -> anyhow::Result<()> {
                     ev.attributes.get("model").cloned().unwrap_or_default(),
                 ),
                 // Inferred from the final template below (a raw line's variables, such as a
-                // host called gpu-3, would mislead the inference).
+                // host called gpu-3, would mislead the inference); a raw trace's type is its key's.
                 None => (
                     Category::Other,
-                    String::new(),
+                    key.split('@').next().unwrap_or_default().to_string(),
                     String::new(),
                     String::new(),
                     String::new(),

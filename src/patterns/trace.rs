@@ -521,6 +521,8 @@ pub const MAX_EVENT_BYTES: usize = 256 * 1024;
 #[derive(Debug, Default)]
 pub struct Joiner {
     cur: Vec<String>,
+    /// Line buffers of earlier events, reused (no allocation per line once warm).
+    spare: Vec<String>,
     bytes: usize,
     /// Lines from this index are held back: they join only if a continuation follows.
     held: Option<usize>,
@@ -583,7 +585,10 @@ impl Joiner {
             self.flush(emit);
         }
         self.bytes += line.len() + 1;
-        self.cur.push(line.to_string());
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.push_str(line);
+        self.cur.push(buf);
     }
 
     /// Emits the current event (the lines held back as events of their own).
@@ -595,11 +600,13 @@ impl Joiner {
             }
             for l in rest {
                 emit(std::slice::from_ref(&l));
+                self.spare.push(l);
             }
         } else if !self.cur.is_empty() {
             emit(&self.cur);
         }
-        self.cur.clear();
+        self.spare.extend(self.cur.drain(..));
+        self.spare.truncate(MAX_EVENT_LINES);
         self.bytes = 0;
         self.in_py = false;
         self.after_py = false;

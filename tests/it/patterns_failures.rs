@@ -183,6 +183,21 @@ fn an_events_error_type_and_stack_trace_are_part_of_its_pattern_key() {
     // The trace in the message itself: mined as its exception line, keyed the same way.
     let f = e.observe(&event("", &trace("complete")));
     assert_eq!(e.miner().template(f).as_deref(), Some("RuntimeError: boom"));
+    // As OTLP ingest builds it from an `exception` span event's attributes.
+    let otlp = FailureEvent::from_attributes(
+        1_800_000_000_000,
+        "span chat failed",
+        [
+            ("exception.type", "RuntimeError".to_string()),
+            ("exception.message", "boom".to_string()),
+            ("exception.stacktrace", trace("stream")),
+        ],
+    );
+    assert_eq!(
+        e.observe(&otlp),
+        d,
+        "exception.* attributes key like the event above"
+    );
     let ps = e.patterns(0, u64::MAX / 2);
     assert!(
         ps.iter()
