@@ -5,7 +5,7 @@
 
 - failures/llm_messages.log: failure messages of the kinds LLM apps, serving engines and agent
   tools emit (Python exceptions of torch, vLLM, the openai and anthropic SDKs, httpx, requests,
-  redis, grpc, pydantic, json; Java exceptions; CUDA and NCCL errors; tool timeouts), 30 kinds,
+  redis, grpc, pydantic, json; Java exceptions; CUDA and NCCL errors; tool timeouts), 34 kinds,
   bare messages (as a failure event's `message` carries them).
 - failures/llm_raw.log: the same messages as raw log lines, each under one of five common
   headers (Python logging with and without a logger, `LEVEL:logger:`, RFC 3164 syslog,
