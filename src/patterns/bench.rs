@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::path::{Path, PathBuf};
 
-use super::miner::{TemplateId, TemplateMiner};
+use super::miner::TemplateId;
 
 /// Grouping accuracy of `pred` against `truth` (same length): the share of lines whose predicted
 /// group is exactly their true group.
@@ -109,12 +109,11 @@ pub fn load_corpora(dir: &Path) -> anyhow::Result<Vec<Corpus>> {
     Ok(out)
 }
 
-/// Mines a corpus with a fresh miner (default configuration); the final template id of each
-/// line (templates merged later in the pass are resolved, as `patterns mine` prints them).
+/// Mines a corpus with a fresh miner (default configuration) as `patterns mine` mines a file
+/// ([`super::mine_log`]: tracebacks joined into one event, NDJSON events keyed by their type);
+/// the final template id of each line (templates merged later in the pass are resolved).
 pub fn mine_corpus(lines: &[String]) -> Vec<TemplateId> {
-    let mut m = TemplateMiner::default();
-    let ids: Vec<TemplateId> = lines.iter().map(|l| m.add(l)).collect();
-    ids.into_iter().map(|id| m.resolve(id)).collect()
+    super::mine_log(lines)
 }
 
 /// CPU time of the calling thread in seconds (Linux `/proc/thread-self/schedstat`), or `None`.

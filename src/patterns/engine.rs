@@ -17,6 +17,20 @@ use serde::{Deserialize, Serialize};
 
 use super::cluster::{ClusterConfig, ClusterItem, cluster};
 use super::miner::{MinerConfig, MinerError, MinerState, TemplateId, TemplateMiner, stable_hash};
+use super::trace::{MinerInput, miner_input};
+
+/// What the miner mines for `ev` ([`miner_input`]): keyed by its `error_type` (else the type
+/// its trace names) and the fingerprint of its stack frames (in the message, or in the
+/// `exception.stacktrace` attribute OTLP carries).
+pub fn miner_input_of(ev: &FailureEvent) -> MinerInput<'_> {
+    miner_input(
+        &ev.error_type,
+        &ev.message,
+        ev.attributes
+            .get("exception.stacktrace")
+            .map(String::as_str),
+    )
+}
 
 /// Engine knobs.
 #[derive(Debug, Clone, PartialEq)]
@@ -200,13 +214,15 @@ impl PatternEngine {
     /// The template id [`PatternEngine::observe`] would give `ev` now, without taking it into
     /// account ([`TemplateMiner::lookup`]).
     pub fn lookup(&self, ev: &FailureEvent) -> TemplateId {
-        self.miner.lookup(&ev.message)
+        let input = miner_input_of(ev);
+        self.miner.lookup_keyed(&input.key, &input.text)
     }
 
     /// Takes one failure into account; returns its template id.
     pub fn observe(&mut self, ev: &FailureEvent) -> TemplateId {
         self.num_observed += 1;
-        let id = self.miner.add(&ev.message);
+        let input = miner_input_of(ev);
+        let id = self.miner.add_keyed(&input.key, &input.text);
         for gone in self.miner.drain_evicted() {
             self.stats.remove(&gone);
         }
@@ -228,7 +244,7 @@ impl PatternEngine {
         st.last_seen_ms = st.last_seen_ms.max(ev.ts_ms);
         *st.category_counts.entry(ev.category).or_default() += 1;
         for (slot, v) in [
-            (&mut st.error_type, &ev.error_type),
+            (&mut st.error_type, &input.error_type),
             (&mut st.service, &ev.service),
             (&mut st.feature, &ev.feature),
         ] {

@@ -21,6 +21,8 @@
 //! (`Tue Jul 26 05:47:42 2005`, `2017-05-16 00:00:00`) and an approximate quantity with its unit
 //! (`<1 sec`).
 
+use super::trace::is_exception_type;
+
 /// The wildcard that stands for a variable.
 pub const WILDCARD: &str = "<*>";
 
@@ -139,6 +141,11 @@ fn could_be_time(t: &str) -> bool {
             c,
             b'J' | b'F' | b'M' | b'A' | b'S' | b'O' | b'N' | b'D' | b'T' | b'W'
         )
+}
+
+/// `GET`, `POST`: an HTTP method.
+pub(super) fn is_http_method(t: &str) -> bool {
+    http_method(t).is_some_and(|m| m == t)
 }
 
 /// `GET`, `"POST`: an HTTP method opening a request line (returned as written).
@@ -306,6 +313,11 @@ fn is_bool_or_null(c: &str) -> bool {
 /// Masks one compound (a run of [`is_run_byte`] characters).
 fn mask_compound(c: &str, out: &mut String) {
     let b = c.as_bytes();
+    // An exception type is a constant (`torch.OutOfMemoryError:`, `StatusCode.UNAVAILABLE`).
+    if b[0].is_ascii_alphabetic() && is_exception_type(c) {
+        out.push_str(c);
+        return;
+    }
     // Letters and `_` only: a word, unless `true`, `false` or `null`.
     if b.iter().all(|&x| CLASS[x as usize] == 1) {
         if (b.len() == 4 || b.len() == 5)
@@ -725,6 +737,15 @@ fn is_datetime_token(t: &str) -> bool {
             return false;
         }
         let (d, c) = (&t[..k], &t[k + 1..]);
+        // ISO 8601 basic format: `20261127T201500Z`, `20261127T201500.123`.
+        let basic_clock = || {
+            let c = c.trim_end_matches('Z');
+            let hms = c.split(['.', ',']).next().unwrap_or("");
+            hms.len() == 6 && all_digits(hms)
+        };
+        if sep == b'T' && all_digits(d) && d.len() == 8 && basic_clock() {
+            return true;
+        }
         (is_date(d, false) || (all_digits(d) && d.len() == 8))
             && c.bytes().filter(|&b| b == b':' || b == b'.').count() >= 2
             && c.as_bytes().first().is_some_and(u8::is_ascii_digit)
@@ -795,8 +816,10 @@ fn datetime_run<'a>(first: &'a str, rest: impl Iterator<Item = &'a str> + Clone)
         }
         return k;
     }
-    // `081109 203615`: yymmdd hhmmss.
-    if first.len() == 6 && all_digits(first) && next.is_some_and(|t| t.len() == 6 && all_digits(t))
+    // `081109 203615`, `120412 14:25:46`: yymmdd, then hhmmss or a clock (MySQL's error log).
+    if first.len() == 6
+        && all_digits(first)
+        && next.is_some_and(|t| (t.len() == 6 && all_digits(t)) || is_clock(t))
     {
         return 2;
     }
@@ -914,10 +937,71 @@ fn is_upper_field(t: &str) -> bool {
         && t.as_bytes()[0].is_ascii_uppercase()
 }
 
+/// `[main]`, `[pool-1-thread-3]`: one bracketed token.
+fn is_bracketed(t: &str) -> bool {
+    t.len() > 2 && t.starts_with('[') && t.ends_with(']')
+}
+
+/// `INFO`, `WARNING`, `[ERROR]`: a level written in capitals (four letters or more).
+fn is_upper_level(t: &str) -> bool {
+    let c = strip_punct(t);
+    c.len() >= 4 && c.bytes().all(|b| b.is_ascii_uppercase()) && LEVELS.contains(&c)
+}
+
+/// `<13>1`, `<3>`: a syslog priority (and RFC 5424 version) opening a line.
+fn is_syslog_pri(t: &str) -> bool {
+    let Some(r) = t.strip_prefix('<') else {
+        return false;
+    };
+    let Some((pri, ver)) = r.split_once('>') else {
+        return false;
+    };
+    all_digits(pri) && pri.len() <= 3 && (ver.is_empty() || (all_digits(ver) && ver.len() <= 2))
+}
+
+/// `metrics.py:345]`: a file name with an extension, a colon, a line number and `]`.
+fn is_source_location(t: &str) -> bool {
+    let Some(loc) = t.strip_suffix(']') else {
+        return false;
+    };
+    let Some((file, line)) = loc.rsplit_once(':') else {
+        return false;
+    };
+    all_digits(line)
+        && file.contains('.')
+        && file
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'/'))
+}
+
+/// `ERROR:root:msg` -> `msg`, `WARNING:  msg` -> `msg`, `SEVERE: msg` -> `msg`: an upper-case
+/// level glued to a colon at the very start of a line, with the logger name and its colon
+/// that Python's default format puts after it.
+fn level_prefix(rest: &str) -> Option<&str> {
+    let colon = rest.as_bytes().iter().take(9).position(|&b| b == b':')?;
+    let level = &rest[..colon];
+    if !(LEVELS.contains(&level)
+        && level.len() >= 3
+        && level.bytes().all(|b| b.is_ascii_uppercase()))
+    {
+        return None;
+    }
+    let after = &rest[colon + 1..];
+    if after.starts_with([' ', '\t']) {
+        return Some(after.trim_start());
+    }
+    // `root:`, `vllm.engine.async_llm_engine:`: a logger name and a colon.
+    let name = after
+        .bytes()
+        .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        .count();
+    (name > 0 && after.as_bytes().get(name) == Some(&b':')).then(|| after[name + 1..].trim_start())
+}
+
 /// Strips a raw line's header: a timestamp in one of the common shapes (possibly after a few
 /// fields: `- 1117838570 2005.06.03 …`, `134681 node-246 unix.hw … 1077804742`), then what
 /// follows it in headers: more dates and clocks, numbers (pids, thread ids), digit-bearing ids
-/// (hosts such as `dn228`), upper-case fields before a level (`RAS KERNEL INFO`), `-`, a level
+/// (hosts such as `dn228`), fields before an upper-case level (`RAS KERNEL INFO`, `[main] INFO`), `-`, a level
 /// (`INFO`, `[error]`, `D`), a `[thread name]` after the level, and the logger (`tag:`, or a
 /// dotted name and one `[context]` after it; after a host word when there is no level:
 /// `combo sshd[19939]:`).
@@ -941,13 +1025,20 @@ pub fn strip_header(line: &str) -> &str {
         }
         return s.trim_start();
     }
+    // `ERROR:root:message` (Python `logging`'s default format), `INFO:     127.0.0.1:…`
+    // (uvicorn), `SEVERE: message` (java.util.logging): an upper-case level and a colon, then
+    // a logger name and a colon.
+    if let Some(body) = level_prefix(rest) {
+        return body;
+    }
     // Most messages start with a word: no header.
     let first = rest.split_ascii_whitespace().next().unwrap_or("");
     if !(first == "-"
         || first.bytes().any(|b| b.is_ascii_digit())
         || is_month(first)
         || is_weekday(first)
-        || is_field(first))
+        || is_field(first)
+        || is_level(first))
     {
         return rest;
     }
@@ -979,7 +1070,8 @@ pub fn strip_header(line: &str) -> &str {
             found = true;
             break;
         }
-        fields &= t == "-" || t.bytes().any(|b| b.is_ascii_digit()) || is_field(t);
+        // A level may come first (`INFO 11-27 20:15:00 …`: glog's family, vLLM).
+        fields &= t == "-" || t.bytes().any(|b| b.is_ascii_digit()) || is_field(t) || is_level(t);
         if !fields && !all_digits(toks[0].1) {
             break;
         }
@@ -987,6 +1079,19 @@ pub fn strip_header(line: &str) -> &str {
     }
     if !found {
         return rest;
+    }
+    // RFC 5424 syslog: `<PRI>VERSION TIMESTAMP HOSTNAME APP-NAME PROCID MSGID SD MSG`, `-`
+    // for a field left out.
+    if is_syslog_pri(toks[0].1) && i == 2 && toks.len() > i + 4 {
+        let mut k = i + 4;
+        if toks[k].1 == "-" {
+            k += 1;
+        } else if toks[k].1.starts_with('[') {
+            k = (k..toks.len().min(k + 16))
+                .find(|&j| toks[j].1.ends_with(']'))
+                .map_or(k, |j| j + 1);
+        }
+        return rest[toks.get(k).map_or(rest.len(), |&(at, _)| at)..].trim_start();
     }
     // Skips a `[…]` group that may span tokens (`[RMCommunicator Allocator]`).
     let bracket = |i: usize| -> usize {
@@ -1013,10 +1118,23 @@ pub fn strip_header(line: &str) -> &str {
             }
             level = true;
             match tok(i) {
+                Some(n) if is_exception_type(n) => {}
                 Some(n) if is_tag(n) => i += 1,
-                Some(n) if is_logger(n) => i = bracket(i + 1),
+                Some(n) if is_logger(n) => {
+                    i = bracket(i + 1);
+                    // `%c - %m` (Log4j), `%(name)s - %(message)s` (Python).
+                    if tok(i) == Some("-") && i + 1 < toks.len() {
+                        i += 1;
+                    }
+                }
                 _ => {}
             }
+            break;
+        }
+        // `metrics.py:345]`, `pod_workers.go:1298]`: the source location that closes a glog,
+        // klog or vLLM header.
+        if is_source_location(t) {
+            i += 1;
             break;
         }
         if t == "-"
@@ -1030,21 +1148,27 @@ pub fn strip_header(line: &str) -> &str {
             i += 1;
             continue;
         }
-        // Upper-case fields right before a level (`RAS KERNEL INFO`, `NULL DISCOVERY WARNING`).
-        if is_upper_field(t)
+        // Fields between the timestamp and an upper-case level are header fields: a
+        // component or facility (`RAS KERNEL INFO`), a thread (`[main] INFO`, Log4j's
+        // `%d [%t] %-5p %c - %m`).
+        if (is_upper_field(t) || is_bracketed(t))
             && (i + 1..toks.len().min(i + 6))
                 .take_while(|&k| {
                     let n = toks[k].1;
-                    is_upper_field(n) || n.bytes().any(|b| b.is_ascii_digit()) || is_level(n)
+                    is_upper_field(n)
+                        || is_bracketed(n)
+                        || n.bytes().any(|b| b.is_ascii_digit())
+                        || is_upper_level(n)
                 })
-                .any(|k| is_level(toks[k].1))
+                .any(|k| is_upper_level(toks[k].1))
         {
             i += 1;
             continue;
         }
-        if is_tag(t) {
+        let tag = |t: &str| is_tag(t) && !is_exception_type(t);
+        if tag(t) {
             i += 1;
-        } else if tok(i + 1).is_some_and(is_tag) {
+        } else if tok(i + 1).is_some_and(tag) && !is_exception_type(t) {
             i += 2;
         }
         break;
@@ -1175,6 +1299,22 @@ mod tests {
             ("May the force be with you", "May the force be with you"),
             ("Sat May 8 happened", "Sat May <*> happened"),
             (
+                "vllm.engine.async_llm_engine.AsyncEngineDeadError: Background loop has errored already.",
+                "vllm.engine.async_llm_engine.AsyncEngineDeadError: Background loop has errored already.",
+            ),
+            (
+                "grpc._channel._InactiveRpcError: status = StatusCode.UNAVAILABLE",
+                "grpc._channel._InactiveRpcError: status = StatusCode.UNAVAILABLE",
+            ),
+            (
+                "<class 'requests.exceptions.ConnectTimeout'> after 30 s",
+                "<class 'requests.exceptions.ConnectTimeout'> after <*> s",
+            ),
+            (
+                "Caused by: java.net.SocketTimeoutException: Read timed out",
+                "Caused by: java.net.SocketTimeoutException: Read timed out",
+            ),
+            (
                 "10.11.10.1 \"GET /v2/54fadb/servers/detail HTTP/1.1\" status: 200",
                 "<*> \"GET <*>\" status: <*>",
             ),
@@ -1240,6 +1380,54 @@ mod tests {
                 "chrome.exe - proxy.cse.cuhk.edu.hk:5070 open",
             ),
             ("Info about the message", "Info about the message"),
+            // Exception types are never taken for a logger or a tag.
+            (
+                "2026-11-27 20:15:00,123 ERROR torch.OutOfMemoryError: CUDA out of memory.",
+                "torch.OutOfMemoryError: CUDA out of memory.",
+            ),
+            (
+                "2026-11-27T20:15:00.123Z ERROR RuntimeError: CUDA error",
+                "RuntimeError: CUDA error",
+            ),
+            (
+                "2026-11-27 20:15:00,123 ERROR agent.worker: openai.RateLimitError: Error code: 429",
+                "openai.RateLimitError: Error code: 429",
+            ),
+            (
+                "Nov 27 20:15:00 gpu-node-3 python3[2211]: KeyError: 'choices'",
+                "KeyError: 'choices'",
+            ),
+            // A level glued to a colon: Python logging's default format, uvicorn,
+            // java.util.logging.
+            ("ERROR:root:RuntimeError: boom", "RuntimeError: boom"),
+            ("WARNING:agent.memory:context full", "context full"),
+            (
+                "INFO:     127.0.0.1:5000 - \"GET / HTTP/1.1\" 200 OK",
+                "127.0.0.1:5000 - \"GET / HTTP/1.1\" 200 OK",
+            ),
+            ("SEVERE: Servlet failed", "Servlet failed"),
+            ("ERRORS: none", "ERRORS: none"),
+            // RFC 5424 syslog, gunicorn's error log, vLLM's own lines.
+            (
+                "<3>1 2026-11-27T20:15:00.123Z gpu-node-3 kernel - - - Out of memory: Killed process 4242",
+                "Out of memory: Killed process 4242",
+            ),
+            (
+                "[2026-11-27 20:15:00 +0000] [7] [CRITICAL] WORKER TIMEOUT (pid:4242)",
+                "WORKER TIMEOUT (pid:4242)",
+            ),
+            (
+                "INFO 11-27 20:15:00 metrics.py:345] Avg prompt throughput: 12.5 tokens/s",
+                "Avg prompt throughput: 12.5 tokens/s",
+            ),
+            (
+                "E1127 20:15:00.123456    2211 pod_workers.go:1298] \"Error syncing pod, skipping\"",
+                "\"Error syncing pod, skipping\"",
+            ),
+            (
+                "<11>1 2026-11-27T20:15:00.1Z app-3 agent 4242 ID47 [ex@32473 iut=\"3\" a=\"b\"] tool failed",
+                "tool failed",
+            ),
             ("May the force be with you", "May the force be with you"),
             (
                 "121 floating point alignment exceptions",
@@ -1277,6 +1465,14 @@ mod tests {
             (
                 "- 1117869872 2005.06.04 UNKNOWN_LOCATION 2005-06-04-00.24.32.432192 UNKNOWN_LOCATION NULL DISCOVERY WARNING Node card is not fully functional",
                 "Node card is not fully functional",
+            ),
+            (
+                "2026-11-27 20:15:00,123 [main] INFO com.example.App - Started",
+                "Started",
+            ),
+            (
+                "2026-11-27 20:15:00,123 [main] Error connecting",
+                "[main] Error connecting",
             ),
             ("Took 19.05 seconds to spawn", "Took 19.05 seconds to spawn"),
             (

@@ -46,7 +46,45 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::{Deserialize, Serialize};
 
-use super::mask::{WILDCARD, mask_line};
+use super::mask::{WILDCARD, is_http_method, mask_line};
+use super::trace::exception_types_differ;
+
+/// Starts the key token a keyed line ([`TemplateMiner::add_keyed`]) is mined with: the token
+/// is the template's first and is never shown ([`TemplateMiner::template`] leaves it out).
+pub const KEY_MARK: char = '\u{1e}';
+
+/// A template's tokens as shown: without its key token.
+fn shown(tokens: &[Box<str>]) -> &[Box<str>] {
+    match tokens.first() {
+        Some(t) if t.starts_with(KEY_MARK) => &tokens[1..],
+        _ => tokens,
+    }
+}
+
+/// `masked` with the key token of `key` in front (nothing for an empty key). Whitespace in the
+/// key becomes `_` (a token has none).
+fn keyed(key: &str, masked: &mut String) {
+    if key.is_empty() {
+        return;
+    }
+    let mut k = String::with_capacity(key.len() + 2);
+    k.push(KEY_MARK);
+    k.extend(key.chars().map(|c| if c.is_whitespace() { '_' } else { c }));
+    if !masked.is_empty() {
+        k.push(' ');
+    }
+    masked.insert_str(0, &k);
+}
+
+/// The line cache's hash of a keyed line.
+fn line_hash(key: &str, line: &str) -> u64 {
+    let h = fast_hash(line.as_bytes());
+    if key.is_empty() {
+        h
+    } else {
+        h ^ fast_hash(key.as_bytes()).rotate_left(17)
+    }
+}
 
 /// A template's id: stable across restarts and processes fed the same input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -496,7 +534,9 @@ fn value_pair(a: &str, b: &str, prev: Option<&str>) -> Evidence {
         let keyed = key.ends_with('=') || key.ends_with(':');
         let var_vs_word = |x: &str, y: &str| is_wild(x) && !y.contains(WILDCARD);
         let shaped_var = |x: &str| x.contains(WILDCARD) && !is_wild(x);
-        let enums = is_enum(ca) && is_enum(cb);
+        // HTTP methods are a request's values (`method=GET` / `method=POST`), not events.
+        let http = |x: &str| is_http_method(trim_punct(x));
+        let enums = is_enum(ca) && is_enum(cb) && !(http(&a[p..]) && http(&b[p..]));
         let word_vs_shaped = (is_word(ca) && shaped_var(cb)) || (is_word(cb) && shaped_var(ca));
         let ok = if keyed {
             !enums && !word_vs_shaped
@@ -643,6 +683,10 @@ fn compare(t: &[Box<str>], line: &[&str]) -> Cmp {
         if a == b {
             eq += usize::from(!is_wild(a));
             continue;
+        }
+        // A key or an exception type is a constant: never a variable, never joined.
+        if a.starts_with(KEY_MARK) || b.starts_with(KEY_MARK) || exception_types_differ(a, b) {
+            return Cmp::Apart;
         }
         if is_wild(a) {
             continue;
@@ -832,9 +876,16 @@ impl TemplateMiner {
 
     /// Mines one line (raw with a header, or message only) and returns its template's id.
     pub fn add(&mut self, line: &str) -> TemplateId {
+        self.add_keyed("", line)
+    }
+
+    /// Mines one line under a key (a failure's exception type and stack fingerprint): lines
+    /// of different keys never share a template, and the key is part of the template's id.
+    /// The key is not part of the template's text. `add_keyed("", line)` is `add(line)`.
+    pub fn add_keyed(&mut self, key: &str, line: &str) -> TemplateId {
         self.tick += 1;
         let line = truncate(line, MAX_LINE_BYTES);
-        let lh = fast_hash(line.as_bytes());
+        let lh = line_hash(key, line);
         if let Some(&id) = self.lines.get(&lh) {
             let id = self.resolve(id);
             if let Some(t) = self.templates.get_mut(&id.0) {
@@ -845,6 +896,7 @@ impl TemplateMiner {
         }
         let mut masked = std::mem::take(&mut self.scratch);
         mask_line(line, &mut masked);
+        keyed(key, &mut masked);
         let id = self.add_masked(&masked);
         self.scratch = masked;
         if self.lines.len() >= self.cap().saturating_mul(4).max(1024) {
@@ -987,8 +1039,13 @@ impl TemplateMiner {
     /// completes merges into, or the id a new template from it would take. Used to tag a
     /// failure at ingest while the line itself is mined later (docs/SCALING.md, shared miner).
     pub fn lookup(&self, line: &str) -> TemplateId {
+        self.lookup_keyed("", line)
+    }
+
+    /// [`TemplateMiner::lookup`] for [`TemplateMiner::add_keyed`].
+    pub fn lookup_keyed(&self, key: &str, line: &str) -> TemplateId {
         let line = truncate(line, MAX_LINE_BYTES);
-        if let Some(&id) = self.lines.get(&fast_hash(line.as_bytes())) {
+        if let Some(&id) = self.lines.get(&line_hash(key, line)) {
             let id = self.resolve(id);
             if self.templates.contains_key(&id.0) {
                 return id;
@@ -996,6 +1053,7 @@ impl TemplateMiner {
         }
         let mut masked = String::with_capacity(line.len());
         mask_line(line, &mut masked);
+        keyed(key, &mut masked);
         if let Some(&id) = self.exact.get(&fast_hash(masked.as_bytes())) {
             let id = self.resolve(id);
             if self.templates.contains_key(&id.0) {
@@ -1258,7 +1316,8 @@ impl TemplateMiner {
             if let Some(t) = self.templates.remove(id)
                 && self.evicted.len() < self.cap().max(1024)
             {
-                self.evicted.push((TemplateId(*id), t.tokens.join(" ")));
+                self.evicted
+                    .push((TemplateId(*id), shown(&t.tokens).join(" ")));
             }
         }
         for map in [&mut self.by_len, &mut self.by_clen] {
@@ -1301,7 +1360,7 @@ impl TemplateMiner {
     pub fn template(&self, id: TemplateId) -> Option<String> {
         self.templates
             .get(&self.resolve(id).0)
-            .map(|t| t.tokens.join(" "))
+            .map(|t| shown(&t.tokens).join(" "))
     }
 
     /// Appends the template text of `id` to `out`; returns false when it is not kept.
@@ -1309,7 +1368,7 @@ impl TemplateMiner {
         let Some(t) = self.templates.get(&self.resolve(id).0) else {
             return false;
         };
-        for (i, tok) in t.tokens.iter().enumerate() {
+        for (i, tok) in shown(&t.tokens).iter().enumerate() {
             if i > 0 {
                 out.push(' ');
             }
@@ -1325,7 +1384,7 @@ impl TemplateMiner {
             .iter()
             .map(|(id, t)| TemplateInfo {
                 id: TemplateId(*id),
-                template: t.tokens.join(" "),
+                template: shown(&t.tokens).join(" "),
                 count: t.count,
             })
             .collect();
@@ -1417,6 +1476,50 @@ impl TemplateMiner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exception_types_are_never_merged_and_keys_never_meet() {
+        let mut m = TemplateMiner::default();
+        let a = m.add("httpx.ConnectTimeout: timed out");
+        let b = m.add("httpx.ReadTimeout: timed out");
+        assert_ne!(a, b);
+        let c =
+            m.add("requests.exceptions.ConnectTimeout: HTTPSConnectionPool(host='a', port=443)");
+        let d =
+            m.add("requests.exceptions.ConnectionError: HTTPSConnectionPool(host='b', port=443)");
+        assert_ne!(c, d);
+        assert_eq!(
+            m.template(b).as_deref(),
+            Some("httpx.ReadTimeout: timed out")
+        );
+        // A template with a variable at a type's position does not take a type there.
+        let v = m.add("call failed with 500");
+        assert_ne!(m.add("call failed with RuntimeError"), v);
+        // Keys: the same text under two keys, two templates; the key is not shown, survives
+        // a state round trip, and `lookup_keyed` agrees with `add_keyed`.
+        let k1 = m.add_keyed("RuntimeError@00ff", "engine step failed after 3 ms");
+        let k2 = m.add_keyed("ValueError", "engine step failed after 4 ms");
+        assert_ne!(k1, k2);
+        assert_eq!(
+            m.lookup_keyed("ValueError", "engine step failed after 9 ms"),
+            k2
+        );
+        assert_eq!(
+            m.add_keyed("ValueError", "engine step failed after 9 ms"),
+            k2
+        );
+        assert_eq!(
+            m.template(k1).as_deref(),
+            Some("engine step failed after <*> ms")
+        );
+        assert!(m.templates().iter().all(|t| !t.template.contains(KEY_MARK)));
+        let back = TemplateMiner::from_state(m.state()).unwrap();
+        assert_eq!(
+            back.lookup_keyed("RuntimeError@00ff", "engine step failed after 7 ms"),
+            k1
+        );
+        assert_ne!(back.lookup("engine step failed after 7 ms"), k1);
+    }
 
     fn final_ids(m: &TemplateMiner, ids: &[TemplateId]) -> Vec<TemplateId> {
         ids.iter().map(|i| m.resolve(*i)).collect()

@@ -10,6 +10,8 @@
 //! - [`share`]: one miner for every control-plane replica: failures shared through a Redis
 //!   stream and mined in one canonical order (`control.share_patterns`; the one module here
 //!   with IO).
+//! - [`trace`]: exception types, Python tracebacks and Java stack traces (type, frames,
+//!   fingerprint), and the joining of a raw log's lines into events (pure).
 //! - [`synth`]: realistic agent failure logs with ground truth.
 //! - [`bench`]: grouping accuracy and speed against drain3.
 //! - this file: the `brownout patterns` CLI (`synth`, `mine`, `cluster`, `bench`).
@@ -23,6 +25,7 @@ pub mod mask;
 pub mod miner;
 pub mod share;
 pub mod synth;
+pub mod trace;
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -152,6 +155,121 @@ fn message_of(line: &str) -> (std::borrow::Cow<'_, str>, Option<FailureEvent>) {
         return (std::borrow::Cow::Owned(ev.message.clone()), Some(ev));
     }
     (std::borrow::Cow::Borrowed(line), None)
+}
+
+/// The miner's key and text for one input event (its physical lines): an NDJSON failure
+/// event's message keyed by its error type and stack frames ([`engine::miner_input_of`]), a raw
+/// line as it is, or the joined lines of a raw traceback or stack trace keyed by its type and
+/// frames ([`trace::miner_input`]).
+pub fn event_input(lines: &[String]) -> (String, std::borrow::Cow<'_, str>, Option<FailureEvent>) {
+    use std::borrow::Cow;
+    match lines {
+        [] => (String::new(), Cow::Borrowed(""), None),
+        [line] => match message_of(line) {
+            (_, Some(ev)) => {
+                let input = engine::miner_input_of(&ev);
+                let (key, text) = (input.key, input.text.into_owned());
+                (key, Cow::Owned(text), Some(ev))
+            }
+            (msg, None) => match json_line_input(line) {
+                Some((key, text)) => (key, Cow::Owned(text), None),
+                None => (String::new(), msg, None),
+            },
+        },
+        _ => {
+            let joined = lines.join("\n");
+            let input = trace::miner_input("", &joined, None);
+            (input.key, Cow::Owned(input.text.into_owned()), None)
+        }
+    }
+}
+
+/// Fields of a JSON log line that hold its message, and its error, in the order tried.
+const JSON_MESSAGE_FIELDS: &[&str] = &["msg", "message", "event", "log"];
+const JSON_ERROR_FIELDS: &[&str] = &[
+    "error",
+    "err",
+    "exception",
+    "exc_info",
+    "stack_trace",
+    "stacktrace",
+];
+const JSON_TYPE_FIELDS: &[&str] = &[
+    "error_type",
+    "exception_type",
+    "exc_type",
+    "error.type",
+    "exception.type",
+];
+
+/// A raw line that is a JSON object with a message field (structured loggers: Go's slog and
+/// zap, pino, python-json-logger; Docker's json-file driver's `log`): the miner's key and text
+/// are its message and its error field (a traceback there keyed by its type and frames, like a
+/// failure event's); the other fields (time, level, ids) are left out. `None` for any other
+/// line.
+fn json_line_input(line: &str) -> Option<(String, String)> {
+    if !line.starts_with('{') {
+        return None;
+    }
+    let v: serde_json::Map<String, serde_json::Value> = serde_json::from_str(line).ok()?;
+    let field = |names: &[&str]| {
+        names
+            .iter()
+            .find_map(|k| v.get(*k).and_then(|x| x.as_str()))
+    };
+    let msg = field(JSON_MESSAGE_FIELDS)?;
+    let text = match field(JSON_ERROR_FIELDS) {
+        Some(err) if !err.is_empty() => format!("{msg}\n{err}"),
+        _ => msg.to_string(),
+    };
+    let input = trace::miner_input(field(JSON_TYPE_FIELDS).unwrap_or(""), &text, None);
+    Some((input.key, input.text.into_owned()))
+}
+
+/// Calls `f` for every event of `input`: its physical lines, a traceback or stack trace in a
+/// raw log being one event ([`trace::Joiner`]), every other line one event.
+fn for_each_event(
+    input: &mut dyn BufRead,
+    file: &str,
+    mut f: impl FnMut(&[String]) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut joiner = trace::Joiner::new();
+    let err: std::cell::RefCell<Option<anyhow::Error>> = Default::default();
+    let mut emit = |ev: &[String]| {
+        if err.borrow().is_none()
+            && let Err(e) = f(ev)
+        {
+            *err.borrow_mut() = Some(e);
+        }
+    };
+    for_each_line(input, file, |line| {
+        joiner.push(line, &mut emit);
+        err.borrow_mut().take().map_or(Ok(()), Err)
+    })?;
+    joiner.flush(&mut emit);
+    err.into_inner().map_or(Ok(()), Err)
+}
+
+/// Mines `lines` (a raw log or NDJSON failure events) with a fresh miner as `patterns mine`
+/// does for a file: tracebacks joined into one event, each line given its event's final id.
+pub fn mine_log(lines: &[String]) -> Vec<TemplateId> {
+    mine_log_with(&mut TemplateMiner::default(), lines)
+}
+
+/// [`mine_log`] with the given miner (to read its templates afterwards).
+pub fn mine_log_with(m: &mut TemplateMiner, lines: &[String]) -> Vec<TemplateId> {
+    let mut ids = Vec::with_capacity(lines.len());
+    let mut joiner = trace::Joiner::new();
+    let mut emit = |ev: &[String]| {
+        let (key, text, _) = event_input(ev);
+        let id = m.add_keyed(&key, &text);
+        ids.extend(std::iter::repeat_n(id, ev.len()));
+    };
+    for l in lines {
+        joiner.push(l, &mut emit);
+    }
+    joiner.flush(&mut emit);
+    ids.into_iter().map(|id| m.resolve(id)).collect()
 }
 
 /// Progress on stderr every ~2 s for inputs over 64 MiB (or stdin).
@@ -287,19 +405,21 @@ fn cmd_mine(file: &str, state: Option<PathBuf>, online: bool) -> anyhow::Result<
     let mut ids: Vec<TemplateId> = Vec::new();
     let mut merged: std::collections::HashMap<TemplateId, TemplateId> = Default::default();
     let mut gone: std::collections::HashMap<TemplateId, String> = Default::default();
-    for_each_line(&mut *input, file, |line| {
-        let (msg, _) = message_of(line);
-        let id = m.add(&msg);
-        n += 1;
+    for_each_event(&mut *input, file, |lines| {
+        let (key, msg, _) = event_input(lines);
+        let id = m.add_keyed(&key, &msg);
+        n += lines.len() as u64;
         progress.tick(n);
         if online {
             buf.clear();
             let _ = write!(buf, "{id}\t");
             m.write_template(id, &mut buf);
             buf.push('\n');
-            out.write_all(buf.as_bytes())?;
+            for _ in lines {
+                out.write_all(buf.as_bytes())?;
+            }
         } else {
-            ids.push(id);
+            ids.extend(std::iter::repeat_n(id, lines.len()));
             merged.extend(m.drain_merged());
             for (id, text) in m.drain_evicted_templates() {
                 // Bounded: beyond this many evicted templates their lines print no text.
@@ -362,9 +482,9 @@ fn cmd_cluster(file: &str) -> anyhow::Result<()> {
     let mut ids = Vec::new();
     let mut meta: std::collections::HashMap<TemplateId, Meta> = std::collections::HashMap::new();
     let mut i = 0usize;
-    for_each_line(&mut *input, file, |line| {
-        let (msg, ev) = message_of(line);
-        let id = m.add(&msg);
+    for_each_event(&mut *input, file, |lines| {
+        let (key, msg, ev) = event_input(lines);
+        let id = m.add_keyed(&key, &msg);
         let e = meta.entry(id).or_insert_with(|| {
             let (category, error_type, service, feature, model) = match &ev {
                 Some(ev) => (
@@ -375,10 +495,10 @@ fn cmd_cluster(file: &str) -> anyhow::Result<()> {
                     ev.attributes.get("model").cloned().unwrap_or_default(),
                 ),
                 // Inferred from the final template below (a raw line's variables, such as a
-                // host called gpu-3, would mislead the inference).
+                // host called gpu-3, would mislead the inference); a raw trace's type is its key's.
                 None => (
                     Category::Other,
-                    String::new(),
+                    key.split('@').next().unwrap_or_default().to_string(),
                     String::new(),
                     String::new(),
                     String::new(),
@@ -395,9 +515,9 @@ fn cmd_cluster(file: &str) -> anyhow::Result<()> {
                 model,
             }
         });
-        e.count += 1;
-        ids.push(id);
-        i += 1;
+        e.count += lines.len() as u64;
+        ids.extend(std::iter::repeat_n(id, lines.len()));
+        i += lines.len();
         progress.tick(i as u64);
         Ok(())
     })?;
@@ -605,7 +725,13 @@ fn cmd_bench(corpus: &std::path::Path, peer: &str, min_cpu_s: f64) -> anyhow::Re
 /// Pattern id per line for raw lines (the `cluster` command's logic, in memory).
 pub fn cluster_lines(lines: &[String]) -> Vec<PatternId> {
     let mut m = TemplateMiner::default();
-    let ids: Vec<TemplateId> = lines.iter().map(|l| m.add(&message_of(l).0)).collect();
+    let ids: Vec<TemplateId> = lines
+        .iter()
+        .map(|l| {
+            let (key, msg, _) = event_input(std::slice::from_ref(l));
+            m.add_keyed(&key, &msg)
+        })
+        .collect();
     let ids: Vec<TemplateId> = ids.into_iter().map(|id| m.resolve(id)).collect();
     let mut first: Vec<TemplateId> = Vec::new();
     let mut counts: std::collections::HashMap<TemplateId, u64> = std::collections::HashMap::new();

@@ -356,6 +356,9 @@ pub struct PatternExample {
     /// Where the trace can be opened (Jaeger/Tempo), when configured. Only `http(s)://` links are
     /// rendered as links; anything else is shown as text.
     pub trace_url: Option<String>,
+    /// The frames of its stack trace, innermost first (`function (file:line)`, `[app]` for
+    /// in-app frames; see `patterns::trace::shown_frames`); empty without one.
+    pub frames: Vec<String>,
 }
 
 // ---- SLOs -------------------------------------------------------------------------------------

@@ -661,6 +661,7 @@ fn build_patterns(now: u64, v: &Vocabulary) -> Vec<PatternDetail> {
                             message: pick(&v.messages, p),
                             trace_url: Some(format!("{}{trace_id}", v.trace_url_prefix)),
                             trace_id,
+                            frames: Vec::new(),
                         }
                     })
                     .collect(),

@@ -31,6 +31,7 @@ mod no_ansi;
 mod patterns_accuracy;
 mod patterns_cli;
 mod patterns_engine;
+mod patterns_failures;
 mod patterns_share;
 mod plane_persistence;
 mod report_chromium;

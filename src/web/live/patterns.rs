@@ -57,6 +57,13 @@ fn examples_of(p: &Pattern, rows: Vec<FailureRow>) -> Vec<PatternExample> {
         return rows
             .into_iter()
             .map(|r| PatternExample {
+                frames: crate::patterns::trace::shown_frames(
+                    &r.event.message,
+                    r.event
+                        .attributes
+                        .get("exception.stacktrace")
+                        .map(String::as_str),
+                ),
                 ts_ms: r.event.ts_ms,
                 service: r.event.service,
                 message: r.event.message,
@@ -73,6 +80,7 @@ fn examples_of(p: &Pattern, rows: Vec<FailureRow>) -> Vec<PatternExample> {
             message: p.label.clone(),
             trace_id: t.clone(),
             trace_url: None,
+            frames: Vec::new(),
         })
         .collect()
 }
@@ -135,5 +143,91 @@ impl LiveDataSource {
             generated_at_ms: now,
             patterns: p.as_ref().clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brownout_protocol::{Category, FailureEvent};
+
+    fn row(message: &str, stacktrace: Option<&str>) -> FailureRow {
+        let mut attributes = std::collections::BTreeMap::new();
+        if let Some(s) = stacktrace {
+            attributes.insert("exception.stacktrace".to_string(), s.to_string());
+        }
+        FailureRow {
+            id: "r1".into(),
+            pattern: String::new(),
+            event: FailureEvent {
+                ts_ms: 1,
+                service: "agent".into(),
+                host: String::new(),
+                request_id: String::new(),
+                trace_id: "t".into(),
+                user_id: String::new(),
+                feature: String::new(),
+                criticality: Default::default(),
+                category: Category::Other,
+                error_type: String::new(),
+                message: message.into(),
+                latency_ms: 0.0,
+                attributes,
+            },
+        }
+    }
+
+    #[test]
+    fn an_examples_frames_come_from_its_trace_innermost_first() {
+        let java = "java.net.SocketTimeoutException: Read timed out\n\tat com.x.Client.call(Client.java:42)\n\tat java.base/java.lang.Thread.run(Thread.java:833)";
+        let py = "Traceback (most recent call last):\n  File \"/app/a.py\", line 3, in outer\n    inner()\n  File \"/app/b.py\", line 9, in inner\n    raise KeyError('x')\nKeyError: 'x'";
+        let pattern = Pattern {
+            id: PatternId("p".into()),
+            label: String::new(),
+            category: Category::Other,
+            templates: Vec::new(),
+            first_seen_ms: 0,
+            last_seen_ms: 0,
+            count: 0,
+            counts: Vec::new(),
+            affected_users: 0,
+            affected_requests: 0,
+            services: Vec::new(),
+            features: Vec::new(),
+            error_types: Vec::new(),
+            budget_impact: 0.0,
+            example_trace_ids: Vec::new(),
+            trend: crate::patterns::engine::Trend {
+                direction: crate::patterns::engine::TrendDirection::New,
+                previous_count: 0,
+                change_ratio: None,
+            },
+            is_new: true,
+        };
+        let ex = examples_of(
+            &pattern,
+            vec![
+                row(java, None),
+                row("Read timed out", Some(java)),
+                row(py, None),
+                row("one line", None),
+            ],
+        );
+        assert_eq!(
+            ex[0].frames,
+            vec![
+                "[app] call (com.x.Client:42)".to_string(),
+                "run (java.lang.Thread:833)".to_string()
+            ]
+        );
+        assert_eq!(ex[1].frames, ex[0].frames, "from exception.stacktrace");
+        assert_eq!(
+            ex[2].frames,
+            vec![
+                "[app] inner (/app/b.py:9)".to_string(),
+                "[app] outer (/app/a.py:3)".to_string()
+            ]
+        );
+        assert!(ex[3].frames.is_empty());
     }
 }
