@@ -1264,3 +1264,18 @@ fn deploy_systemd_units_verify_and_name_only_what_the_binaries_have() {
         problems.join("\n")
     );
 }
+
+/// The policy the base mounts is the one policy (`examples/policy.yaml`, the control plane's
+/// built-in default): a copy, since kustomize loads nothing from outside its folder.
+#[test]
+fn deploy_the_mounted_policy_is_the_default_policy() {
+    let copy = std::fs::read_to_string(
+        brownout_test_support::repo_root().join("deploy/kubernetes/base/config/policy.yaml"),
+    )
+    .expect("the base's policy");
+    assert_eq!(
+        brownout::degrade::policy::Policy::from_yaml(&copy).expect("it parses"),
+        brownout::degrade::policy::Policy::seed_default(),
+        "copy examples/policy.yaml to deploy/kubernetes/base/config/policy.yaml"
+    );
+}
