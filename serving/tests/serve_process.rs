@@ -31,6 +31,7 @@ impl Drop for Server {
 }
 
 fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
