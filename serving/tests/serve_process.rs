@@ -7,35 +7,23 @@
 //! takes at least that long), so a stream lasts seconds. Waits poll with generous deadlines (a
 //! deadlock guard, never a timing assertion).
 
-use std::process::{Child, Command as Proc, ExitStatus, Stdio};
+use std::process::{Command as Proc, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use brownout_test_support::free_port;
+use brownout_test_support::{free_port, poll};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+mod common;
+use common::{KillOnDrop, client};
+
 /// One `brownout-serve` process, killed on drop.
 struct Server {
-    child: Child,
+    child: KillOnDrop,
     url: String,
     port: u16,
     log: tempfile::NamedTempFile,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
 }
 
 impl Server {
@@ -57,29 +45,20 @@ impl Server {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("brownout-serve starts");
-        let mut s = Server {
-            child,
+        let s = Server {
+            child: KillOnDrop(child),
             url: format!("http://127.0.0.1:{port}"),
             port,
             log,
         };
-        let start = Instant::now();
-        loop {
-            if let Ok(r) = client().get(format!("{}/health", s.url)).send().await
-                && r.status() == 200
-            {
-                return s;
-            }
-            if let Ok(Some(st)) = s.child.try_wait() {
-                panic!("brownout-serve exited ({st}) at start:\n{}", s.log());
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(120),
-                "never healthy:\n{}",
-                s.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let health = format!("{}/health", s.url);
+        let up = poll(Duration::from_secs(120), || {
+            let r = client().get(&health).send();
+            async move { r.await.ok().filter(|r| r.status() == 200).map(|_| ()) }
+        })
+        .await;
+        assert!(up.is_some(), "never healthy:\n{}", s.log());
+        s
     }
 
     fn log(&self) -> String {
@@ -87,7 +66,7 @@ impl Server {
     }
 
     fn sigterm(&self) {
-        let pid = i32::try_from(self.child.id()).unwrap();
+        let pid = i32::try_from(self.child.0.id()).unwrap();
         // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
         let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
         assert_eq!(rc, 0, "kill -TERM");
@@ -95,18 +74,9 @@ impl Server {
 
     /// Waits for the process to exit (a deadlock guard of `limit`).
     async fn exit_status(&mut self, limit: Duration) -> ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st;
-            }
-            assert!(
-                start.elapsed() < limit,
-                "still running {limit:?} after SIGTERM:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let child = &mut self.child.0;
+        let st = poll(limit, || std::future::ready(child.try_wait().unwrap())).await;
+        st.unwrap_or_else(|| panic!("still running {limit:?} after SIGTERM:\n{}", self.log()))
     }
 
     async fn post(&self, body: Value, key: Option<&str>) -> reqwest::Response {
@@ -161,22 +131,17 @@ impl Stream {
 
 /// Polls `/health` until it answers 503 `draining`.
 async fn until_draining(s: &Server) -> reqwest::header::HeaderMap {
-    let start = Instant::now();
-    loop {
-        let r = client()
-            .get(format!("{}/health", s.url))
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 503 {
-            let h = r.headers().clone();
-            let v: Value = r.json().await.unwrap();
-            assert_eq!(v["status"], "draining", "{v}");
-            return h;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "never draining");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let health = format!("{}/health", s.url);
+    let r = poll(Duration::from_secs(10), || {
+        let r = client().get(&health).send();
+        async move { r.await.ok().filter(|r| r.status() == 503) }
+    })
+    .await
+    .expect("/health never said draining");
+    let h = r.headers().clone();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["status"], "draining", "{v}");
+    h
 }
 
 /// A request arriving during the drain is refused 503 `instance_draining` + Retry-After.

@@ -165,16 +165,9 @@ fn bench_upstream(a: &BenchUpstreamArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Resident set size of this process (KiB), from /proc/self/status.
+/// Resident set size of this process (KiB).
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    crate::model::resident_bytes().map_or(0, |b| b / 1024)
 }
 
 fn bench_gate(a: &BenchGateArgs) -> anyhow::Result<()> {
