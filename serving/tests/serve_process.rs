@@ -405,22 +405,15 @@ async fn the_upstream_mode_replaces_or_forwards_the_key() {
         &[],
     )
     .await;
-    assert_eq!(
-        replacing
-            .post(completion(4, false), Some("sk-proxy"))
-            .await
-            .status(),
-        200,
-        "the proxy's key in, the upstream's key sent on"
-    );
-    assert_eq!(
-        replacing
-            .post(completion(4, false), Some("sk-upstream"))
-            .await
-            .status(),
-        401,
-        "the upstream's key is not the proxy's"
-    );
+    // (the key a client sends, the status it gets)
+    for (key, status) in [
+        (Some("sk-proxy"), 200),
+        (Some("sk-upstream"), 401),
+        (None, 401),
+    ] {
+        let got = replacing.post(completion(4, false), key).await.status();
+        assert_eq!(got, status, "replacing, client key {key:?}");
+    }
     // Forwarding: the same key on both; the proxy's probes get 401 (it has no key of its own)
     // and count the upstream up; the model name is given.
     let forwarding = Server::start(
@@ -437,15 +430,12 @@ async fn the_upstream_mode_replaces_or_forwards_the_key() {
         &[],
     )
     .await;
-    assert_eq!(
-        forwarding
-            .post(completion(4, false), Some("sk-upstream"))
-            .await
-            .status(),
-        200
-    );
-    assert_eq!(
-        forwarding.post(completion(4, false), None).await.status(),
-        401
-    );
+    for (key, status) in [
+        (Some("sk-upstream"), 200),
+        (Some("sk-proxy"), 401),
+        (None, 401),
+    ] {
+        let got = forwarding.post(completion(4, false), key).await.status();
+        assert_eq!(got, status, "forwarding, client key {key:?}");
+    }
 }
