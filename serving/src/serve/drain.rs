@@ -264,7 +264,7 @@ impl http_body::Body for Guarded {
     fn is_end_stream(&self) -> bool {
         self.inner
             .as_ref()
-            .map_or(self.tail.is_none(), |b| http_body::Body::is_end_stream(b))
+            .map_or(self.tail.is_none(), http_body::Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
