@@ -66,10 +66,14 @@ impl Server {
     }
 
     fn sigterm(&self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    fn signal(&self, sig: libc::c_int) {
         let pid = i32::try_from(self.child.0.id()).unwrap();
         // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
-        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
-        assert_eq!(rc, 0, "kill -TERM");
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill({sig})");
     }
 
     /// Waits for the process to exit (a deadlock guard of `limit`).
@@ -438,4 +442,27 @@ async fn the_upstream_mode_replaces_or_forwards_the_key() {
         let got = forwarding.post(completion(4, false), key).await.status();
         assert_eq!(got, status, "forwarding, client key {key:?}");
     }
+}
+
+/// SIGINT (Ctrl-C) with nothing in flight: the drain ends at once and the exit is 0. The real
+/// model (`tiny-random`, `--device auto` by default) says in the start banner where it runs
+/// and, when CUDA is not used, why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_with_nothing_in_flight_exits_0_and_the_banner_says_where_the_model_runs() {
+    let mut s = Server::start(&["--shutdown-grace-secs", "30"], &[]).await;
+    s.signal(libc::SIGINT);
+    let st = s.exit_status(Duration::from_secs(20)).await;
+    assert!(st.success(), "exit status {st}:\n{}", s.log());
+    let log = s.log();
+    let banner = log
+        .lines()
+        .find(|l| l.contains("engine ready"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(banner.contains("device=auto"), "{banner}");
+    assert!(
+        banner.contains("cuda=in use for the primary route")
+            || banner.contains("cuda=unavailable, running on the CPU: "),
+        "{banner}"
+    );
+    assert!(log.contains("in_flight_at_signal=0 cancelled=0"), "{log}");
 }
