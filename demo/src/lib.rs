@@ -248,10 +248,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         if args.duration > 0 {
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_secs(args.duration)) => {}
-                _ = tokio::signal::ctrl_c() => {}
+                () = brownout::serve::shutdown_signal() => {}
             }
         } else {
-            let _ = tokio::signal::ctrl_c().await;
+            // SIGTERM or SIGINT: the world stops gracefully (world.stop below).
+            brownout::serve::shutdown_signal().await;
         }
     };
     stop.await;

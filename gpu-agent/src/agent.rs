@@ -335,12 +335,15 @@ impl Agent {
             (None, None) => None,
         };
         let (stop_tx, stop_rx) = watch::channel(false);
+        // The exporter stops last, after the pusher has flushed: a scrape during the shutdown
+        // still gets the last snapshot.
+        let (stop_exporter_tx, stop_exporter_rx) = watch::channel(false);
 
         let server = listener.map(|l| {
             if let Ok(addr) = l.local_addr() {
                 tracing::info!(%addr, "exporter listening");
             }
-            let mut rx = stop_rx.clone();
+            let mut rx = stop_exporter_rx.clone();
             let app = exporter::router(self.shared.clone());
             tokio::spawn(async move {
                 axum::serve(l, app)
@@ -394,6 +397,7 @@ impl Agent {
         if let Some(p) = pusher {
             let _ = p.await;
         }
+        let _ = stop_exporter_tx.send(true);
         if let Some(s) = server
             && let Ok(Err(e)) = s.await
         {

@@ -428,6 +428,28 @@ pub fn incoming(
     })
 }
 
+/// Resolves on the first SIGTERM (what Kubernetes sends on a rollout, a scale-in or a node
+/// drain) or SIGINT (Ctrl-C): the `shutdown` future the binaries give [`serve_http`] and their
+/// own drains.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { () = ctrl_c => {}, () = term => {} }
+    tracing::info!("shutdown signal received");
+}
+
 /// Serves `router` on `listener` (HTTP/1 and HTTP/2) until `shutdown` resolves, then lets open
 /// connections finish their requests (graceful) and returns when they have. Unlike
 /// `axum::serve`, hyper gets a timer, so the header-read timeout applies.

@@ -16,6 +16,8 @@
 //!
 //! With `--upstream URL`, upstream/ takes the place of scheduler/ and model/: the same api
 //! shapes and gate, then forwarding to any OpenAI-compatible engine (docs/UPSTREAM.md).
+//! serve/ is the composition root both modes start from (one listener path, the API key, the
+//! graceful shutdown) and holds the bench commands.
 
 pub mod api;
 pub mod control;
@@ -24,5 +26,6 @@ pub mod kvcache;
 pub mod metrics;
 pub mod model;
 pub mod scheduler;
+pub mod serve;
 pub mod telemetry;
 pub mod upstream;

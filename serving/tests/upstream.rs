@@ -4,7 +4,7 @@
 //!
 //! Waits poll with a generous deadline (a deadlock guard, never a timing assertion).
 
-use std::process::{Child, Command as Proc, Stdio};
+use std::process::{Command as Proc, Stdio};
 use std::time::{Duration, Instant};
 
 use brownout_protocol::{
@@ -16,6 +16,9 @@ use redis::AsyncCommands;
 use serde_json::{Value, json};
 
 use brownout_test_support::{free_port, redis_url, unique};
+
+mod common;
+use common::{KillOnDrop, client};
 
 const KEY: &str = "upstream-test-key";
 
@@ -39,27 +42,12 @@ fn cluster(name: &str) -> String {
     unique(&format!("u-{name}-"))
 }
 
-fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
-
 /// One process, killed on drop.
 struct Server {
-    child: Child,
+    _child: KillOnDrop,
     url: String,
     instance: String,
     log: std::path::PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Where the processes are told to subscribe (none: no Redis).
@@ -100,7 +88,7 @@ impl Server {
         };
         let child = cmd.spawn().expect("brownout-serve starts");
         let s = Server {
-            child,
+            _child: KillOnDrop(child),
             url: format!("http://127.0.0.1:{port}"),
             instance,
             log,
@@ -1029,14 +1017,7 @@ async fn llama_cpp_server_behind_the_proxy() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("python3 starts");
-    struct Kill(Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _llama = Kill(child);
+    let _llama = KillOnDrop(child);
     let url = format!("http://127.0.0.1:{port}");
     let start = Instant::now();
     while !client()

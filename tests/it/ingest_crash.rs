@@ -79,6 +79,23 @@ impl Serve {
         self.child = Some(child);
     }
 
+    /// SIGTERM, as a rollout sends it; waits for the exit and returns its status.
+    fn term(&mut self) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        for _ in 0..600 {
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        None
+    }
+
     /// SIGKILL: no shutdown flush, no lease release, as a crash.
     fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -113,7 +130,7 @@ impl Drop for Serve {
 }
 
 async fn kill_mid_ingest(clickhouse: Option<(&str, &str)>, events: usize) {
-    kill_mid_ingest_then(clickhouse, events, None).await;
+    kill_mid_ingest_then(clickhouse, events, None, false).await;
 }
 
 /// The drill with the kill done by the test; `also_recover` runs after the restart (e.g. the
@@ -122,6 +139,7 @@ async fn kill_mid_ingest_then(
     clickhouse: Option<(&str, &str)>,
     events: usize,
     also_recover: Option<Box<dyn FnOnce() -> futures::future::BoxFuture<'static, ()> + Send>>,
+    sigterm: bool,
 ) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
@@ -132,8 +150,15 @@ async fn kill_mid_ingest_then(
     let s = Arc::new(Mutex::new(s));
     let s1 = Arc::clone(&s);
     let mut kill = Fault::Call(Box::new(move || {
-        s1.lock().unwrap().kill9();
-        Ok(())
+        let mut s = s1.lock().unwrap();
+        if !sigterm {
+            s.kill9();
+            return Ok(());
+        }
+        match s.term() {
+            Some(st) if st.success() => Ok(()),
+            other => anyhow::bail!("brownout serve after SIGTERM: {other:?}"),
+        }
     }));
     let s2 = Arc::clone(&s);
     let also = Arc::new(Mutex::new(also_recover));
@@ -166,6 +191,10 @@ async fn kill_mid_ingest_then(
     .unwrap();
     eprintln!("{}", rep.render());
     assert!(rep.passed, "{}", rep.render());
+    if sigterm {
+        // A graceful stop loses nothing either; the mid-ingest figures below are SIGKILL's.
+        return;
+    }
     // The kill came mid-ingest: some events were acknowledged before it, and not all were.
     let acked = rep.figures["acked"].as_u64().unwrap();
     let at_kill = rep.figures["acked_at_kill"].as_u64().unwrap();
@@ -179,6 +208,13 @@ async fn kill_mid_ingest_then(
         "{}",
         rep.render()
     );
+}
+
+/// SIGTERM mid-ingest instead: `brownout serve` flushes and exits 0 (the kill step fails
+/// otherwise), and every acknowledged event is stored once after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_of_serve_exits_0_and_loses_no_acknowledged_event() {
+    kill_mid_ingest_then(None, 20_000, None, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,7 +260,7 @@ async fn sigkill_while_spooling_for_a_dead_clickhouse_loses_nothing_acknowledged
             })
         });
     let prefix = unique("spoolcrash_") + "_";
-    kill_mid_ingest_then(Some((&url, &prefix)), 5_000, Some(back)).await;
+    kill_mid_ingest_then(Some((&url, &prefix)), 5_000, Some(back), false).await;
     drop(ch);
 }
 

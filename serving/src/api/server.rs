@@ -270,8 +270,9 @@ async fn warm_up(state: &AppState) -> anyhow::Result<()> {
 }
 
 /// Serves `router(state)` (merged with `extra`, e.g. the control plane's `/v1/features`) on
-/// `listener` until `shutdown` resolves, then drains in-flight requests for up to 10 s. The
-/// connection limits are [`ConnLimits::default`].
+/// `listener` until `shutdown` resolves, then drains (new generation requests 503
+/// `instance_draining`, in-flight ones get 10 s; [`crate::serve::drain`]). The connection limits
+/// are [`ConnLimits::default`].
 ///
 /// # Errors
 /// Socket errors from the server.
@@ -302,24 +303,16 @@ pub async fn run_server_with<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    let drain = crate::serve::Drain::new(
+        state.control().instance_id(),
+        Duration::from_secs(10),
+        crate::serve::DRAIN_RETRY_AFTER_S,
+    );
     let mut app = super::router(state);
     if let Some(extra) = extra {
         app = app.merge(extra);
     }
-    let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
-    // TCP_NODELAY is set on every accepted connection (super::listen): each SSE token is a
-    // small write that must not wait for the peer's delayed ACK.
-    let server =
-        super::listen::serve_http(super::listen::capped(listener, limits), app, async move {
-            shutdown.await;
-            let _ = drain_tx.send(());
-        });
-    let mut server = std::pin::pin!(server);
-    tokio::select! {
-        r = &mut server => r,
-        _ = async { let _ = drain_rx.await; tokio::time::sleep(Duration::from_secs(10)).await } => {
-            tracing::warn!("shutdown deadline passed with requests still in flight");
-            Ok(())
-        }
-    }
+    crate::serve::serve(app, listener, limits, drain, shutdown)
+        .await
+        .map(|_| ())
 }

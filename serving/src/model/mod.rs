@@ -36,6 +36,12 @@ pub use fetch::{MODEL_FILE, fetch_model, model_dir};
 pub use loaded::{Device, KvTensors, LoadedModel, ModelError, ModelRunner, RouteHealth, argmax};
 pub use tokenizer::{StreamDecoder, Tokenizer};
 
+/// Why no CUDA device can run the model here (`None`: one can). Said in the serving banner when
+/// `--device auto` stays on the CPU.
+pub fn cuda_unavailable() -> Option<String> {
+    cuda::kernels().err()
+}
+
 /// Shape and special tokens of a loaded model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {

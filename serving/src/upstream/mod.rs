@@ -24,7 +24,6 @@ pub mod limiter;
 pub mod proxy;
 pub mod sse;
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
@@ -35,7 +34,6 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 
 use crate::control::ControlHandle;
 use crate::gate::{Gate, GateConfig, RouteChoice};
@@ -263,14 +261,25 @@ impl Upstream {
         }
     }
 
-    /// `GET /v1/models`: up when it answers 2xx; learns the first model's id and length.
-    async fn probe(&self, client: &reqwest::Client, timeout: Duration) {
-        let r = client
+    /// `GET /v1/models` (with `key`, `--upstream-api-key`, as a bearer token): up when it
+    /// answers 2xx; learns the first model's id and length. Without a key of its own, an
+    /// upstream that asks for one (401, 403) is up too: the clients' keys are passed on.
+    async fn probe(&self, client: &reqwest::Client, timeout: Duration, key: Option<&str>) {
+        let mut rb = client
             .get(format!("{}/v1/models", self.base))
-            .timeout(timeout)
-            .send()
-            .await;
+            .timeout(timeout);
+        if let Some(k) = key {
+            rb = rb.bearer_auth(k);
+        }
+        let r = rb.send().await;
         match r {
+            Ok(r) if key.is_none() && matches!(r.status().as_u16(), 401 | 403) => self.mark_up(),
+            Ok(r) if key.is_some() && matches!(r.status().as_u16(), 401 | 403) => {
+                self.mark_down(format!(
+                    "GET /v1/models answered {}: the upstream refuses --upstream-api-key",
+                    r.status()
+                ))
+            }
             Ok(r) if r.status().is_success() => {
                 self.mark_up();
                 if let Ok(v) = r.json::<Value>().await {
@@ -507,7 +516,13 @@ pub async fn build_proxy(
     }
     let client = http_client(&opts)?;
     let probe_timeout = opts.connect_timeout + Duration::from_secs(2);
-    futures::future::join_all(upstreams.iter().map(|u| u.probe(&client, probe_timeout))).await;
+    let key = opts.api_key.clone();
+    futures::future::join_all(
+        upstreams
+            .iter()
+            .map(|u| u.probe(&client, probe_timeout, key.as_deref())),
+    )
+    .await;
     for u in &upstreams {
         if !u.is_up() {
             tracing::warn!(upstream = %u.base, error = %u.last_error(), "upstream not reachable at start");
@@ -572,12 +587,13 @@ fn spawn_prober(weak: Weak<Inner>, timeout: Duration) {
             let every = inner.opts.health_interval;
             let client = inner.client.clone();
             let ups = inner.upstreams.clone();
+            let key = inner.opts.api_key.clone();
             drop(inner);
             tokio::time::sleep(every).await;
             futures::future::join_all(
                 ups.iter()
                     .filter(|u| !u.recently_alive(every))
-                    .map(|u| u.probe(&client, timeout)),
+                    .map(|u| u.probe(&client, timeout, key.as_deref())),
             )
             .await;
         }
@@ -600,46 +616,6 @@ pub fn router(state: ProxyState) -> Router {
         .method_not_allowed_fallback(crate::api::handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
-}
-
-/// Serves [`router`] (merged with `extra`) on `listener` until `shutdown`, then lets in-flight
-/// requests finish for up to 10 s.
-///
-/// # Errors
-/// Socket errors from the server.
-pub async fn run_proxy<F>(
-    state: ProxyState,
-    extra: Option<Router>,
-    listener: TcpListener,
-    shutdown: F,
-) -> std::io::Result<()>
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    let mut app = router(state);
-    if let Some(extra) = extra {
-        app = app.merge(extra);
-    }
-    let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
-    // Stream chunks are small writes one after another: without TCP_NODELAY, Nagle's algorithm
-    // holds each behind the client's delayed ACK (about 40 ms a token on Linux).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY on an accepted connection");
-        }
-    });
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown.await;
-        let _ = drain_tx.send(());
-    });
-    let mut server = std::pin::pin!(server.into_future());
-    tokio::select! {
-        r = &mut server => r,
-        _ = async { let _ = drain_rx.await; tokio::time::sleep(Duration::from_secs(10)).await } => {
-            tracing::warn!("shutdown deadline passed with requests still in flight");
-            Ok(())
-        }
-    }
 }
 
 #[cfg(test)]
