@@ -12,8 +12,9 @@
 //! - failures with known shares of the SLO-bad events come out ranked by that share, and a
 //!   pattern on a service with no SLO has impact 0 however many failures it has.
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+use crate::ingest_crash::{INGEST, READ, Serve};
 
 use brownout::auth::Tokens;
 use brownout::config::Config;
@@ -23,13 +24,10 @@ use brownout::plane::{App, Listeners, Plane, PlaneOptions};
 use brownout::slo::{CountSource, SloStatus};
 use brownout::store::SpanRow;
 use brownout_protocol::{FailureEvent, now_ms};
-use brownout_test_support::{eventually_async, free_port};
+use brownout_test_support::eventually_async;
 use serde_json::{Value, json};
 
 const MIN: u64 = 60_000;
-const INGEST: &str = "ingest-token-slo-persist-aa";
-const READ: &str = "read-token-slo-persist-bbbbb";
-const ADMIN: &str = "admin-token-slo-persist-cccc";
 
 /// 99 % over 28 days. The page pair stays pending through a test (30 min); the ticket pair
 /// fires at once, so its since-time shows whether the state was restored or begun again.
@@ -128,85 +126,38 @@ fn otlp_json(spans: &[SpanRow]) -> Value {
     }]})
 }
 
-/// `brownout serve` on fixed ports over one data dir, killable with SIGKILL.
+/// `brownout serve` (`ingest_crash`'s child process) over one data dir, with the SLO file.
 struct ServeProcess {
-    dir: std::path::PathBuf,
-    http: u16,
-    otlp: u16,
-    child: Option<Child>,
+    serve: Serve,
 }
 
 impl ServeProcess {
     fn on(dir: &std::path::Path, objective_percent: f64) -> ServeProcess {
-        let (http, otlp, grpc) = (free_port(), free_port(), free_port());
-        std::fs::write(dir.join("slo.yaml"), spec_yaml(objective_percent)).unwrap();
-        std::fs::write(
-            dir.join("serve.toml"),
-            format!(
-                "[server]\nhttp_addr = \"127.0.0.1:{http}\"\notlp_http_addr = \"127.0.0.1:{otlp}\"\n\
-                 otlp_grpc_addr = \"127.0.0.1:{grpc}\"\n[storage]\ndata_dir = \"{}\"\n\
-                 [control]\nslo_file = \"{}\"\n",
-                dir.join("data").display(),
-                dir.join("slo.yaml").display()
-            ),
-        )
-        .unwrap();
-        ServeProcess {
-            dir: dir.to_path_buf(),
-            http,
-            otlp,
-            child: None,
-        }
+        let serve = Serve::new(dir, None);
+        let slo = dir.join("slo.yaml");
+        std::fs::write(&slo, spec_yaml(objective_percent)).unwrap();
+        let mut toml = std::fs::read_to_string(&serve.config).unwrap();
+        toml.push_str(&format!("\n[control]\nslo_file = \"{}\"\n", slo.display()));
+        std::fs::write(&serve.config, toml).unwrap();
+        ServeProcess { serve }
     }
 
     async fn start(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("serve.log"))
+        self.serve.spawn();
+        Serve::wait_ready(self.serve.url(), self.serve.log.clone())
+            .await
             .unwrap();
-        self.child = Some(
-            Command::new(env!("CARGO_BIN_EXE_brownout"))
-                .args(["serve", "--config"])
-                .arg(self.dir.join("serve.toml"))
-                .env("BROWNOUT_INGEST_TOKEN", INGEST)
-                .env("BROWNOUT_READ_TOKEN", READ)
-                .env("BROWNOUT_ADMIN_TOKEN", ADMIN)
-                .env("BROWNOUT_COMMAND_KEY", "slo-persist-command-key-0123456789")
-                .env_remove("CLICKHOUSE_URL")
-                .env_remove("REDIS_URL")
-                .env_remove("BROWNOUT_DATA_DIR")
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .unwrap(),
-        );
-        let url = format!("http://127.0.0.1:{}/healthz", self.http);
-        eventually_async("brownout serve to answer", Duration::from_secs(60), || {
-            let url = url.clone();
-            async move {
-                reqwest::get(&url)
-                    .await
-                    .ok()
-                    .filter(|r| r.status().is_success())
-                    .map(|_| ())
-            }
-        })
-        .await;
     }
 
     fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.serve.kill9();
     }
 
     async fn send(&self, spans: &[SpanRow]) {
         let c = reqwest::Client::new();
         for chunk in spans.chunks(500) {
             let r = c
-                .post(format!("http://127.0.0.1:{}/v1/traces", self.otlp))
+                .post(format!("{}/v1/traces", self.serve.url()))
                 .bearer_auth(INGEST)
                 .json(&otlp_json(chunk))
                 .send()
@@ -220,8 +171,8 @@ impl ServeProcess {
     async fn try_slo(&self) -> Option<SloStatus> {
         let r = reqwest::Client::new()
             .get(format!(
-                "http://127.0.0.1:{}/api/v1/slos/chat-availability",
-                self.http
+                "{}/api/v1/slos/chat-availability",
+                self.serve.url()
             ))
             .bearer_auth(READ)
             .send()
@@ -248,14 +199,8 @@ impl ServeProcess {
         }
         panic!(
             "the SLO never counted {total} events from the store: {last:?}\n{}",
-            std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
+            std::fs::read_to_string(&self.serve.log).unwrap_or_default()
         );
-    }
-}
-
-impl Drop for ServeProcess {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }
 
@@ -370,32 +315,21 @@ async fn plane(config: Config, objective_percent: f64) -> Plane {
 
 /// Through the durable ingest path (what every receiver ends in).
 async fn ingest(p: &Plane, spans: Vec<SpanRow>, failures: Vec<FailureEvent>) {
-    let ingest = &p.state().ingest;
-    for chunk in spans.chunks(500) {
-        brownout::ingest::accept(
-            ingest,
-            "default",
-            Accepted {
-                spans: chunk.to_vec(),
-                ..Accepted::default()
-            },
-            chunk.len() * 2048,
-        )
-        .await
-        .unwrap();
-    }
-    for chunk in failures.chunks(200) {
-        brownout::ingest::accept(
-            ingest,
-            "default",
-            Accepted {
-                failures: chunk.to_vec(),
-                ..Accepted::default()
-            },
-            chunk.len() * 2048,
-        )
-        .await
-        .unwrap();
+    let requests = spans
+        .chunks(500)
+        .map(|c| Accepted {
+            spans: c.to_vec(),
+            ..Accepted::default()
+        })
+        .chain(failures.chunks(200).map(|c| Accepted {
+            failures: c.to_vec(),
+            ..Accepted::default()
+        }));
+    for rows in requests {
+        let bytes = (rows.spans.len() + rows.failures.len()) * 2048;
+        brownout::ingest::accept(&p.state().ingest, "default", rows, bytes)
+            .await
+            .unwrap();
     }
 }
 
