@@ -313,7 +313,24 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
         .get(brownout::auth::Role::Ingest)
         .map(|s| s.expose().to_string())
         .unwrap_or_default();
-    let app = App::build(config, tokens).await?;
+    let mut app = App::build(config, tokens).await?;
+    // `--sli on|off` (default on): count the SLIs of every batch into it, as `brownout serve`
+    // does (docs/SLO.md "Stored SLI buckets"), for the example chat SLOs on each load thread's
+    // service.
+    let sli = arg(args, "--sli", "on");
+    if sli == "on" {
+        let n: usize = threads.parse().unwrap_or(2);
+        let mut specs = Vec::new();
+        for t in 0..n {
+            let text = include_str!("slo/chat.yaml")
+                .replace("service: chat", &format!("service: bench-{t}"))
+                .replace("name: chat-", &format!("name: bench{t}-"));
+            specs.extend(brownout::slo::spec::parse_str(&text, "chat.yaml")?);
+        }
+        app.set_sli_counter(std::sync::Arc::new(
+            brownout::slo::persist::SliCounter::new(&specs),
+        ));
+    }
     let run = app.spawn(Listeners::loopback().await?, axum::Router::new());
     let state = run.state.clone();
     let endpoint = if transport == "grpc" {
@@ -345,7 +362,7 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
     let out = tokio::spawn(child.wait_with_output());
 
     println!(
-        "store={store} transport={transport} threads={threads} rate={rate} seconds={seconds} batch_max_delay_ms={} clickhouse_ack={:?} (load pid {child_pid})",
+        "store={store} transport={transport} threads={threads} rate={rate} seconds={seconds} sli={sli} batch_max_delay_ms={} clickhouse_ack={:?} (load pid {child_pid})",
         state.config.ingest.batch_max_delay.as_millis(),
         state.config.ingest.clickhouse_ack
     );

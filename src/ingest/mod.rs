@@ -53,6 +53,9 @@ pub struct IngestState {
     pub tagger: Option<Arc<dyn FailureTagger>>,
     /// Sees every accepted span (the agent guards, [`crate::agents`]); `None`: nobody.
     pub span_observer: Option<Arc<dyn SpanObserver>>,
+    /// Counts each batch's SLIs into it, stored with its rows ([`crate::slo::persist`]);
+    /// `None`: no SLI buckets are stored.
+    pub sli_counter: Option<Arc<dyn SliCounter>>,
     /// Every accepted failure, live (lossy for slow subscribers: `broadcast`).
     pub failures_tx: broadcast::Sender<Arc<FailureRow>>,
     /// Every accepted request span (roots and server spans), live, one message per ingest batch
@@ -83,6 +86,13 @@ pub trait FailureTagger: Send + Sync + 'static {
 /// request path.
 pub trait SpanObserver: Send + Sync + 'static {
     fn observe(&self, spans: &[SpanRow]) -> Vec<FailureEvent>;
+}
+
+/// Counts the SLIs of one request's rows at ingest (the SLO component provides one): the rows
+/// it returns travel in the batch and are stored with it, in the same exactly-once write
+/// (docs/SLO.md "Stored SLI buckets"). Must be fast: it runs on the request path.
+pub trait SliCounter: Send + Sync + 'static {
+    fn count(&self, spans: &[SpanRow], failures: &[FailureRow]) -> Vec<crate::store::SliRow>;
 }
 
 /// Rows from one request, before tagging.
@@ -168,12 +178,17 @@ pub async fn accept_reserved(
     } else {
         Vec::new()
     };
+    let sli = match &state.sli_counter {
+        Some(c) => c.count(&rows.spans, &failures),
+        None => Vec::new(),
+    };
     let batch = Batch {
         id: 0,
         spans: rows.spans,
         logs: rows.logs,
         failures,
         snapshots: rows.snapshots,
+        sli,
     };
     state.pipeline.submit_reserved(batch, reservation).await?;
     cut.count(&state.metrics);

@@ -1021,6 +1021,14 @@ mod tests {
         fn request_counts<'a>(&'a self, _: &'a CountQuery) -> StoreFuture<'a, Vec<RequestCount>> {
             none()
         }
+        fn sli_buckets(
+            &self,
+            _: u64,
+            _: u64,
+            _: u64,
+        ) -> StoreFuture<'_, Vec<crate::store::SliBucket>> {
+            none()
+        }
         fn latest_snapshots(
             &self,
             _: u64,

@@ -1,4 +1,6 @@
-//! `GET /api/v1/patterns?since=&until=&limit=`: failure patterns ranked by budget impact.
+//! `GET /api/v1/patterns?since=&until=&limit=`: failure patterns ranked by budget impact (with
+//! [`router_with_slo_bad`]: the share of the window's SLO-bad events each explains, read from
+//! the stored SLI buckets; else the share of the window's failures).
 //!
 //! `since`/`until` are unix milliseconds or RFC 3339; `until` defaults to the newest event seen
 //! (the engine has no clock), `since` to 24 h before `until`. Bad input is a 400 with a stable
@@ -41,15 +43,25 @@ fn time_param(name: &str, s: &str) -> Result<u64, ApiError> {
     parse_time(name, s).map_err(bad)
 }
 
-/// The patterns router (`GET /api/v1/patterns`).
+/// The patterns router (`GET /api/v1/patterns`), impact as the share of failures.
 pub fn router(engine: SharedEngine) -> Router {
     Router::new()
         .route("/api/v1/patterns", get(list))
-        .with_state(engine)
+        .with_state((engine, None))
 }
 
+/// The patterns router ranking by real impact: each pattern's share of the window's SLO-bad
+/// events, from the stored SLI buckets.
+pub fn router_with_slo_bad(engine: SharedEngine, source: super::feed::SloBadSource) -> Router {
+    Router::new()
+        .route("/api/v1/patterns", get(list))
+        .with_state((engine, Some(source)))
+}
+
+type ApiState = (SharedEngine, Option<super::feed::SloBadSource>);
+
 async fn list(
-    State(engine): State<SharedEngine>,
+    State((engine, source)): State<ApiState>,
     Query(q): Query<PatternsQuery>,
 ) -> Result<Json<PatternsResponse>, ApiError> {
     let until = q
@@ -74,17 +86,32 @@ async fn list(
                 ))
             })?,
     };
-    let engine = engine
+    let newest = engine
         .lock()
-        .map_err(|_| ApiError::internal("pattern engine unavailable", &"its lock is poisoned"))?;
-    let until_ms = until.unwrap_or_else(|| engine.newest_ms().saturating_add(1));
+        .map_err(|_| ApiError::internal("pattern engine unavailable", &"its lock is poisoned"))?
+        .newest_ms();
+    let until_ms = until.unwrap_or_else(|| newest.saturating_add(1));
     let since_ms = since.unwrap_or_else(|| until_ms.saturating_sub(86_400_000));
     if since_ms > until_ms {
         return Err(bad(format!(
             "`since` ({since_ms}) is after `until` ({until_ms})"
         )));
     }
-    let mut patterns = engine.patterns(since_ms, until_ms);
+    let bad_events = match &source {
+        None => None,
+        Some(src) => {
+            crate::slo::persist::slo_bad_events(src.store.as_ref(), &src.slos, since_ms, until_ms)
+                .await
+                .map_err(|e| ApiError::store(&e))?
+        }
+    };
+    let engine = engine
+        .lock()
+        .map_err(|_| ApiError::internal("pattern engine unavailable", &"its lock is poisoned"))?;
+    let mut patterns = match &bad_events {
+        Some(b) => engine.patterns_by_slo_impact(since_ms, until_ms, b),
+        None => engine.patterns(since_ms, until_ms),
+    };
     patterns.truncate(limit);
     Ok(Json(PatternsResponse {
         since_ms,

@@ -144,13 +144,41 @@ pub struct Pattern {
     pub services: Vec<String>,
     pub features: Vec<String>,
     pub error_types: Vec<String>,
-    /// Share of the window's bad events (all failures, or the SLO's bad events given) it explains.
+    /// Share of the window's bad events it explains: of the SLOs' bad events when they are
+    /// given ([`PatternEngine::patterns_by_slo_impact`]: the failures of the pattern on the
+    /// SLOs' services over all their bad events), else of all failures.
     pub budget_impact: f64,
+    /// Per SLO with bad events in the window: the share of them this pattern explains (empty
+    /// when no SLO-bad events were given).
+    #[serde(default)]
+    pub slo_impact: Vec<SloImpact>,
     pub example_trace_ids: Vec<String>,
     pub trend: Trend,
     /// First seen inside the window.
     #[serde(rename = "new")]
     pub is_new: bool,
+}
+
+/// One SLO's bad events in a window (from the stored SLI buckets): the denominator of a
+/// pattern's impact on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SloBad {
+    pub slo: String,
+    /// The SLO's service and feature selector: a template's failures count for the SLO when
+    /// its service is this one and (with a feature) it was seen on that feature.
+    pub service: String,
+    pub feature: Option<String>,
+    pub bad: u64,
+}
+
+/// A pattern's share of one SLO's bad events in the window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SloImpact {
+    pub slo: String,
+    /// Failures of the pattern counted for the SLO / the SLO's bad events (at most 1).
+    pub share: f64,
+    /// Failures of the pattern counted for the SLO.
+    pub events: u64,
 }
 
 /// The engine. Not `Sync` by itself: share it as `Arc<Mutex<PatternEngine>>`.
@@ -305,6 +333,73 @@ impl PatternEngine {
         self.patterns_with_bad_events(since_ms, until_ms, None)
     }
 
+    /// Patterns of `[since_ms, until_ms)` ranked by their real impact: the share of the SLOs'
+    /// bad events in the window (`slos`, from the stored SLI buckets) that their failures
+    /// explain, per SLO ([`Pattern::slo_impact`]) and overall ([`Pattern::budget_impact`]: the
+    /// pattern's failures counted for the SLOs over all their bad events; a failure counts
+    /// once per SLO whose service and feature it is on). A pattern on no SLO's service has
+    /// impact 0. Ties: by count, then id. The criticality selector of an SLO is not applied
+    /// (the engine does not keep it per template).
+    pub fn patterns_by_slo_impact(
+        &self,
+        since_ms: u64,
+        until_ms: u64,
+        slos: &[SloBad],
+    ) -> Vec<Pattern> {
+        let mut out = self.patterns_with_bad_events(since_ms, until_ms, None);
+        let total_bad: u64 = slos.iter().map(|s| s.bad).sum();
+        for p in &mut out {
+            let mut matched = vec![0u64; slos.len()];
+            for t in &p.templates {
+                let Some(st) = self.stats.get(t) else {
+                    continue;
+                };
+                let count: u64 = st
+                    .buckets
+                    .range(since_ms..until_ms.max(since_ms))
+                    .map(|(_, b)| b.count)
+                    .sum();
+                for (m, slo) in matched.iter_mut().zip(slos) {
+                    let feature_ok = slo
+                        .feature
+                        .as_deref()
+                        .is_none_or(|f| st.feature == f || st.features.contains(f));
+                    if st.service == slo.service && feature_ok {
+                        *m += count;
+                    }
+                }
+            }
+            p.slo_impact = slos
+                .iter()
+                .zip(&matched)
+                .filter(|(s, _)| s.bad > 0)
+                .map(|(s, &m)| SloImpact {
+                    slo: s.slo.clone(),
+                    share: (m as f64 / s.bad as f64).min(1.0),
+                    events: m,
+                })
+                .collect();
+            let explained: u64 = slos
+                .iter()
+                .zip(&matched)
+                .filter(|(s, _)| s.bad > 0)
+                .map(|(_, &m)| m)
+                .sum();
+            p.budget_impact = if total_bad == 0 {
+                0.0
+            } else {
+                (explained as f64 / total_bad as f64).min(1.0)
+            };
+        }
+        out.sort_by(|a, b| {
+            b.budget_impact
+                .total_cmp(&a.budget_impact)
+                .then(b.count.cmp(&a.count))
+                .then(a.id.cmp(&b.id))
+        });
+        out
+    }
+
     /// Like [`PatternEngine::patterns`], with the SLO's bad-event count in the window as the
     /// denominator of `budget_impact` (capped at 1).
     pub fn patterns_with_bad_events(
@@ -456,6 +551,7 @@ impl PatternEngine {
                     features: collect(&|s| s.features.iter().cloned().collect()),
                     error_types: collect(&|s| vec![s.error_type.clone()]),
                     budget_impact: (count as f64 / denom).min(1.0),
+                    slo_impact: Vec::new(),
                     example_trace_ids: ms
                         .iter()
                         .flat_map(|a| a.st.examples.iter().cloned())

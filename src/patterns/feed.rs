@@ -48,13 +48,37 @@ pub type PatternsRx = watch::Receiver<Arc<PatternsSnapshot>>;
 pub struct PatternFeed {
     engine: SharedEngine,
     tx: watch::Sender<Arc<PatternsSnapshot>>,
+    /// Where the window's SLO-bad events are read (ranking by real impact); `None`: impact is
+    /// the share of all failures.
+    slo_bad: Option<SloBadSource>,
+}
+
+/// The stored SLI buckets and the SLOs they are counted for.
+#[derive(Clone)]
+pub struct SloBadSource {
+    pub store: Arc<dyn crate::store::Store>,
+    pub slos: Arc<Vec<crate::slo::SloSpec>>,
 }
 
 impl PatternFeed {
     /// The feed over `engine`, and its receiver (more with `.clone()`).
     pub fn new(engine: SharedEngine) -> (PatternFeed, PatternsRx) {
         let (tx, rx) = watch::channel(Arc::new(PatternsSnapshot::default()));
-        (PatternFeed { engine, tx }, rx)
+        (
+            PatternFeed {
+                engine,
+                tx,
+                slo_bad: None,
+            },
+            rx,
+        )
+    }
+
+    /// Ranks by real impact: each pattern's share of the window's SLO-bad events, read from
+    /// the stored SLI buckets ([`crate::slo::persist::slo_bad_events`]).
+    pub fn with_slo_bad(mut self, source: SloBadSource) -> PatternFeed {
+        self.slo_bad = Some(source);
+        self
     }
 
     /// Ranks the patterns of the window ending at `now_ms` and publishes them.
@@ -62,11 +86,33 @@ impl PatternFeed {
         let engine = self.engine.clone();
         let since_ms = now_ms.saturating_sub(WINDOW_MS);
         let until_ms = now_ms + 1;
+        let bad = match &self.slo_bad {
+            None => None,
+            Some(src) => {
+                match crate::slo::persist::slo_bad_events(
+                    src.store.as_ref(),
+                    &src.slos,
+                    since_ms,
+                    until_ms,
+                )
+                .await
+                {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the SLO-bad events; ranking patterns by their share of failures");
+                        None
+                    }
+                }
+            }
+        };
         let ranked = tokio::task::spawn_blocking(move || {
-            engine
+            let e = engine
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .patterns(since_ms, until_ms)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match bad {
+                Some(bad) => e.patterns_by_slo_impact(since_ms, until_ms, &bad),
+                None => e.patterns(since_ms, until_ms),
+            }
         })
         .await;
         match ranked {

@@ -199,6 +199,7 @@ impl App {
             pipeline,
             tagger: None,
             span_observer: None,
+            sli_counter: None,
             failures_tx,
             spans_tx,
         };
@@ -226,6 +227,11 @@ impl App {
     /// Installs a failure tagger (before [`App::run`]).
     pub fn set_tagger(&mut self, tagger: Arc<dyn FailureTagger>) {
         self.state.ingest.tagger = Some(tagger);
+    }
+
+    /// Installs the SLI counter (stored SLI buckets; before [`App::run`]).
+    pub fn set_sli_counter(&mut self, counter: Arc<dyn crate::ingest::SliCounter>) {
+        self.state.ingest.sli_counter = Some(counter);
     }
 
     /// Installs the span observer (the agent guards; before [`App::run`]).

@@ -14,9 +14,7 @@ use crate::degrade::{DegradeHandle, PatternRate, SloAlert};
 use crate::ingest::IngestState;
 use crate::ingest::hosts::{HostRegistry, HostState};
 use crate::patterns::feed::PatternsRx;
-use crate::slo::eval::Observation;
 use crate::slo::task::{SloHandle, SloReport};
-use crate::store::SpanRow;
 
 /// Every accepted failure and request span becomes an SLO observation, until `shutdown`.
 pub async fn feed_slo(
@@ -53,24 +51,7 @@ pub async fn feed_slo(
     }
 }
 
-/// A stored request span as an SLO observation: its end, its duration, ERROR status as bad, and
-/// `brownout.deliberate = true` as a refusal on purpose (counted for no SLI).
-pub fn span_observation(span: &SpanRow) -> Observation<'_> {
-    let end_ms = (span.start_us + span.duration_us) / 1000;
-    let attr = |k: &str| {
-        span.attributes
-            .iter()
-            .find(|(n, _)| n == k)
-            .map(|(_, v)| v.as_str())
-    };
-    Observation::from_span(
-        &span.service,
-        end_ms,
-        span.duration_us as f64 / 1000.0,
-        span.status == crate::store::STATUS_ERROR,
-        attr,
-    )
-}
+pub use crate::slo::persist::span_observation;
 
 /// What [`feed_controller`] reads and writes.
 pub struct ControllerFeed {

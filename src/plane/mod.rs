@@ -303,6 +303,30 @@ impl Plane {
 
         let report_slos = Arc::new(opts.slos.clone());
         let slo = SloHandle::new(Evaluator::new(opts.slos));
+        // The store is the SLIs' truth (docs/SLO.md "Stored SLI buckets"): counted at ingest,
+        // read back here. Replicas with a SQLite file each that share counters through Redis
+        // do not share a store: their windows stay in memory (seeded from their own file).
+        let store_attached =
+            !(opts.share_slo_counters.is_some() && state.store.backend() == "sqlite");
+        app.set_sli_counter(Arc::new(crate::slo::persist::SliCounter::new(&report_slos)));
+        match crate::slo::persist::load(
+            &slo,
+            state.store.as_ref(),
+            &report_slos,
+            store_attached,
+            brownout_protocol::now_ms(),
+        )
+        .await
+        {
+            Ok(l) => tracing::info!(
+                buckets = l.buckets,
+                alert_states = l.alert_states,
+                "SLO counters seeded from the store"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the stored SLI buckets; SLO budgets start from memory")
+            }
+        }
         let slo_metrics = SloMetrics::register(registry).context("registering SLO metrics")?;
         let mut dcfg = DegradeConfig::new(&opts.cluster, &opts.command_key, opts.policy);
         dcfg.replica_id = opts
@@ -341,27 +365,37 @@ impl Plane {
         };
         let mut tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)> = Vec::new();
         let (feed, ranked_patterns) = PatternFeed::new(patterns.clone());
+        let feed = feed.with_slo_bad(crate::patterns::feed::SloBadSource {
+            store: state.store.clone(),
+            slos: report_slos.clone(),
+        });
         tasks.push((
             "pattern feed",
             tokio::spawn(feed.run(opts.patterns_interval, stopped())),
         ));
 
         let tokens = state.tokens.clone();
-        let read_api = crate::patterns::api::router(patterns.clone())
-            .merge(crate::slo::http::router(slo.clone()))
-            .merge(
-                crate::report::store::router(
-                    state.store.clone(),
-                    report_slos.clone(),
-                    opts.cluster.clone(),
-                )
-                .layer(axum::middleware::map_response(report_security_headers)),
+        let read_api = crate::patterns::api::router_with_slo_bad(
+            patterns.clone(),
+            crate::patterns::feed::SloBadSource {
+                store: state.store.clone(),
+                slos: report_slos.clone(),
+            },
+        )
+        .merge(crate::slo::http::router(slo.clone()))
+        .merge(
+            crate::report::store::router(
+                state.store.clone(),
+                report_slos.clone(),
+                opts.cluster.clone(),
             )
-            // Reports are read in browsers too: the UI's login cookie works here as well.
-            .route_layer(axum::middleware::from_fn_with_state(
-                tokens.clone(),
-                crate::auth::require_ui,
-            ));
+            .layer(axum::middleware::map_response(report_security_headers)),
+        )
+        // Reports are read in browsers too: the UI's login cookie works here as well.
+        .route_layer(axum::middleware::from_fn_with_state(
+            tokens.clone(),
+            crate::auth::require_ui,
+        ));
         let degrade_api = degrade::router(degrade.clone()).route_layer(
             axum::middleware::from_fn_with_state(tokens.clone(), crate::auth::require_degrade_role),
         );
@@ -392,8 +426,11 @@ impl Plane {
 
         tasks.push((
             "slo evaluator",
-            tokio::spawn(crate::slo::task::run(
+            tokio::spawn(crate::slo::persist::run(
                 slo.clone(),
+                state.store.clone(),
+                report_slos.clone(),
+                store_attached,
                 opts.slo_interval,
                 Some(slo_metrics),
                 stopped(),

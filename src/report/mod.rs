@@ -141,6 +141,9 @@ pub fn synth_week(week: &str, cluster: &str, seed: u64, lines: usize) -> anyhow:
         history_days: None,
         runs_out_ms: None,
         refused: 0,
+        user_felt_budget_spent_ratio: None,
+        prevented_failures: None,
+        prevented_budget_ratio: None,
     }];
     // Episodes: runs of hours above 3× the median hourly failures.
     let mut hourly = vec![0u64; 7 * 24];

@@ -127,6 +127,18 @@ pub struct SloWeek {
     /// Requests of this SLO refused on purpose this week: not in its SLI.
     #[serde(default)]
     pub refused: u64,
+    /// The budget as users felt it: `budget_spent_ratio` with the refusals on purpose counted
+    /// as bad events. The difference is what the degradation spent (docs/REPORT.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_felt_budget_spent_ratio: Option<f64>,
+    /// Failures the degradation prevented, estimated from the refused demand: per episode, the
+    /// SLO's requests refused on purpose × the SLO's real error ratio in the 10 minutes before
+    /// the episode began (docs/REPORT.md "What shedding cost and bought").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prevented_failures: Option<f64>,
+    /// The same as a share of the period's budget (what the degradation bought).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prevented_budget_ratio: Option<f64>,
 }
 
 /// One degradation episode (time in a tier above T0).
@@ -380,6 +392,12 @@ pub struct SloRow {
     /// `projected from 5 min of data`, or empty for a full week.
     pub history_note: String,
     pub refused: u64,
+    /// Budget spent as users felt it (refusals counted as bad), or `—`.
+    pub felt_pct: String,
+    /// What the degradation spent: felt − real, in points, or `—`.
+    pub shedding_cost: String,
+    /// Failures prevented (estimated) and their share of the budget, or `—`.
+    pub prevented: String,
 }
 
 /// Everything every format renders.
@@ -616,6 +634,17 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
                 format!("projected from {} of data", fmt_history(d))
             }),
             refused: s.refused,
+            felt_pct: s
+                .user_felt_budget_spent_ratio
+                .map_or_else(|| "\u{2014}".into(), pct),
+            shedding_cost: s.user_felt_budget_spent_ratio.map_or_else(
+                || "\u{2014}".into(),
+                |u| format!("{:+.1} pp", (u - s.budget_spent_ratio) * 100.0),
+            ),
+            prevented: match (s.prevented_failures, s.prevented_budget_ratio) {
+                (Some(n), Some(r)) => format!("{n:.0} ({})", pct(r)),
+                _ => "\u{2014}".into(),
+            },
         })
         .chain(data.slos_without_data.iter().map(|s| SloRow {
             name: s.name.clone(),
@@ -627,6 +656,9 @@ pub fn build(data: &WeekData, playbook: &Playbook) -> Report {
             runs_out: "\u{2014}".into(),
             history_note: NO_REQUESTS.into(),
             refused: 0,
+            felt_pct: "\u{2014}".into(),
+            shedding_cost: "\u{2014}".into(),
+            prevented: "\u{2014}".into(),
         }))
         .collect();
     let mut episodes_sorted = data.episodes.clone();

@@ -14,7 +14,11 @@
 //!   Time-sliced budgeting is counted like occurrences.
 //! - Patterns: the week's and the previous week's failures (at most [`MAX_FAILURES`] in all,
 //!   newest kept) — deliberate refusals excluded — go through a fresh [`PatternEngine`];
-//!   `budget_impact` is the share of the week's failures.
+//!   `budget_impact` is the share of the week's SLO-bad events (the stored SLI buckets) that
+//!   the pattern's failures explain ([`PatternEngine::patterns_by_slo_impact`]).
+//! - Two views: the budget spent as users felt it counts the refusals on purpose as bad; the
+//!   failures the degradation prevented are estimated per episode from the refused demand
+//!   and the error ratio before the episode (docs/REPORT.md "What shedding cost and bought").
 //! - Refusals: the week's deliberate failure events, by outcome, for the week and for each
 //!   episode (its cost).
 //! - Episodes: stored degradation decisions (not dry-run), a span from the first raise above T0
@@ -152,11 +156,60 @@ fn selected(spec: &SloSpec, r: &crate::store::RequestCount) -> bool {
             .any(|c| c.as_str() == r.criticality)
 }
 
+/// One SLO's stored SLI counts summed over `[from_ms, to_ms)` (minute-aligned).
+async fn stored_counts(
+    store: &dyn Store,
+    slo: &str,
+    from_ms: u64,
+    to_ms: u64,
+) -> anyhow::Result<crate::store::SliCounts> {
+    let from = from_ms - from_ms % 60_000;
+    let span = to_ms.saturating_sub(from).max(1).div_ceil(60_000) * 60_000;
+    let rows = store
+        .sli_buckets(from, to_ms, span)
+        .await
+        .with_context(|| format!("stored SLI buckets of {slo}"))?;
+    let mut c = crate::store::SliCounts::default();
+    for r in rows.iter().filter(|r| r.slo == slo) {
+        c += r.counts;
+    }
+    Ok(c)
+}
+
+/// Failures the degradation prevented for one SLO (docs/REPORT.md "What shedding cost and
+/// bought"): per episode, the SLO's requests refused on purpose during it (until 5 s after
+/// its end) × the SLO's real error ratio in the 10 minutes before it began, from the stored
+/// SLI buckets.
+async fn prevented_failures(
+    store: &dyn Store,
+    spec: &SloSpec,
+    episodes: &[Episode],
+) -> anyhow::Result<f64> {
+    let mut prevented = 0.0;
+    for e in episodes {
+        let before = stored_counts(
+            store,
+            &spec.name,
+            e.start_ms.saturating_sub(600_000),
+            e.start_ms,
+        )
+        .await?;
+        if before.total == 0 {
+            continue;
+        }
+        let during = stored_counts(store, &spec.name, e.start_ms, e.end_ms + 5_000).await?;
+        let ratio = before.total.saturating_sub(before.good) as f64 / before.total as f64;
+        prevented += during.refused as f64 * ratio;
+    }
+    Ok(prevented)
+}
+
 async fn slo_week(
     store: &dyn Store,
     spec: &SloSpec,
     start_ms: u64,
     as_of_ms: u64,
+    episodes: &[Episode],
 ) -> anyhow::Result<Option<SloWeek>> {
     let latency_threshold_ms = match spec.sli.kind {
         SliKind::Latency { threshold_ms, .. } => Some(threshold_ms.max(0.0).floor() as u64),
@@ -228,6 +281,15 @@ async fn slo_week(
     let spent =
         |bad: u64, total: u64, days: f64| burn(bad, total) * days.min(period_days) / period_days;
     let budget_spent_ratio = spent(bad, total, covered_days);
+    // As users felt it: every refusal on purpose a bad event.
+    let user_felt = spent(bad + refused, total + refused, covered_days);
+    let prevented = prevented_failures(store, spec, episodes).await?;
+    // A prevented failure would have spent what one bad event of the week spends.
+    let prevented_ratio = if total + refused == 0 {
+        0.0
+    } else {
+        spent(prevented.round() as u64, total + refused, covered_days)
+    };
     // Days reached so far (the week's last day included once the week is over).
     let days_reached = (end.saturating_sub(start_ms)).div_ceil(DAY_MS).clamp(1, 7) as usize;
     let mut remaining_by_day = Vec::with_capacity(days_reached);
@@ -268,6 +330,9 @@ async fn slo_week(
         history_days: (last_total == 0 && covered_days < period_days).then_some(covered_days),
         runs_out_ms,
         refused,
+        user_felt_budget_spent_ratio: Some(user_felt),
+        prevented_failures: Some(prevented),
+        prevented_budget_ratio: Some(prevented_ratio),
     }))
 }
 
@@ -510,8 +575,17 @@ pub async fn week_data_at(
     let days_reached = as_of_ms.map_or(7, |t| {
         (t.saturating_sub(start_ms) / DAY_MS + 1).clamp(1, 7) as usize
     });
-    let patterns: Vec<PatternWeek> = engine
-        .patterns(start_ms, end_ms)
+    // Ranked by real impact: each pattern's share of the week's SLO-bad events (stored SLI
+    // buckets).
+    let slo_bad = crate::slo::persist::slo_bad_events(store, slos, start_ms, end_ms)
+        .await
+        .context("reading the week's SLO-bad events")?;
+    let ranked = match &slo_bad {
+        Some(bad) => engine.patterns_by_slo_impact(start_ms, end_ms, bad),
+        // No SLI bucket stored for the week (data from before they existed): by failures.
+        None => engine.patterns(start_ms, end_ms),
+    };
+    let patterns: Vec<PatternWeek> = ranked
         .iter()
         .map(|p| {
             let mut w = PatternWeek::from_pattern(p, start_ms);
@@ -521,18 +595,6 @@ pub async fn week_data_at(
         })
         .collect();
     let refused_rows = read_failures(store, start_ms, end_ms, true).await?;
-
-    let mut slo_weeks = Vec::new();
-    let mut slos_without_data = Vec::new();
-    for spec in slos {
-        match slo_week(store, spec, start_ms, as_of_ms.unwrap_or(end_ms)).await? {
-            Some(s) => slo_weeks.push(s),
-            None => slos_without_data.push(IdleSlo {
-                name: spec.name.clone(),
-                objective: spec.objective_ratio,
-            }),
-        }
-    }
 
     let docs = store
         .list_docs("decision", 0)
@@ -553,6 +615,18 @@ pub async fn week_data_at(
                 .iter()
                 .filter(|r| r.event.ts_ms >= e.start_ms && r.event.ts_ms < until),
         );
+    }
+
+    let mut slo_weeks = Vec::new();
+    let mut slos_without_data = Vec::new();
+    for spec in slos {
+        match slo_week(store, spec, start_ms, as_of_ms.unwrap_or(end_ms), &episodes).await? {
+            Some(s) => slo_weeks.push(s),
+            None => slos_without_data.push(IdleSlo {
+                name: spec.name.clone(),
+                objective: spec.objective_ratio,
+            }),
+        }
     }
 
     Ok(WeekData {

@@ -69,6 +69,12 @@ impl AlertMachine {
         self.state
     }
 
+    /// Puts the machine back where a previous process left it (stored alert states, seeded at
+    /// start): the next [`AlertMachine::step`] goes on from there.
+    pub fn restore(&mut self, state: AlertState) {
+        self.state = state;
+    }
+
     /// Advances with the condition as evaluated at `now_ms`; returns the new state. Times are
     /// expected not to go backwards; if they do, durations count as zero.
     pub fn step(&mut self, condition: bool, now_ms: u64) -> AlertState {

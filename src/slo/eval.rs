@@ -11,7 +11,7 @@
 //! evaluate(now) ──> per SLO: window sums ─> burn rates, budget, alert pairs ─> AlertMachine
 //! ```
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use brownout_protocol::{Criticality, FailureEvent};
 
@@ -20,6 +20,7 @@ use super::budget::{self, Counts, PairKind, Severity, WindowPair};
 use super::duration::format_secs;
 use super::ring::Rings;
 use super::spec::{Budgeting, LatencyMetric, Period, SliKind, SloSpec};
+use crate::store::{SliBucket, SliCounts};
 
 /// What an observed event is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -191,6 +192,95 @@ pub struct SloStatus {
     pub burn_rates: Vec<WindowBurn>,
     pub alerts: Vec<AlertStatus>,
     pub evaluated_at_ms: u64,
+    /// The budget as users felt it: the same SLI with every refusal on purpose counted as a
+    /// bad event (the cost of shedding). The figures above are the *real-failure* view
+    /// (refusals left out), which the alerts and the degradation triggers read. `None` for
+    /// time-slice SLOs (docs/SLO.md "Two views of one budget").
+    #[serde(default)]
+    pub user_felt: Option<BudgetView>,
+    /// Where the windows of 5 minutes and more, the period and the history were counted:
+    /// `store` (the stored SLI buckets every replica reads) or `memory` (this process's
+    /// counters: no store attached, a time-slice SLO, or the store did not answer).
+    #[serde(default)]
+    pub source: CountSource,
+}
+
+/// One view of an SLO's budget (see [`SloStatus::user_felt`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BudgetView {
+    /// Good / total events of the view over the period (refusals counted as bad).
+    pub period_events: Counts,
+    pub budget_spent_ratio: f64,
+    pub budget_remaining_ratio: f64,
+    pub burn_rates: Vec<WindowBurn>,
+}
+
+/// See [`SloStatus::source`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CountSource {
+    #[default]
+    Memory,
+    Store,
+}
+
+/// Windows shorter than this are always counted in memory (10 s buckets): the stored buckets
+/// are minutes. With a store attached, the fast-burn pair's 2m30s short window is the only one.
+pub const STORE_MIN_WINDOW_MS: u64 = 5 * 60_000;
+
+/// The stored SLI buckets of one SLO, as the evaluator reads them: minutes for the recent
+/// days, hours before (keyed by bucket start).
+#[derive(Debug, Default)]
+struct Stored {
+    buckets: BTreeMap<u64, (SliCounts, u64)>,
+}
+
+impl Stored {
+    /// Sum of the buckets starting in `[from_ms, now_ms]`.
+    fn sum(&self, from_ms: u64, now_ms: u64) -> SliCounts {
+        let mut c = SliCounts::default();
+        if from_ms <= now_ms {
+            for (v, _) in self.buckets.range(from_ms..=now_ms).map(|(_, v)| v) {
+                c += *v;
+            }
+        }
+        c
+    }
+    /// The window `(now − window, now]`, minute-aligned like the rings: the minute holding
+    /// `now` and the `window / 1 m − 1` before it (an hour bucket counts when it starts there).
+    fn window(&self, now_ms: u64, window_ms: u64) -> SliCounts {
+        let minute = now_ms - now_ms % 60_000;
+        let n = (window_ms / 60_000).max(1);
+        self.sum(minute.saturating_sub((n - 1) * 60_000), now_ms)
+    }
+    fn first_ms(&self) -> Option<u64> {
+        self.buckets.values().next().map(|(_, f)| *f)
+    }
+}
+
+fn real(c: SliCounts) -> Counts {
+    Counts {
+        good: c.good,
+        total: c.total,
+    }
+}
+
+/// The user-felt counts: refusals are bad events.
+fn felt(c: SliCounts) -> Counts {
+    Counts {
+        good: c.good,
+        total: c.total + c.refused,
+    }
+}
+
+/// One SLO's stored alert states (what a restarted process restores).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SavedAlert {
+    pub kind: PairKind,
+    /// `1h/5m`.
+    pub window: String,
+    #[serde(flatten)]
+    pub state: AlertState,
 }
 
 impl SloStatus {
@@ -216,27 +306,29 @@ pub struct RefusedCounts {
     pub last_1h: u64,
 }
 
-/// Refusals per SLO: 1 h buckets over the period, 1 min buckets over the last hour (a few KiB).
+/// Refusals per SLO, in rings like the SLI's (every window of the user-felt view needs them).
 #[derive(Debug)]
 struct RefusedRings {
-    hourly: super::ring::Ring,
-    minutely: super::ring::Ring,
+    rings: Rings,
 }
 
 impl RefusedRings {
     fn new(period_ms: u64) -> RefusedRings {
         RefusedRings {
-            hourly: super::ring::Ring::new(3_600_000, period_ms),
-            minutely: super::ring::Ring::new(60_000, 3_600_000),
+            rings: Rings::new(period_ms),
         }
     }
     fn add(&mut self, ts_ms: u64, n: u64) -> bool {
-        let a = self.hourly.add(ts_ms, 0, n);
-        let b = self.minutely.add(ts_ms, 0, n);
-        a || b
+        self.rings.add(ts_ms, 0, n)
+    }
+    fn window(&self, now_ms: u64, window_ms: u64) -> u64 {
+        self.rings.window(now_ms, window_ms).total
+    }
+    fn since(&self, from_ms: u64, now_ms: u64) -> u64 {
+        self.rings.since(from_ms, now_ms).total
     }
     fn heap_bytes(&self) -> usize {
-        self.hourly.heap_bytes() + self.minutely.heap_bytes()
+        self.rings.heap_bytes()
     }
 }
 
@@ -297,6 +389,11 @@ struct SloState {
     refused: RefusedRings,
     /// Timestamp of the first event (counted or refused) seen for this SLO.
     first_ms: Option<u64>,
+    /// The stored buckets, once a store is attached ([`Evaluator::attach_store`]; occurrence
+    /// SLOs only).
+    stored: Option<Stored>,
+    /// Whether the last refresh of the stored buckets succeeded.
+    store_fresh: bool,
 }
 
 /// Counters about what the evaluator was fed.
@@ -366,6 +463,9 @@ pub struct Evaluator {
     /// `Some` once sharing is on: what this replica counted since the last
     /// [`Evaluator::take_shared`], by (SLO index, second).
     outbox: Option<HashMap<(u32, u64), DeltaCounts>>,
+    /// The oldest timestamp recorded since [`Evaluator::take_oldest_recorded`]: how far back
+    /// the stored view must be reread (events arrive late).
+    oldest_recorded: Option<u64>,
 }
 
 fn note_delta(
@@ -449,6 +549,8 @@ impl Evaluator {
             slicer,
             refused: RefusedRings::new(period_ms),
             first_ms: None,
+            stored: None,
+            store_fresh: false,
         });
         SloId(id)
     }
@@ -486,6 +588,7 @@ impl Evaluator {
     #[inline]
     pub fn record(&mut self, obs: &Observation<'_>) -> usize {
         self.stats.observed += 1;
+        self.oldest_recorded = Some(self.oldest_recorded.map_or(obs.ts_ms, |o| o.min(obs.ts_ms)));
         let Some(ids) = self.service_to_slos.get(obs.service) else {
             return 0;
         };
@@ -597,6 +700,112 @@ impl Evaluator {
             .map(|s| evaluate_one(s, now_ms))
             .collect()
     }
+
+    /// From now on the windows of 5 minutes and more, the period and the history of every
+    /// occurrence SLO are counted from the stored buckets given to
+    /// [`Evaluator::set_stored`] (the store is the truth every replica reads), while a refresh
+    /// of them succeeds ([`Evaluator::store_failed`] falls back to the counters in memory).
+    /// Time-slice SLOs stay in memory (seeded from the store).
+    pub fn attach_store(&mut self) {
+        for s in &mut self.slos {
+            if s.slicer.is_none() {
+                s.stored.get_or_insert_with(Stored::default);
+            }
+        }
+    }
+
+    /// Replaces the stored buckets starting at or after `from_ms` of every SLO with store
+    /// attached by `buckets` (as [`crate::store::Store::sli_buckets`] returns them; SLOs
+    /// not in this evaluator are skipped), and marks them fresh.
+    pub fn set_stored(&mut self, buckets: &[SliBucket], from_ms: u64) {
+        let mut by_name: HashMap<&str, Vec<&SliBucket>> = HashMap::new();
+        for b in buckets {
+            by_name.entry(b.slo.as_str()).or_default().push(b);
+        }
+        for s in &mut self.slos {
+            let Some(st) = &mut s.stored else { continue };
+            drop(st.buckets.split_off(&from_ms));
+            for b in by_name.get(s.spec.name.as_str()).into_iter().flatten() {
+                let e = st
+                    .buckets
+                    .entry(b.start_ms)
+                    .or_insert((SliCounts::default(), b.first_ms));
+                e.0 += b.counts;
+                e.1 = e.1.min(b.first_ms);
+            }
+            s.store_fresh = true;
+        }
+    }
+
+    /// The oldest event timestamp recorded since the last call (`None`: nothing recorded).
+    pub fn take_oldest_recorded(&mut self) -> Option<u64> {
+        self.oldest_recorded.take()
+    }
+
+    /// The store did not answer this time: evaluate from memory until the next refresh.
+    pub fn store_failed(&mut self) {
+        for s in &mut self.slos {
+            s.store_fresh = false;
+        }
+    }
+
+    /// Seeds the counters in memory from stored per-minute buckets (at start, before any
+    /// event is counted): each minute's counts land at its first stored minute.
+    pub fn seed(&mut self, buckets: &[SliBucket]) {
+        let deltas: Vec<SharedDelta> = buckets
+            .iter()
+            .map(|b| SharedDelta {
+                slo: b.slo.clone(),
+                sec: b.first_ms / 1000,
+                good: b.counts.good,
+                total: b.counts.total,
+                refused: b.counts.refused,
+                first_ms: b.first_ms,
+            })
+            .collect();
+        self.apply_shared(&deltas);
+    }
+
+    /// Every SLO's alert states, by SLO name (to store them).
+    pub fn alert_states(&self) -> Vec<(String, Vec<SavedAlert>)> {
+        self.slos
+            .iter()
+            .map(|s| {
+                let saved = s
+                    .pairs
+                    .iter()
+                    .zip(&s.machines)
+                    .filter_map(|(p, m)| {
+                        m.as_ref().map(|m| SavedAlert {
+                            kind: p.kind,
+                            window: p.label(),
+                            state: m.state(),
+                        })
+                    })
+                    .collect();
+                (s.spec.name.clone(), saved)
+            })
+            .collect()
+    }
+
+    /// Restores stored alert states of one SLO (pairs matched by kind and window; others
+    /// are left as they are).
+    pub fn restore_alerts(&mut self, slo: &str, saved: &[SavedAlert]) {
+        let Some(SloId(id)) = self.find(slo) else {
+            return;
+        };
+        let s = &mut self.slos[id];
+        for (p, m) in s.pairs.iter().zip(s.machines.iter_mut()) {
+            if let (Some(m), Some(a)) = (
+                m.as_mut(),
+                saved
+                    .iter()
+                    .find(|a| a.kind == p.kind && a.window == p.label()),
+            ) {
+                m.restore(a.state);
+            }
+        }
+    }
 }
 
 fn note_first(slo: &mut SloState, ts_ms: u64) {
@@ -624,6 +833,12 @@ fn matches_selector(spec: &SloSpec, obs: &Observation<'_>) -> bool {
             .is_none_or(|f| obs.feature == f)
         && (spec.selector.criticality.is_empty()
             || spec.selector.criticality.contains(&obs.criticality))
+}
+
+/// Whether a refusal on purpose would have counted for this SLO (its selector and its kind of
+/// event): it is then one of the SLO's refused requests.
+pub fn outcome_of_refusal(spec: &SloSpec, obs: &Observation<'_>) -> bool {
+    matches_selector(spec, obs) && classify_kind(spec, obs)
 }
 
 /// Whether the SLI kind takes this kind of event (requests or agent tasks).
@@ -680,37 +895,80 @@ fn evaluate_one(s: &mut SloState, now_ms: u64) -> SloStatus {
             }
         }
     };
-    let counts: Vec<(u64, Counts)> = s
+    let stored = s.stored.as_ref().filter(|_| s.store_fresh);
+    // A window's counts with its refusals: from the store (5 minutes and more, when attached
+    // and fresh) or from memory.
+    let sli_window = |w_ms: u64| -> SliCounts {
+        match stored {
+            Some(st) if w_ms >= STORE_MIN_WINDOW_MS => st.window(now_ms, w_ms),
+            _ => {
+                let c = s.rings.window(now_ms, w_ms);
+                SliCounts {
+                    good: c.good,
+                    total: c.total,
+                    refused: s.refused.window(now_ms, w_ms),
+                }
+            }
+        }
+    };
+    let raw: Vec<(u64, SliCounts)> = s
         .windows
         .iter()
-        .map(|&w| (w, window_counts(&s.rings, w * 1000)))
+        .map(|&w| (w, sli_window(w * 1000)))
+        .collect();
+    let counts: Vec<(u64, Counts)> = raw
+        .iter()
+        .map(|&(w, c)| match slice_ms {
+            None => (w, real(c)),
+            Some(_) => (w, window_counts(&s.rings, w * 1000)),
+        })
         .collect();
     let burn_rates: Vec<WindowBurn> = counts
         .iter()
-        .map(|&(w, c)| WindowBurn {
+        .zip(&raw)
+        .map(|(&(w, c), &(_, r))| WindowBurn {
             window: format_secs(w),
             window_secs: w,
             burn_rate: budget::round6(budget::burn_rate(c, objective)),
-            events: s.rings.window(now_ms, w * 1000).total,
+            events: r.total,
         })
         .collect();
-    let (period_counts, period_ms) = match s.spec.period {
+    let (period_start, period_ms) = match s.spec.period {
         Period::Rolling { days } => {
             let ms = u64::from(days) * 86_400_000;
-            (s.rings.window(now_ms, ms), ms)
+            (now_ms.saturating_sub(ms), ms)
         }
-        Period::CalendarMonth => {
-            let (start, len) = budget::calendar_month_ms(now_ms);
-            (s.rings.since(start, now_ms), len)
+        Period::CalendarMonth => budget::calendar_month_ms(now_ms),
+    };
+    let period_raw = match (stored, s.spec.period) {
+        (Some(st), Period::Rolling { .. }) => st.window(now_ms, period_ms),
+        (Some(st), Period::CalendarMonth) => st.sum(period_start, now_ms),
+        (None, Period::Rolling { .. }) => {
+            let c = s.rings.window(now_ms, period_ms);
+            SliCounts {
+                good: c.good,
+                total: c.total,
+                refused: s.refused.window(now_ms, period_ms),
+            }
+        }
+        (None, Period::CalendarMonth) => {
+            let c = s.rings.since(period_start, now_ms);
+            SliCounts {
+                good: c.good,
+                total: c.total,
+                refused: s.refused.since(period_start, now_ms),
+            }
         }
     };
-    // The history: from the first event (or the period's start, when that is later) to now.
-    let period_start = match s.spec.period {
-        Period::Rolling { .. } => now_ms.saturating_sub(period_ms),
-        Period::CalendarMonth => budget::calendar_month_ms(now_ms).0,
+    let period_counts = real(period_raw);
+    let refused_1h = sli_window(3_600_000).refused;
+    // The history: from the first event (or the period's start, when that is later) to now;
+    // with the store, from the first stored event.
+    let first_ms = match stored {
+        Some(st) => st.first_ms(),
+        None => s.first_ms,
     };
-    let history_ms = s
-        .first_ms
+    let history_ms = first_ms
         .map_or(0, |f| now_ms.saturating_sub(f.max(period_start)))
         .min(period_ms);
     let budget_spent_ratio = match slice_ms {
@@ -776,11 +1034,31 @@ fn evaluate_one(s: &mut SloState, now_ms: u64) -> SloStatus {
         budget_remaining_ratio: budget::round6(budget_remaining_ratio),
         time_to_exhaustion_secs: time_to_exhaustion_secs.map(|t| t.round()),
         refused: RefusedCounts {
-            period: match s.spec.period {
-                Period::Rolling { .. } => s.refused.hourly.sum(now_ms, period_ms).total,
-                Period::CalendarMonth => s.refused.hourly.sum_since(period_start, now_ms).total,
-            },
-            last_1h: s.refused.minutely.sum(now_ms, 3_600_000).total,
+            period: period_raw.refused,
+            last_1h: refused_1h,
+        },
+        user_felt: slice_ms.is_none().then(|| {
+            let felt_period = felt(period_raw);
+            let spent = budget::budget_spent_ratio(felt_period, objective, history_ms, period_ms);
+            BudgetView {
+                period_events: felt_period,
+                budget_spent_ratio: budget::round6(spent),
+                budget_remaining_ratio: budget::round6(1.0 - spent),
+                burn_rates: raw
+                    .iter()
+                    .map(|&(w, c)| WindowBurn {
+                        window: format_secs(w),
+                        window_secs: w,
+                        burn_rate: budget::round6(budget::burn_rate(felt(c), objective)),
+                        events: c.total + c.refused,
+                    })
+                    .collect(),
+            }
+        }),
+        source: if stored.is_some() {
+            CountSource::Store
+        } else {
+            CountSource::Memory
         },
         burn_rates,
         alerts,

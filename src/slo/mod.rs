@@ -15,6 +15,8 @@
 //! - [`ring`]: bucketed good/total counters; [`alert`]: pending/firing/resolved;
 //! - [`eval`]: the evaluator; [`task`]: the shared handle, the periodic task and the gauges;
 //! - [`http`]: `GET /api/v1/slos`; [`rules`]: rule generation; [`cli`]: `brownout slo …`;
+//! - [`persist`]: SLI counts stored per SLO and minute at ingest; the evaluator seeded and
+//!   refreshed from them, so budgets survive restarts and replicas agree;
 //! - [`share`]: counters shared by N control-plane replicas through Redis (each replica's
 //!   per-second deltas on one stream), so every replica's burn rates cover the whole traffic.
 //!
@@ -28,6 +30,7 @@ pub mod duration;
 pub mod eval;
 pub mod http;
 pub mod openslo;
+pub mod persist;
 pub mod raw;
 pub mod ring;
 pub mod rules;
@@ -39,7 +42,10 @@ pub mod task;
 pub use alert::AlertState;
 pub use budget::{Counts, PairKind, Severity};
 pub use cli::{SloArgs, SloCmd};
-pub use eval::{AlertStatus, Evaluator, EventKind, Observation, SloId, SloStatus, WindowBurn};
+pub use eval::{
+    AlertStatus, BudgetView, CountSource, Evaluator, EventKind, Observation, SloId, SloStatus,
+    WindowBurn,
+};
 pub use http::router;
 pub use spec::{SloSpec, SpecError, load_file, load_files};
 pub use task::{SloHandle, SloMetrics, SloReport};

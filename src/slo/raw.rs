@@ -404,6 +404,41 @@ fn lit(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
+fn default_matchers(service: &str, sel: &Selector) -> Vec<String> {
+    let mut matchers = vec![format!("service={}", lit(service))];
+    if let Some(f) = &sel.feature {
+        matchers.push(format!("feature={}", lit(f)));
+    }
+    if !sel.criticality.is_empty() {
+        let alts: Vec<&str> = sel.criticality.iter().map(|c| c.as_str()).collect();
+        matchers.push(format!("criticality=~\"{}\"", alts.join("|")));
+    }
+    matchers
+}
+
+/// The `outcome` values of requests refused on purpose (docs/PROTOCOL.md "Deliberate
+/// outcomes"), as the serving tier counts them in `brownout_serving_requests_total`.
+pub const DELIBERATE_OUTCOMES: &str =
+    "shed|feature_disabled|tool_disabled|drained|user_cap|loop_abort|throttled";
+
+/// The refusals on purpose of an SLO whose SLI is the default request or agent-task counter
+/// (the user-felt view's extra bad events): `None` for latency SLIs and own queries.
+pub(crate) fn default_refused_promql(spec: &super::spec::SloSpec) -> Option<String> {
+    let metric = match spec.sli.kind {
+        SliKind::Availability => metrics::REQUESTS,
+        SliKind::TaskSuccess => metrics::AGENT_TASKS,
+        SliKind::Latency { .. } => return None,
+    };
+    let default = default_promql(spec.sli.kind, &spec.service, &spec.selector).ok();
+    if spec.sli.promql.is_none() || spec.sli.promql != default {
+        return None;
+    }
+    let all = default_matchers(&spec.service, &spec.selector).join(",");
+    Some(format!(
+        "sum(rate({metric}{{{all},outcome=~\"{DELIBERATE_OUTCOMES}\"}}[{{{{.window}}}}]))"
+    ))
+}
+
 /// PromQL for an SLI kind over the assumed metrics (docs/SLO.md).
 ///
 /// # Errors
@@ -414,19 +449,15 @@ pub(crate) fn default_promql(
     service: &str,
     sel: &Selector,
 ) -> Result<PromSli, String> {
-    let mut matchers = vec![format!("service={}", lit(service))];
-    if let Some(f) = &sel.feature {
-        matchers.push(format!("feature={}", lit(f)));
-    }
-    if !sel.criticality.is_empty() {
-        let alts: Vec<&str> = sel.criticality.iter().map(|c| c.as_str()).collect();
-        matchers.push(format!("criticality=~\"{}\"", alts.join("|")));
-    }
+    let matchers = default_matchers(service, sel);
     let counter = |metric: &str| {
         let all = matchers.join(",");
         PromSli::Events {
             error_query: format!("sum(rate({metric}{{{all},outcome=\"error\"}}[{{{{.window}}}}]))"),
-            total_query: format!("sum(rate({metric}{{{all}}}[{{{{.window}}}}]))"),
+            // Refusals on purpose are no answered request of the SLI (the real-failure view).
+            total_query: format!(
+                "sum(rate({metric}{{{all},outcome!~\"{DELIBERATE_OUTCOMES}\"}}[{{{{.window}}}}]))"
+            ),
         }
     };
     match kind {

@@ -165,6 +165,48 @@ fn groups_for(spec: &SloSpec) -> Result<Vec<Group>, RulesError> {
         },
     ];
 
+    // ---- the user-felt view (refusals on purpose counted as bad) -------------------------------
+    let mut meta_rules = meta_rules;
+    if let (
+        Some(refused),
+        PromSli::Events {
+            total_query,
+            error_query,
+        },
+    ) = (super::raw::default_refused_promql(spec), prom)
+    {
+        let mut felt = base.clone();
+        felt.insert("view".into(), "user_felt".into());
+        for &w in windows.iter().chain(std::iter::once(&period_secs)) {
+            // (errors + refused) / (answered + refused): absent series count as 0.
+            let total = window_query(total_query, w);
+            let zero = format!("(0 * ({total}))");
+            let refused = format!("(({}) or {zero})", window_query(&refused, w));
+            meta_rules.push(Rule::Record {
+                record: format!(
+                    "slo:sli_error_user_felt:ratio_rate{}",
+                    format_period_secs(w)
+                ),
+                expr: format!(
+                    "((({}) or {zero}) + {refused}) / (({total}) + {refused})",
+                    window_query(error_query, w)
+                ),
+                labels: felt.clone(),
+            });
+        }
+        let felt_period = format!("slo:sli_error_user_felt:ratio_rate{period}");
+        meta_rules.push(Rule::Record {
+            record: "slo:period_burn_rate_user_felt:ratio".into(),
+            expr: format!("{felt_period}{sel} / {}", num(budget_ratio)),
+            labels: felt.clone(),
+        });
+        meta_rules.push(Rule::Record {
+            record: "slo:period_error_budget_remaining_user_felt:ratio".into(),
+            expr: format!("1 - slo:period_burn_rate_user_felt:ratio{sel}"),
+            labels: felt,
+        });
+    }
+
     // ---- alerts -----------------------------------------------------------------------------
     let mut alert_rules = Vec::new();
     for pair in &pairs {

@@ -61,6 +61,11 @@ impl SloHandle {
         &self.names
     }
 
+    /// The evaluator itself, locked (the store loader seeds it; never held across an await).
+    pub(crate) fn lock_evaluator(&self) -> MutexGuard<'_, Evaluator> {
+        self.lock()
+    }
+
     fn lock(&self) -> MutexGuard<'_, Evaluator> {
         // A panic while holding the lock leaves only counters half-updated; keep serving.
         self.evaluator
@@ -143,6 +148,11 @@ impl SloHandle {
     }
 }
 
+/// The `view` label of the real-failure budget (refusals on purpose left out).
+pub const VIEW_REAL: &str = "real_failures";
+/// The `view` label of the user-felt budget (refusals on purpose counted as bad).
+pub const VIEW_USER: &str = "user_felt";
+
 /// `brownout_slo_*` gauges, set after every evaluation.
 #[derive(Debug, Clone)]
 pub struct SloMetrics {
@@ -160,16 +170,16 @@ impl SloMetrics {
         let budget_remaining = GaugeVec::new(
             Opts::new(
                 "brownout_slo_error_budget_remaining_ratio",
-                "Error budget left over the SLO period (1 untouched, 0 spent, negative overspent).",
+                "Error budget left over the SLO period (1 untouched, 0 spent, negative overspent); view=real_failures leaves refusals on purpose out (what the alerts read), view=user_felt counts them as bad.",
             ),
-            &["slo"],
+            &["slo", "view"],
         )?;
         let burn_rate = GaugeVec::new(
             Opts::new(
                 "brownout_slo_burn_rate",
-                "Error-budget burn rate over a window (1 = exactly on budget).",
+                "Error-budget burn rate over a window (1 = exactly on budget); view as for the budget.",
             ),
-            &["slo", "window"],
+            &["slo", "window", "view"],
         )?;
         let alert_firing = IntGaugeVec::new(
             Opts::new(
@@ -190,13 +200,19 @@ impl SloMetrics {
 
     pub fn update(&self, report: &SloReport) {
         for s in &report.slos {
-            self.budget_remaining
-                .with_label_values(&[s.name.as_str()])
-                .set(s.budget_remaining_ratio);
-            for w in &s.burn_rates {
-                self.burn_rate
-                    .with_label_values(&[s.name.as_str(), w.window.as_str()])
-                    .set(w.burn_rate);
+            let mut views = vec![(VIEW_REAL, s.budget_remaining_ratio, &s.burn_rates)];
+            if let Some(u) = &s.user_felt {
+                views.push((VIEW_USER, u.budget_remaining_ratio, &u.burn_rates));
+            }
+            for (view, remaining, burns) in views {
+                self.budget_remaining
+                    .with_label_values(&[s.name.as_str(), view])
+                    .set(remaining);
+                for w in burns {
+                    self.burn_rate
+                        .with_label_values(&[s.name.as_str(), w.window.as_str(), view])
+                        .set(w.burn_rate);
+                }
             }
             for a in &s.alerts {
                 self.alert_firing
@@ -250,14 +266,19 @@ pub async fn run_anchored(
                 if let Some(m) = &metrics {
                     m.update(&report);
                 }
-                for s in &report.slos {
-                    for a in s.firing() {
-                        if a.state == (super::alert::AlertState::Firing { since_ms: now_ms }) {
-                            tracing::warn!(slo = %s.name, severity = a.severity.as_str(), window = %a.window,
-                                long_burn_rate = a.long_burn_rate, "SLO burn-rate alert firing");
-                        }
-                    }
-                }
+                log_new_firing(&report, now_ms);
+            }
+        }
+    }
+}
+
+/// Logs the alerts that started firing at `now_ms`.
+pub(crate) fn log_new_firing(report: &SloReport, now_ms: u64) {
+    for s in &report.slos {
+        for a in s.firing() {
+            if a.state == (super::alert::AlertState::Firing { since_ms: now_ms }) {
+                tracing::warn!(slo = %s.name, severity = a.severity.as_str(), window = %a.window,
+                    long_burn_rate = a.long_burn_rate, "SLO burn-rate alert firing");
             }
         }
     }

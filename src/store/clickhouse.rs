@@ -45,7 +45,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     Batch, CountQuery, Doc, FailureCursor, FailureQuery, FailureRow, RequestCount, RowCounts,
-    SpanRow, Store, StoreError, StoreFuture, WriteMode, doc_version_us, sqlite::page,
+    SliBucket, SliCounts, SpanRow, Store, StoreError, StoreFuture, WriteMode, doc_version_us,
+    sqlite::page,
 };
 use crate::config::ClickHouseConfig;
 
@@ -64,6 +65,11 @@ pub struct ClickHouseStore {
     failures: String,
     snapshots: String,
     docs: String,
+    /// SLI counts per batch (`MergeTree`, replay-checked like the row tables) …
+    sli_rows: String,
+    /// … summed per SLO and minute by the materialized view `sli_mv` (`SummingMergeTree`).
+    sli_buckets: String,
+    sli_mv: String,
     /// Whose inserts these are ([`Store::set_writer`]; module docs "Settling").
     writer: Mutex<WriterTag>,
     /// Random per store instance: tells this run's inserts from a predecessor's.
@@ -241,6 +247,9 @@ impl ClickHouseStore {
             failures: t("failures"),
             snapshots: t("snapshots"),
             docs: t("docs"),
+            sli_rows: t("sli_rows"),
+            sli_buckets: t("sli_buckets"),
+            sli_mv: t("sli_mv"),
             writer: Mutex::new(WriterTag {
                 // Until the ingest pipeline names the spool's writer: this instance alone.
                 prefix: format!("brownout-{}-", random_hex()),
@@ -312,6 +321,40 @@ impl ClickHouseStore {
         [&self.spans, &self.logs, &self.failures, &self.snapshots]
     }
 
+    /// The tables retention drops day partitions of, each with its cutoff.
+    fn retained_tables(&self, cutoff_ms: u64) -> [(&str, u64); 6] {
+        let [a, b, c, d] = self.row_tables();
+        let sli = super::sli_cutoff_ms(cutoff_ms);
+        [
+            (a, cutoff_ms),
+            (b, cutoff_ms),
+            (c, cutoff_ms),
+            (d, cutoff_ms),
+            (self.sli_rows.as_str(), cutoff_ms),
+            (self.sli_buckets.as_str(), sli),
+        ]
+    }
+
+    /// The SLI tables' materialized view: each insert into `sli_rows` (on a cluster: into a
+    /// shard's `sli_rows_local`) is summed into `sli_buckets` (`sli_buckets_local`, replicated
+    /// from there). Created after both tables, before any insert can reach them.
+    async fn create_sli_view(&self) -> Result<(), StoreError> {
+        let (from, to) = (
+            self.local_table(&self.sli_rows),
+            self.local_table(&self.sli_buckets),
+        );
+        self.client
+            .query(&format!(
+                "CREATE MATERIALIZED VIEW IF NOT EXISTS {}{} TO {to} AS \
+                 SELECT ts, minute_ms, slo, good, total, refused, batch_id AS batch_ids FROM {from}",
+                self.sli_mv,
+                self.on_cluster()
+            ))
+            .execute()
+            .await?;
+        Ok(())
+    }
+
     /// The cluster name, when this store runs on one.
     pub fn cluster(&self) -> Option<&str> {
         self.cluster.as_deref()
@@ -351,7 +394,16 @@ impl ClickHouseStore {
     /// When ClickHouse refuses.
     pub async fn drop_tables(&self) -> Result<(), StoreError> {
         let on = self.on_cluster();
-        for t in self.row_tables().into_iter().chain([self.docs.as_str()]) {
+        self.client
+            .query(&format!("DROP TABLE IF EXISTS {}{on}", self.sli_mv))
+            .execute()
+            .await?;
+        let more = [
+            self.docs.as_str(),
+            self.sli_rows.as_str(),
+            self.sli_buckets.as_str(),
+        ];
+        for t in self.row_tables().into_iter().chain(more) {
             self.client
                 .query(&format!("DROP TABLE IF EXISTS {t}{on}"))
                 .execute()
@@ -607,8 +659,15 @@ impl ClickHouseStore {
             }
             self.insert_rows(&self.snapshots, snaps.into_iter()).await
         };
-        // The tables' inserts run at once: one round trip per group, not four in a row.
-        futures::future::try_join4(spans, logs, failures, snapshots).await?;
+        let sli = async {
+            let present = self
+                .present_many(&self.sli_rows, &replay_ids(items, sli_count))
+                .await?;
+            self.insert_rows(&self.sli_rows, sli_rows(items, &present))
+                .await
+        };
+        // The tables' inserts run at once: one round trip per group, not five in a row.
+        futures::future::try_join5(spans, logs, failures, snapshots, sli).await?;
         Ok(())
     }
 }
@@ -636,6 +695,45 @@ fn failure_count(b: &Batch) -> usize {
 
 fn snapshot_count(b: &Batch) -> usize {
     b.snapshots.len()
+}
+
+fn sli_count(b: &Batch) -> usize {
+    b.sli.len()
+}
+
+#[derive(Debug, Row, Serialize, Deserialize)]
+struct ChSliRow {
+    ts: u32,
+    minute_ms: u64,
+    slo: String,
+    good: u64,
+    total: u64,
+    refused: u64,
+    batch_id: u64,
+    seq: u32,
+}
+
+/// The SLI rows of `items` not in `present` (each with its batch id and index).
+fn sli_rows<'a>(
+    items: &'a [(&'a Batch, WriteMode)],
+    present: &'a HashSet<(u64, u32)>,
+) -> impl Iterator<Item = ChSliRow> + Send + 'a {
+    items.iter().flat_map(move |&(b, _)| {
+        b.sli
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| !present.contains(&(b.id, *i as u32)))
+            .map(move |(i, r)| ChSliRow {
+                ts: secs_from_ms(r.minute_ms),
+                minute_ms: r.minute_ms,
+                slo: r.slo.clone(),
+                good: r.counts.good,
+                total: r.counts.total,
+                refused: r.counts.refused,
+                batch_id: b.id,
+                seq: i as u32,
+            })
+    })
 }
 
 /// The spans of `items` not in `present`, as rows (each with its batch id and index).
@@ -848,6 +946,27 @@ impl Store for ClickHouseStore {
                     deliberate: None,
                 },
                 TableDef {
+                    name: &self.sli_rows,
+                    columns: "ts DateTime, minute_ms UInt64, slo String, good UInt64, total UInt64, \
+                     refused UInt64, batch_id UInt64, seq UInt32",
+                    engine: "MergeTree()",
+                    rest: format!("{by_day} ORDER BY (batch_id, seq)"),
+                    shard_key: "cityHash64(batch_id, seq)",
+                    deliberate: None,
+                },
+                TableDef {
+                    name: &self.sli_buckets,
+                    // `batch_ids` (the sum of the contributing batch ids, wrapping) is read by
+                    // nobody: it keeps two batches' equal counts distinct blocks, which a
+                    // ReplicatedMergeTree's insert deduplication would otherwise drop as one.
+                    columns: "ts DateTime, minute_ms UInt64, slo String, good UInt64, total UInt64, \
+                     refused UInt64, batch_ids UInt64",
+                    engine: "SummingMergeTree()",
+                    rest: format!("{by_day} ORDER BY (slo, minute_ms, ts)"),
+                    shard_key: "cityHash64(slo, minute_ms)",
+                    deliberate: None,
+                },
+                TableDef {
                     name: &self.docs,
                     columns: "kind String, key String, version_us UInt64, json String",
                     engine: "ReplacingMergeTree(version_us)",
@@ -860,6 +979,7 @@ impl Store for ClickHouseStore {
             for d in &defs {
                 self.create_table(d).await?;
             }
+            self.create_sli_view().await?;
             self.migrated
                 .store(true, std::sync::atomic::Ordering::Release);
             Ok(())
@@ -1105,13 +1225,9 @@ impl Store for ClickHouseStore {
 
     fn drop_before(&self, cutoff_ms: u64) -> StoreFuture<'_, u64> {
         Box::pin(async move {
-            let cutoff_day: u32 = chrono::DateTime::from_timestamp_millis(
-                i64::try_from(cutoff_ms).unwrap_or(i64::MAX),
-            )
-            .map(|t| t.format("%Y%m%d").to_string().parse().unwrap_or(0))
-            .unwrap_or(0);
             let mut dropped = 0u64;
-            for t in self.row_tables() {
+            for (t, cutoff_ms) in self.retained_tables(cutoff_ms) {
+                let cutoff_day = yyyymmdd(cutoff_ms);
                 let days: Vec<u32> = match &self.cluster {
                     None => {
                         let parts: Vec<String> = self
@@ -1166,6 +1282,57 @@ impl Store for ClickHouseStore {
         })
     }
 
+    fn sli_buckets(
+        &self,
+        from_ms: u64,
+        to_ms: u64,
+        bucket_ms: u64,
+    ) -> StoreFuture<'_, Vec<SliBucket>> {
+        Box::pin(async move {
+            super::check_sli_bucket(bucket_ms)?;
+            #[derive(Row, Deserialize)]
+            struct R {
+                slo: String,
+                b: u64,
+                f: u64,
+                g: u64,
+                t: u64,
+                r: u64,
+            }
+            // Parts not merged yet hold several rows per key: always summed here.
+            let rows: Vec<R> = self
+                .client
+                .query(&format!(
+                    "SELECT slo, intDiv(minute_ms, ?) * ? AS b, min(minute_ms) AS f, \
+                     sum(good) AS g, sum(total) AS t, sum(refused) AS r FROM {} \
+                     WHERE ts >= toDateTime(?) AND ts <= toDateTime(?) AND minute_ms >= ? \
+                     AND minute_ms < ? GROUP BY slo, b ORDER BY b, slo",
+                    self.sli_buckets
+                ))
+                .bind(bucket_ms)
+                .bind(bucket_ms)
+                .bind(secs_from_ms(from_ms))
+                .bind(secs_from_ms(to_ms))
+                .bind(from_ms)
+                .bind(to_ms)
+                .fetch_all()
+                .await?;
+            Ok(rows
+                .into_iter()
+                .map(|r| SliBucket {
+                    slo: r.slo,
+                    start_ms: r.b,
+                    first_ms: r.f,
+                    counts: SliCounts {
+                        good: r.g,
+                        total: r.t,
+                        refused: r.r,
+                    },
+                })
+                .collect())
+        })
+    }
+
     fn count_rows(&self) -> StoreFuture<'_, RowCounts> {
         Box::pin(async move {
             let n = |t: String| async move {
@@ -1184,6 +1351,13 @@ impl Store for ClickHouseStore {
             })
         })
     }
+}
+
+/// The `YYYYMMDD` partition id of the day holding `ms`.
+fn yyyymmdd(ms: u64) -> u32 {
+    chrono::DateTime::from_timestamp_millis(i64::try_from(ms).unwrap_or(i64::MAX))
+        .map(|t| t.format("%Y%m%d").to_string().parse().unwrap_or(0))
+        .unwrap_or(0)
 }
 
 fn doc_from_ch(d: ChDoc) -> Result<Doc, StoreError> {

@@ -125,7 +125,73 @@ pub struct Batch {
     pub failures: Vec<FailureRow>,
     #[serde(default)]
     pub snapshots: Vec<AgentSnapshot>,
+    /// The SLI counts of these rows, per SLO and minute ([`SliRow`]), computed at ingest
+    /// (docs/SLO.md "Stored SLI buckets"). Written with the rows, in the same exactly-once
+    /// write, so an acknowledged event is counted once, also across a crash and a replay.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sli: Vec<SliRow>,
 }
+
+/// One SLO's counts in one minute, from one batch: what the store sums into its SLI buckets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SliCounts {
+    /// Good events of the SLI (latency SLIs: not failed and under the SLO's threshold).
+    pub good: u64,
+    /// Good + bad events of the SLI (refusals on purpose are not in it).
+    pub total: u64,
+    /// Requests of the SLO refused on purpose (docs/SLO.md "Deliberate refusals").
+    pub refused: u64,
+}
+
+impl std::ops::AddAssign for SliCounts {
+    fn add_assign(&mut self, o: SliCounts) {
+        self.good += o.good;
+        self.total += o.total;
+        self.refused += o.refused;
+    }
+}
+
+/// [`SliCounts`] of one SLO (by name) in the minute starting at `minute_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SliRow {
+    pub slo: String,
+    /// Start of the minute, unix ms (a multiple of 60 000).
+    pub minute_ms: u64,
+    #[serde(flatten)]
+    pub counts: SliCounts,
+}
+
+/// Adds `counts` to the row of (`slo`, `minute_ms`) in `rows`, or appends one.
+pub fn add_sli(rows: &mut Vec<SliRow>, slo: &str, minute_ms: u64, counts: SliCounts) {
+    match rows
+        .iter_mut()
+        .find(|r| r.minute_ms == minute_ms && r.slo == slo)
+    {
+        Some(r) => r.counts += counts,
+        None => rows.push(SliRow {
+            slo: slo.to_string(),
+            minute_ms,
+            counts,
+        }),
+    }
+}
+
+/// Stored SLI counts of one SLO summed over one bucket (a minute, or an hour for old data),
+/// as [`Store::sli_buckets`] returns them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SliBucket {
+    pub slo: String,
+    /// Bucket start, unix ms.
+    pub start_ms: u64,
+    /// The first minute of the bucket that holds counts (its start, unix ms).
+    pub first_ms: u64,
+    #[serde(flatten)]
+    pub counts: SliCounts,
+}
+
+/// How long the stored SLI buckets are kept: the longest SLO period (31 days) plus a margin,
+/// whatever the raw rows' retention ([`Store::drop_before`] keeps them at least this long).
+pub const SLI_RETENTION_MS: u64 = 35 * 86_400_000;
 
 impl Batch {
     /// A new, empty batch with a fresh random id.
@@ -147,6 +213,10 @@ impl Batch {
         self.logs.append(&mut other.logs);
         self.failures.append(&mut other.failures);
         self.snapshots.append(&mut other.snapshots);
+        // Kept summed per (SLO, minute): a group commit of many requests stores a few rows.
+        for r in other.sli.drain(..) {
+            add_sli(&mut self.sli, &r.slo, r.minute_ms, r.counts);
+        }
     }
 }
 
@@ -342,8 +412,19 @@ pub trait Store: Send + Sync + 'static {
     /// Documents of one kind updated at or after `since_ms`, by key.
     fn list_docs<'a>(&'a self, kind: &'a str, since_ms: u64) -> StoreFuture<'a, Vec<Doc>>;
 
+    /// Stored SLI counts ([`Batch::sli`]) of the minutes in `[from_ms, to_ms)`, summed per SLO
+    /// and bucket of `bucket_ms` (a multiple of 60 000: minutes, or hours for old data), in
+    /// time order.
+    fn sli_buckets(
+        &self,
+        from_ms: u64,
+        to_ms: u64,
+        bucket_ms: u64,
+    ) -> StoreFuture<'_, Vec<SliBucket>>;
+
     /// Retention: removes spans, logs, failures and snapshots older than the day holding
-    /// `cutoff_ms`. Returns how many partitions (ClickHouse) or rows (SQLite) went.
+    /// `cutoff_ms`, and SLI buckets older than that and than [`SLI_RETENTION_MS`]. Returns how
+    /// many partitions (ClickHouse) or rows (SQLite) went.
     fn drop_before(&self, cutoff_ms: u64) -> StoreFuture<'_, u64>;
 
     /// How many rows each table holds.
@@ -374,6 +455,22 @@ pub async fn open(config: &Config) -> Result<Arc<dyn Store>, StoreError> {
             Ok(Arc::new(store))
         }
     }
+}
+
+/// [`Store::sli_buckets`]' bucket must be a whole number of minutes.
+pub(crate) fn check_sli_bucket(bucket_ms: u64) -> Result<(), StoreError> {
+    if bucket_ms == 0 || bucket_ms % 60_000 != 0 {
+        return Err(StoreError::BadQuery(format!(
+            "an SLI bucket must be a whole number of minutes, not {bucket_ms} ms"
+        )));
+    }
+    Ok(())
+}
+
+/// Where [`Store::drop_before`] cuts the SLI buckets for a raw-row cutoff: never later than
+/// [`SLI_RETENTION_MS`] ago, so the buckets outlive the raw rows.
+pub(crate) fn sli_cutoff_ms(raw_cutoff_ms: u64) -> u64 {
+    raw_cutoff_ms.min(brownout_protocol::now_ms().saturating_sub(SLI_RETENTION_MS))
 }
 
 /// Attributes as a JSON object text (SQLite column): keys sorted, a repeated key keeps its

@@ -12,8 +12,8 @@ use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 
 use super::{
     Batch, CountQuery, Doc, FailureCursor, FailurePage, FailureQuery, FailureRow, RequestCount,
-    RowCounts, SpanRow, Store, StoreError, StoreFuture, WriteMode, attrs_from_json, attrs_to_json,
-    doc_version_us,
+    RowCounts, SliBucket, SliCounts, SpanRow, Store, StoreError, StoreFuture, WriteMode,
+    attrs_from_json, attrs_to_json, check_sli_bucket, doc_version_us, sli_cutoff_ms,
 };
 
 const SCHEMA: &str = r#"
@@ -46,6 +46,11 @@ CREATE TABLE IF NOT EXISTS snapshots (
 );
 CREATE INDEX IF NOT EXISTS snapshots_host_ts ON snapshots(host, ts_ms);
 CREATE INDEX IF NOT EXISTS snapshots_ts ON snapshots(ts_ms);
+CREATE TABLE IF NOT EXISTS sli_buckets (
+  slo TEXT NOT NULL, minute_ms INTEGER NOT NULL,
+  good INTEGER NOT NULL, total INTEGER NOT NULL, refused INTEGER NOT NULL,
+  PRIMARY KEY (slo, minute_ms)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS docs (
   kind TEXT NOT NULL, key TEXT NOT NULL, version_us INTEGER NOT NULL, json TEXT NOT NULL,
   PRIMARY KEY (kind, key)
@@ -239,6 +244,21 @@ fn write_batch_tx(c: &mut Connection, b: &Batch) -> Result<(), StoreError> {
         for s in &b.snapshots {
             let json = serde_json::to_string(s).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             st.execute(params![s.host, i(s.ts_ms), json, i(b.id)])?;
+        }
+        // SLI buckets: summed in place, in the batch's transaction (counted once with it).
+        let mut st = tx.prepare_cached(
+            "INSERT INTO sli_buckets VALUES (?1,?2,?3,?4,?5) ON CONFLICT (slo, minute_ms) DO UPDATE \
+             SET good = good + excluded.good, total = total + excluded.total, \
+             refused = refused + excluded.refused",
+        )?;
+        for r in &b.sli {
+            st.execute(params![
+                r.slo,
+                i(r.minute_ms),
+                i(r.counts.good),
+                i(r.counts.total),
+                i(r.counts.refused)
+            ])?;
         }
     }
     tx.commit()?;
@@ -506,8 +526,43 @@ impl Store for SqliteStore {
             )? as u64;
             n += tx.execute("DELETE FROM failures WHERE ts_ms < ?1", [i(day_start_ms)])? as u64;
             n += tx.execute("DELETE FROM snapshots WHERE ts_ms < ?1", [i(day_start_ms)])? as u64;
+            n += tx.execute(
+                "DELETE FROM sli_buckets WHERE minute_ms < ?1",
+                [i(sli_cutoff_ms(day_start_ms))],
+            )? as u64;
             tx.commit()?;
             Ok(n)
+        })
+    }
+
+    fn sli_buckets(
+        &self,
+        from_ms: u64,
+        to_ms: u64,
+        bucket_ms: u64,
+    ) -> StoreFuture<'_, Vec<SliBucket>> {
+        SqliteStore::with(&self.reader, move |c| {
+            check_sli_bucket(bucket_ms)?;
+            let mut st = c.prepare_cached(
+                "SELECT slo, (minute_ms / ?1) * ?1 AS b, min(minute_ms), sum(good), sum(total), \
+                 sum(refused) FROM sli_buckets WHERE minute_ms >= ?2 AND minute_ms < ?3 \
+                 GROUP BY slo, b ORDER BY b, slo",
+            )?;
+            let rows = st
+                .query_map(params![i(bucket_ms), i(from_ms), i(to_ms)], |r| {
+                    Ok(SliBucket {
+                        slo: r.get(0)?,
+                        start_ms: u(r.get(1)?),
+                        first_ms: u(r.get(2)?),
+                        counts: SliCounts {
+                            good: u(r.get(3)?),
+                            total: u(r.get(4)?),
+                            refused: u(r.get(5)?),
+                        },
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
         })
     }
 

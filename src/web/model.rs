@@ -170,6 +170,12 @@ pub struct SloSummary {
     pub budget_note: String,
     /// Requests refused on purpose in the last hour (not in the SLI).
     pub refused_1h: u64,
+    /// The budget left as users felt it: refusals on purpose counted as bad (the cost of
+    /// shedding). `budget_remaining_ratio` is the real-failure budget the alerts read. `None`
+    /// for time-slice SLOs.
+    pub user_budget_remaining_ratio: Option<f64>,
+    /// Requests refused on purpose over the period.
+    pub refused_period: u64,
 }
 
 /// Heartbeat state of a host.
@@ -234,7 +240,8 @@ pub struct PatternSummary {
     pub template: String,
     pub category: Category,
     pub count_1h: u64,
-    /// Ranking score (occurrences weighted by criticality and users).
+    /// Share of the window's SLO-bad events this pattern explains (0…1; docs/SLO.md
+    /// "Pattern impact"); the list is ranked by it.
     pub impact: f64,
     pub services: Vec<String>,
     /// First seen in the last hour.

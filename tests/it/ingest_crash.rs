@@ -16,20 +16,20 @@ use brownout_test_support::{free_port, unique};
 
 use crate::ingest_spool_clickhouse::OwnClickHouse;
 
-const INGEST: &str = "ingest-token-crash-aaaaaaa";
-const READ: &str = "read-token-crash-bbbbbbbbb";
+pub(crate) const INGEST: &str = "ingest-token-crash-aaaaaaa";
+pub(crate) const READ: &str = "read-token-crash-bbbbbbbbb";
 const ADMIN: &str = "admin-token-crash-cccccccc";
 
 /// One `brownout serve` child on fixed ports and a data dir that outlive it.
-struct Serve {
-    config: std::path::PathBuf,
+pub(crate) struct Serve {
+    pub(crate) config: std::path::PathBuf,
     http: u16,
     child: Option<Child>,
-    log: std::path::PathBuf,
+    pub(crate) log: std::path::PathBuf,
 }
 
 impl Serve {
-    fn new(dir: &std::path::Path, clickhouse: Option<(&str, &str)>) -> Serve {
+    pub(crate) fn new(dir: &std::path::Path, clickhouse: Option<(&str, &str)>) -> Serve {
         let (http, otlp, grpc) = (free_port(), free_port(), free_port());
         let storage = match clickhouse {
             Some((url, prefix)) => {
@@ -52,11 +52,11 @@ impl Serve {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.http)
     }
 
-    fn spawn(&mut self) {
+    pub(crate) fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -97,14 +97,14 @@ impl Serve {
     }
 
     /// SIGKILL: no shutdown flush, no lease release, as a crash.
-    fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
-    async fn wait_ready(url: String, log: std::path::PathBuf) -> anyhow::Result<()> {
+    pub(crate) async fn wait_ready(url: String, log: std::path::PathBuf) -> anyhow::Result<()> {
         let c = reqwest::Client::new();
         for _ in 0..600 {
             if c.get(format!("{url}/healthz"))

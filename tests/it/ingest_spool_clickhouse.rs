@@ -530,7 +530,7 @@ fn batch_of(id: u64, spans: std::ops::Range<u64>) -> Arc<brownout::store::Batch>
 /// ClickHouse for a store test — `CLICKHOUSE_TEST_URL`, or a server of our own with its data
 /// in `dir` (kept while the returned guard lives) — and a config whose tables get a fresh
 /// prefix starting with `tag`.
-async fn clickhouse_for_test(
+pub(crate) async fn clickhouse_for_test(
     dir: &std::path::Path,
     tag: &str,
 ) -> (ClickHouseConfig, Option<OwnClickHouse>) {

@@ -416,13 +416,13 @@ async fn task_evaluates_on_schedule_and_updates_gauges() {
         .expect("encode");
     // The 1 h window at anchor + 5 s holds the events of [T0 + 10 s, T0 + 1 h): 71 bad of 3 590.
     assert!(
-        text.contains("brownout_slo_burn_rate{slo=\"chat-availability\",window=\"1h\"} 19.777159"),
+        text.contains("brownout_slo_burn_rate{slo=\"chat-availability\",view=\"real_failures\",window=\"1h\"} 19.777159"),
         "{text}"
     );
     // A 20× burn for the 3 605 s of history: 20 × 3 605 / 2 419 200 = 2.98% of the budget.
     assert!(
         text.contains(
-            "brownout_slo_error_budget_remaining_ratio{slo=\"chat-availability\"} 0.970197"
+            "brownout_slo_error_budget_remaining_ratio{slo=\"chat-availability\",view=\"real_failures\"} 0.970197"
         ),
         "{text}"
     );

@@ -89,7 +89,7 @@ async fn scalar(node: &str, sql: &str) -> u64 {
         .unwrap_or_else(|_| panic!("{node}: {sql}: {text:?}"))
 }
 
-fn store_on(node: &str, prefix: &str) -> ClickHouseStore {
+pub(crate) fn store_on(node: &str, prefix: &str) -> ClickHouseStore {
     ClickHouseStore::new(&ClickHouseConfig {
         url: node.to_string(),
         database: "default".into(),

@@ -38,6 +38,11 @@ pub(super) fn slo_summary(s: &crate::slo::SloStatus) -> SloSummary {
         budget_remaining_ratio: finite(s.budget_remaining_ratio),
         budget_note: budget_note(s),
         refused_1h: s.refused.last_1h,
+        user_budget_remaining_ratio: s
+            .user_felt
+            .as_ref()
+            .map(|u| finite(u.budget_remaining_ratio)),
+        refused_period: s.refused.period,
         burn_rates,
         alert_state: if firing(Severity::Page) {
             AlertState::Page
