@@ -40,7 +40,7 @@ pub struct PolicyKnobs {
 impl PolicyKnobs {
     /// The demo's and the benchmark's knobs (both run engines of 16 slots on this CPU).
     pub const SMALL_ENGINES: PolicyKnobs = PolicyKnobs {
-        hold_down_secs: [20, 5, 5],
+        hold_down_secs: [10, 5, 5],
         t2_max_tokens_cap: 16,
         t2_max_num_seqs: 16,
     };

@@ -513,17 +513,14 @@ impl Controller {
             },
         );
         let mut reasons = self.crossings(inputs);
+        // A tier none of whose own conditions (or those above) is latched any more, held by the
+        // demand: that is its reason, first (the command's reason).
         if self.tier > Tier::T0
             && operator_reason.is_none()
+            && !reasons.iter().any(|r| r.tier >= self.tier)
             && let Some(c) = self.demand_hold(self.tier, now)
         {
-            // The reason of the tier in force comes first (it is the command's reason when
-            // none of the tier's own conditions is latched any more).
-            let at = reasons
-                .iter()
-                .position(|r| r.tier <= c.tier)
-                .unwrap_or(reasons.len());
-            reasons.insert(at, c);
+            reasons.insert(0, c);
         }
         let reason = match &operator_reason {
             Some(o) => Reason {
