@@ -14,8 +14,11 @@
 //!   A variable's name as a string in the binary is evidence that the code names it, not proof
 //!   that it reads it; a short name the compiler folds into instructions (std's `TMPDIR`) is not
 //!   found, and is refused: give such a setting another way.
-//! - The drain: preStop sleeps plus the binary's own stop end inside the grace period, the gates'
-//!   readiness is `/health` and their liveness not, the control plane has two replicas or more.
+//! - The drain: preStop sleeps plus the binary's own stop (a gate's `--shutdown-grace-secs` + 10 s)
+//!   end inside the grace period, a sidecar upstream outlives its gate's drain, the gates'
+//!   readiness is `/health` and their liveness not, the control plane has two replicas or more,
+//!   every Secret key read is in `secrets.example.yaml`; the gate's unit stops it with SIGTERM or
+//!   SIGINT and waits out its drain.
 //! - The PrometheusRules say what alerts/ says; every dashboard is a sidecar ConfigMap.
 //! - The units pass `systemd-analyze verify` with no warning.
 //!
@@ -561,25 +564,87 @@ fn labels_match(selector: &Value, labels: &Value) -> bool {
         .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| &labels[k.as_str().unwrap()] == v))
 }
 
-/// Every preStop sleep of a pod ends inside its termination grace period, leaving the control
-/// plane its `shutdown_grace_ms` (10 s) and brownout-serve its 10 s graceful stop after it; the
-/// control plane runs at least two replicas (the lease moves, the PDB keeps one).
-fn drain_problems(at: &str, pod: &Value) -> Vec<String> {
+/// What brownout-serve takes after its `--shutdown-grace-secs` at most: 5 s for the cancelled
+/// work to settle (`CANCEL_SETTLE`), 5 s for the connections to close (`CLOSE_WAIT`).
+const SERVE_AFTER_GRACE_S: u64 = 10;
+
+/// A brownout-serve invocation's `--shutdown-grace-secs`: its own, else the help's default.
+fn serve_grace(inv: &Invocation, b: &mut Binaries) -> Result<u64, String> {
+    let v = inv.flag_value("--shutdown-grace-secs").or_else(|| {
+        b.help(&inv.bin, &inv.sub())
+            .ok()
+            .and_then(|h| flag_default(&h, "--shutdown-grace-secs"))
+    });
+    v.as_deref()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("{}: no --shutdown-grace-secs (got {v:?})", inv.at))
+}
+
+/// Every running container's preStop sleep plus its binary's stop ends inside the pod's
+/// termination grace period (at its end comes SIGKILL): the control plane's `shutdown_grace_ms`
+/// and gpu-agent's stop 10 s (up to the period), brownout-serve's `--shutdown-grace-secs` plus
+/// [`SERVE_AFTER_GRACE_S`] (strictly under it). In a pod where a gate forwards to a loopback upstream (vLLM beside
+/// it), every other container's preStop outlasts the gate's preStop plus its grace, so the
+/// upstream still answers the requests the gate lets finish. (Init containers are not running
+/// when the pod stops.)
+fn drain_problems(docs: &[Value], at: &str, pod: &Value, b: &mut Binaries) -> Vec<String> {
     let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
-    let mut v = Vec::new();
-    for c in containers(pod) {
-        let sleep = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    let sleep_of = |c: &Value| {
+        c["lifecycle"]["preStop"]["sleep"]["seconds"]
             .as_u64()
-            .unwrap_or(0);
-        let ours = strs(&c["command"])
-            .first()
-            .is_some_and(|b| OURS.contains(&b.as_str()));
-        let after = if ours { 10 } else { 0 };
-        if sleep + after > grace {
+            .unwrap_or(0)
+    };
+    let mut v = Vec::new();
+    // (the gate's preStop + grace) of gates with a loopback upstream
+    let mut upstream_needed_until = None;
+    for c in seq(&pod["containers"]) {
+        let name = c["name"].as_str().unwrap_or("?");
+        let sleep = sleep_of(c);
+        let (after, why, strict) = match invocation(docs, at, c) {
+            Some(inv) if inv.bin == "brownout-serve" && inv.sub().is_empty() => {
+                match serve_grace(&inv, b) {
+                    Ok(g) => {
+                        if inv.args.iter().any(|a| {
+                            a.contains("=http://127.0.0.1:") || a.contains("=http://localhost:")
+                        }) {
+                            upstream_needed_until = Some(sleep + g);
+                        }
+                        (
+                            g + SERVE_AFTER_GRACE_S,
+                            format!(" (--shutdown-grace-secs {g} + {SERVE_AFTER_GRACE_S} s)"),
+                            true,
+                        )
+                    }
+                    Err(e) => {
+                        v.push(e);
+                        continue;
+                    }
+                }
+            }
+            Some(_) => (10, String::new(), false),
+            None => (0, String::new(), false),
+        };
+        // A gate's sum is an upper bound it reaches only when a stream outlives the grace:
+        // strictly under the period. The others' 10 s is an allowance: up to it.
+        if sleep + after > grace || (strict && sleep + after == grace) {
             v.push(format!(
-                "{at} container {}: preStop {sleep} s + {after} s stop > terminationGracePeriodSeconds {grace}",
-                c["name"].as_str().unwrap_or("?")
+                "{at} container {name}: preStop {sleep} s + {after} s stop{why} is not under \
+                 terminationGracePeriodSeconds {grace}"
             ));
+        }
+    }
+    if let Some(until) = upstream_needed_until {
+        for c in seq(&pod["containers"]) {
+            let ours = strs(&c["command"])
+                .first()
+                .is_some_and(|b| OURS.contains(&b.as_str()));
+            if !ours && sleep_of(c) <= until {
+                v.push(format!(
+                    "{at} container {}: preStop {} s ends before the gate's drain does ({until} s)",
+                    c["name"].as_str().unwrap_or("?"),
+                    sleep_of(c)
+                ));
+            }
         }
     }
     v
@@ -660,7 +725,7 @@ fn check_overlay(o: &Overlay, b: &mut Binaries) -> (Vec<String>, BTreeSet<Route>
         let at = format!("{}: {at}", o.name);
         let mut names = BTreeMap::new();
         let mut ours = BTreeMap::new();
-        problems.extend(drain_problems(&at, pod));
+        problems.extend(drain_problems(&o.docs, &at, pod, b));
         for c in containers(pod) {
             let declared = container_ports(c);
             names.extend(declared.clone());
@@ -1006,10 +1071,36 @@ fn deploy_manifests_name_only_what_the_binaries_have() {
         }
     }
     assert!(checked >= 6, "only {checked} workloads");
+    // Every key of the Secret a container reads is one secrets.example.yaml says how to make.
+    let example = docs(&std::fs::read_to_string(k8s_dir().join("secrets.example.yaml")).unwrap());
+    let secret = example
+        .iter()
+        .find(|d| d["kind"] == "Secret")
+        .expect("the example Secret");
+    let secret_name = secret["metadata"]["name"].as_str().unwrap();
     for o in rendered() {
         let cp = find(&o.docs, "Deployment", "brownout-control-plane").expect("the control plane");
         let n = cp["spec"]["replicas"].as_u64().unwrap_or(1);
         assert!(n >= 2, "{}: the control plane runs {n} replica(s)", o.name);
+        for (at, _, pod) in pod_templates(&o.docs) {
+            for c in containers(pod) {
+                for e in seq(&c["env"]) {
+                    let r = &e["valueFrom"]["secretKeyRef"];
+                    if r.is_null() {
+                        continue;
+                    }
+                    let key = r["key"].as_str().unwrap_or("?");
+                    if r["name"] != secret_name || secret["stringData"][key].is_null() {
+                        problems.push(format!(
+                            "{}: {at}: {} reads {}/{key}, which secrets.example.yaml lacks",
+                            o.name,
+                            e["name"].as_str().unwrap_or("?"),
+                            r["name"].as_str().unwrap_or("?")
+                        ));
+                    }
+                }
+            }
+        }
     }
     let must = [
         "/healthz",
@@ -1030,12 +1121,22 @@ fn deploy_manifests_name_only_what_the_binaries_have() {
     );
 }
 
+/// The container `name` of a workload, to change it.
+fn container_mut<'a>(workload: &'a mut Value, name: &str) -> &'a mut Value {
+    workload["spec"]["template"]["spec"]["containers"]
+        .as_sequence_mut()
+        .expect("containers")
+        .iter_mut()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
 #[test]
 fn deploy_a_flag_the_binary_lacks_is_caught() {
     // The drift check itself, on overlays/vllm changed by hand: a flag and a variable
     // brownout-serve does not have, a port gpu-agent does not listen on, a Service port nobody
-    // serves, a grace period shorter
-    // than the gate's preStop and stop...
+    // serves, a grace period shorter than the gate's preStop plus its --shutdown-grace-secs and
+    // what follows it...
     let o = rendered()
         .into_iter()
         .find(|o| o.name == "vllm")
@@ -1056,13 +1157,11 @@ fn deploy_a_flag_the_binary_lacks_is_caught() {
         .iter_mut()
         .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "vllm")
         .expect("Deployment/vllm");
-    let gate = vllm["spec"]["template"]["spec"]["containers"]
-        .as_sequence_mut()
-        .unwrap()
-        .iter_mut()
-        .find(|c| c["name"] == "gate")
-        .expect("container gate");
-    gate["livenessProbe"] = serde_yaml::from_str("{httpGet: {path: /health, port: http}}").unwrap();
+    container_mut(vllm, "gate")["livenessProbe"] =
+        serde_yaml::from_str("{httpGet: {path: /health, port: http}}").unwrap();
+    // ...and vLLM's preStop shorter than the gate's preStop plus its grace (gone while the gate
+    // still lets requests finish).
+    container_mut(vllm, "vllm")["lifecycle"]["preStop"]["sleep"]["seconds"] = 20.into();
     let (p, _) = check_overlay(
         &Overlay {
             name: "vllm (changed)".into(),
@@ -1076,7 +1175,9 @@ fn deploy_a_flag_the_binary_lacks_is_caught() {
         "reads no variable BROWNOUT_INSTANCE_NAME",
         "declares ports {9401}, listens on {9400}",
         "http://brownout-otlp:4316: Service brownout-otlp has no port 4316",
-        "container gate: preStop 30 s + 10 s stop > terminationGracePeriodSeconds 35",
+        "container gate: preStop 5 s + 40 s stop (--shutdown-grace-secs 30 + 10 s) is not under \
+         terminationGracePeriodSeconds 35",
+        "container vllm: preStop 20 s ends before the gate's drain does (35 s)",
         "container gate: needs a liveness probe other than /health",
     ] {
         assert!(all.contains(want), "not caught: {want}\n{all}");
@@ -1172,6 +1273,41 @@ fn assignments(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// brownout-serve's unit stops it with a signal it drains on, and waits out the drain:
+/// `TimeoutStopSec` above `--shutdown-grace-secs` plus [`SERVE_AFTER_GRACE_S`].
+fn serve_unit_stop_problems(
+    inv: &Invocation,
+    a: &[(String, String)],
+    b: &mut Binaries,
+) -> Vec<String> {
+    let get = |k: &str| a.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let mut v = Vec::new();
+    let signal = get("KillSignal").unwrap_or("SIGTERM");
+    if !matches!(signal, "SIGTERM" | "SIGINT") {
+        v.push(format!("{}: KillSignal={signal} does not drain", inv.at));
+    }
+    let grace = match serve_grace(inv, b) {
+        Ok(g) => g,
+        Err(e) => return vec![e],
+    };
+    // systemd's default is 90 s; a plain number is seconds.
+    let timeout = get("TimeoutStopSec").map_or(Some(90), |t| {
+        t.strip_suffix('s').unwrap_or(t).parse::<u64>().ok()
+    });
+    match timeout {
+        Some(t) if t > grace + SERVE_AFTER_GRACE_S => {}
+        t => v.push(format!(
+            "{}: TimeoutStopSec {} is not above --shutdown-grace-secs {grace} + \
+             {SERVE_AFTER_GRACE_S} s",
+            inv.at,
+            t.map_or("(not a number of seconds)".to_string(), |t| format!(
+                "{t} s"
+            ))
+        )),
+    }
+    v
+}
+
 #[test]
 fn deploy_systemd_units_verify_and_name_only_what_the_binaries_have() {
     let units = units();
@@ -1228,6 +1364,14 @@ fn deploy_systemd_units_verify_and_name_only_what_the_binaries_have() {
                 for (n, val) in assignments(&t) {
                     env.insert(n, Some(val));
                 }
+                // `#NAME=` lines are variables it offers to set: they must exist too.
+                for l in t.lines() {
+                    if let Some((n, _)) = l.strip_prefix('#').and_then(|l| l.split_once('=')) {
+                        if !n.is_empty() && n.bytes().all(|c| c.is_ascii_uppercase() || c == b'_') {
+                            env.entry(n.to_string()).or_insert(None);
+                        }
+                    }
+                }
             }
         }
         let expanded = expanded_vars(&words, "${", "}");
@@ -1238,6 +1382,9 @@ fn deploy_systemd_units_verify_and_name_only_what_the_binaries_have() {
             env,
             expanded,
         };
+        if inv.bin == "brownout-serve" {
+            problems.extend(serve_unit_stop_problems(&inv, &a, &mut b));
+        }
         problems.extend(inv.problems(&mut b));
     }
     let paths: Vec<PathBuf> = units
