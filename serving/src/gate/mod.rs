@@ -348,6 +348,11 @@ impl Policy {
     }
 }
 
+/// How long a session T3 admitted keeps being admitted without a token (its calls still draw
+/// one): longer than a flow's deadline (8 s for agent flows), so a flow that started finishes,
+/// and short enough that a busy session cannot hold the capacity for a whole overload.
+pub const EXCESS_SESSION_SECS: u64 = 10;
+
 /// Calls seen and passed by one feature in `probe`.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 struct Probe {
@@ -375,6 +380,10 @@ struct Mutable {
     bucket: TokenBucket,
     /// T3's excess bucket (`shed.admit_rps`).
     excess: TokenBucket,
+    /// Sessions (conversation, else user) T3 admitted, and when it first did: their next calls
+    /// for [`EXCESS_SESSION_SECS`] go on without a token (drawing one), so T3 refuses whole new
+    /// flows rather than a share of every flow's calls.
+    excess_sessions: HashMap<String, Instant>,
     probes: BTreeMap<String, Probe>,
 }
 
@@ -466,6 +475,9 @@ impl Gate {
         st.bucket.set_rate(p.admit_rps(), now);
         st.excess
             .set_rate(p.command().shed.as_ref().and_then(|s| s.admit_rps), now);
+        if st.excess.rate().is_none() {
+            st.excess_sessions.clear();
+        }
         let cmd = p.command();
         st.probes
             .retain(|name, _| cmd.feature_state(name) == FeatureState::Probe);
@@ -591,7 +603,7 @@ impl Gate {
         if let Some(shed) = &cmd.shed {
             if critical || meta.criticality >= shed.admit_min_criticality {
                 st.excess.draw(now);
-            } else if !self.excess_admits(&mut st, meta.criticality, now) {
+            } else if !self.excess_admits(&mut st, meta, now) {
                 let retry = shed_retry_after(shed, now_ms);
                 let c = meta.criticality;
                 let (message, detail) = match shed.admit_rps {
@@ -708,16 +720,46 @@ impl Gate {
     /// At T3 with `shed.admit_rps`: whether the excess bucket admits a request of this
     /// criticality (`sheddable` leaves the last half of the burst to `default`). Without the
     /// rate nothing below the admitted criticality passes.
-    fn excess_admits(&self, st: &mut Mutable, c: Criticality, now: Instant) -> bool {
+    ///
+    /// A session (conversation, else user) admitted less than [`EXCESS_SESSION_SECS`] ago goes
+    /// on and draws a token like a critical request: a flow's later calls are not refused once
+    /// its first was admitted. The session table is bounded by `max_tracked_users`; past it,
+    /// sessions older than the window go, and a new one that still does not fit is not
+    /// remembered (its next calls need a token of their own).
+    fn excess_admits(&self, st: &mut Mutable, meta: &RequestMeta, now: Instant) -> bool {
         if st.excess.rate().is_none() {
             return false;
         }
-        let reserve = if c == Criticality::Sheddable {
+        let window = std::time::Duration::from_secs(EXCESS_SESSION_SECS);
+        let key = meta.conversation.as_ref().or(meta.user.as_ref());
+        if let Some(k) = key
+            && st
+                .excess_sessions
+                .get(k)
+                .is_some_and(|t| now.saturating_duration_since(*t) < window)
+        {
+            st.excess.draw(now);
+            return true;
+        }
+        let reserve = if meta.criticality == Criticality::Sheddable {
             st.excess.burst() / 2.0
         } else {
             0.0
         };
-        st.excess.try_take_above(now, reserve).is_ok()
+        if st.excess.try_take_above(now, reserve).is_err() {
+            return false;
+        }
+        if let Some(k) = key {
+            let cap = self.inner.cfg.max_tracked_users.max(1);
+            if st.excess_sessions.len() >= cap {
+                st.excess_sessions
+                    .retain(|_, t| now.saturating_duration_since(*t) < window);
+            }
+            if st.excess_sessions.len() < cap {
+                st.excess_sessions.insert(k.clone(), now);
+            }
+        }
+        true
     }
 
     /// Whether a call to a feature in `state` passes (counting probes).
@@ -799,6 +841,7 @@ impl Gate {
             "admit_rps": st.excess.rate(),
             "tokens": st.excess.tokens(now),
             "shed_total": st.excess.throttled_total,
+            "sessions": st.excess_sessions.len(),
         });
         let probes: serde_json::Map<String, Value> = st
             .probes

@@ -599,3 +599,43 @@ fn t3_without_admit_rps_sheds_the_whole_class_with_the_base_jitter() {
     }
     assert!(g.admit_at(&meta(Criticality::Critical), t0, NOW_MS).is_ok());
 }
+
+#[test]
+fn t3_keeps_admitting_a_session_it_admitted_and_refuses_whole_new_ones() {
+    let (g, h) = gate("i", GateConfig::default());
+    t3_excess(&h, Some(2.0), NOW_MS + 30_000);
+    let t0 = Instant::now();
+    let user = |u: &str| RequestMeta {
+        criticality: Criticality::Default,
+        user: Some(u.into()),
+        ..RequestMeta::default()
+    };
+    // Two tokens: users a and b start their flows; c is refused.
+    assert!(g.admit_at(&user("a"), t0, NOW_MS).is_ok());
+    assert!(g.admit_at(&user("b"), t0, NOW_MS).is_ok());
+    assert_eq!(
+        outcome(g.admit_at(&user("c"), t0, NOW_MS)).unwrap_err(),
+        Outcome::Shed
+    );
+    // a's and b's later calls go on although the bucket is empty (they draw into debt) ...
+    let t1 = t0 + Duration::from_secs(2);
+    for _ in 0..3 {
+        assert!(g.admit_at(&user("a"), t1, NOW_MS).is_ok());
+        assert!(g.admit_at(&user("b"), t1, NOW_MS).is_ok());
+    }
+    // ... which leaves nothing for a new session now.
+    assert!(g.admit_at(&user("c"), t1, NOW_MS).is_err());
+    // After the session window a needs a token again: c and d take the two there are.
+    let t2 = t0 + Duration::from_secs(EXCESS_SESSION_SECS);
+    assert!(g.admit_at(&user("c"), t2, NOW_MS).is_ok());
+    assert!(g.admit_at(&user("d"), t2, NOW_MS).is_ok());
+    assert_eq!(
+        outcome(g.admit_at(&user("a"), t2, NOW_MS)).unwrap_err(),
+        Outcome::Shed,
+        "a is a new session after the window"
+    );
+    // Leaving T3 forgets the sessions.
+    command(&h, |_| {});
+    assert!(g.admit_at(&user("z"), t2, NOW_MS).is_ok());
+    assert_eq!(g.debug()["admission"]["t3_excess"]["sessions"], 0);
+}
