@@ -769,9 +769,8 @@ pub async fn calibrate_capacity(
         requests_per_s: None,
         fallback_requests_per_s: None,
     };
-    let mut best_users = 0;
-    for c in [(seqs / 2).max(1), seqs, seqs * 2] {
-        let users = c * n;
+    // Flows/s within deadline and requests/s finished by `users` in a closed loop.
+    let measure = async |users: usize| -> anyhow::Result<(f64, Option<f64>)> {
         let before = completed().await;
         let started = Instant::now();
         let r = brownout::loadgen::closed_loop_flows_per_s(&cfg, users, each).await?;
@@ -780,6 +779,12 @@ pub async fn calibrate_capacity(
             (Some(b), Some(a)) if secs > 0.0 => Some((a - b).max(0.0) / secs),
             _ => None,
         };
+        Ok((r, rps))
+    };
+    let mut best_users = 0;
+    for c in [(seqs / 2).max(1), seqs, seqs * 2] {
+        let users = c * n;
+        let (r, rps) = measure(users).await?;
         eprintln!(
             "{label}: calibration: {users} users in a closed loop → {r:.2} flows/s within deadline, {} requests/s finished",
             rps.map_or_else(|| "?".to_string(), |v| format!("{v:.2}"))
@@ -817,14 +822,7 @@ pub async fn calibrate_capacity(
             h.apply(cmd, brownout_protocol::now_ms())
                 .with_context(|| format!("pinning T2 on engine {i} for the calibration"))?;
         }
-        let before = completed().await;
-        let started = Instant::now();
-        let r = brownout::loadgen::closed_loop_flows_per_s(&cfg, best_users, each).await?;
-        let secs = started.elapsed().as_secs_f64();
-        let rps = match (before, completed().await) {
-            (Some(b), Some(a)) if secs > 0.0 => Some((a - b).max(0.0) / secs),
-            _ => None,
-        };
+        let (r, rps) = measure(best_users).await?;
         eprintln!(
             "{label}: calibration: {best_users} users in a closed loop with T2 in force (route {}, max_tokens {}) → {r:.2} flows/s within deadline, {} requests/s finished",
             t2.model_route,
