@@ -196,6 +196,7 @@ mod tests {
             features: Vec::new(),
             error_types: Vec::new(),
             budget_impact: 0.0,
+            slo_impact: Vec::new(),
             example_trace_ids: Vec::new(),
             trend: crate::patterns::engine::Trend {
                 direction: crate::patterns::engine::TrendDirection::New,
