@@ -107,7 +107,21 @@ fn bench_overload_runs_three_configurations_and_prints_one_json_line() {
     // policy's capacity_rps.
     let rps = all["capacity_rps"].as_f64().expect("capacity_rps measured");
     assert!(rps > 0.0, "{rps}");
-    assert_eq!(all["declared_capacity_rps"].as_f64(), Some(rps));
+    let declared = |v: f64| Some((v * 100.0).round() / 100.0);
+    assert_eq!(all["declared_capacity_rps"].as_f64(), declared(rps));
+    // And the T2 route's, with T2 pinned on the engine, as fallback_capacity_rps.
+    let fallback = all["fallback_capacity_rps"]
+        .as_f64()
+        .expect("fallback_capacity_rps measured");
+    assert!(fallback > 0.0, "{fallback}");
+    assert_eq!(
+        all["declared_fallback_capacity_rps"].as_f64(),
+        declared(fallback)
+    );
+    assert!(
+        stderr.contains("with T2 in force (route fallback"),
+        "{stderr}"
+    );
     assert!(
         stderr.contains(&format!(
             "declared to the controller: capacity_rps {rps:.2}"
