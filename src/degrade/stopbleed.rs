@@ -148,8 +148,6 @@ pub struct StopBleedState {
     /// The same, only while T2's route served with work waiting (saturated): the T2 route's
     /// capacity. Below saturation the completions are the demand, not what the route can do.
     fallback_completions: VecDeque<(u64, f64)>,
-    /// Requests waiting over the fresh engines at the last observation.
-    waiting: u64,
     /// (unix s, offered load/s summed over fresh engines: first-attempt arrivals where the
     /// engine exports them, else every request answered), one per second seen.
     demand: VecDeque<(u64, f64)>,
@@ -232,8 +230,7 @@ pub fn detect_retry_waves(
 }
 
 /// The highest mean over 5 seconds of a (unix ms, rate) series.
-fn best_5s_mean(q: &VecDeque<(u64, f64)>) -> f64 {
-    let v: Vec<(u64, f64)> = q.iter().copied().collect();
+fn best_5s_mean(v: &VecDeque<(u64, f64)>) -> f64 {
     let mut best: f64 = 0.0;
     let mut j = 0;
     let mut sum = 0.0;
@@ -353,7 +350,6 @@ impl StopBleedState {
             self.demand.pop_front();
         }
         self.completions.push_back((now, completions));
-        self.waiting = waiting;
         match route {
             RouteContext::Primary => self.primary_completions.push_back((now, completions)),
             RouteContext::Fallback if waiting > 0 => {
@@ -389,24 +385,15 @@ impl StopBleedState {
         }
         // While T3 limits the work, nothing measures a route's capacity: keep what was
         // measured before (else a long T3 would forget it, and admit less and less).
-        if route != RouteContext::None {
-            for q in [
-                &mut self.primary_completions,
-                &mut self.fallback_completions,
-            ] {
-                while q
-                    .front()
-                    .is_some_and(|(t, _)| now.saturating_sub(*t) > keep_ms)
-                {
-                    q.pop_front();
-                }
-            }
-        }
         for q in [
             &mut self.primary_completions,
             &mut self.fallback_completions,
         ] {
-            while q.len() > 8192 {
+            while q.len() > 8192
+                || (route != RouteContext::None
+                    && q.front()
+                        .is_some_and(|(t, _)| now.saturating_sub(*t) > keep_ms))
+            {
                 q.pop_front();
             }
         }
