@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::collections::hash_map::RandomState;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use brownout_protocol::{AbortEntry, Category, Command, Criticality, FailureEvent, FeatureState};
+use brownout_protocol::{AbortEntry, Category, Criticality, FailureEvent, FeatureState};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use serde::Serialize;
 
@@ -53,40 +53,7 @@ pub struct CommandPart {
     pub probe_ratio: Option<f64>,
 }
 
-fn severity(f: &FeatureState) -> u8 {
-    match f {
-        FeatureState::Disabled => 2,
-        FeatureState::Probe => 1,
-        _ => 0,
-    }
-}
-
 impl CommandPart {
-    /// Merges into a command the controller built: a breaker's state replaces the policy's only
-    /// when stricter (`disabled` > `probe` > `enabled`), abort entries are appended (the list
-    /// stays within [`brownout_protocol::MAX_ABORT_ENTRIES`]), and `probe_ratio` is set when the
-    /// command has none.
-    pub fn apply(&self, cmd: &mut Command) {
-        for (name, state) in &self.features {
-            let stricter = cmd
-                .features
-                .get(name)
-                .is_none_or(|cur| severity(state) > severity(cur));
-            if stricter {
-                cmd.features.insert(name.clone(), state.clone());
-            }
-        }
-        let room = brownout_protocol::MAX_ABORT_ENTRIES.saturating_sub(cmd.abort.len());
-        cmd.abort
-            .extend(self.abort.iter().rev().take(room).rev().cloned());
-        if cmd.limits.probe_ratio.is_none()
-            && self.probe_ratio.is_some()
-            && self.features.values().any(|f| *f == FeatureState::Probe)
-        {
-            cmd.limits.probe_ratio = self.probe_ratio;
-        }
-    }
-
     pub fn is_empty(&self) -> bool {
         self.features.is_empty() && self.abort.is_empty()
     }

@@ -15,9 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use brownout_protocol::{
-    AgentSnapshot, Command, FeatureState, InstanceEntry, Limits, Reason, Shed, Tier,
-};
+use brownout_protocol::{AgentSnapshot, FeatureState, InstanceEntry, Limits, Reason, Shed, Tier};
 use serde::{Deserialize, Serialize};
 
 use super::policy::{Condition, Policy, Signal};
@@ -127,53 +125,6 @@ pub struct Decision {
     /// Why each entry is there, plus watches and detected retry waves.
     #[serde(default)]
     pub instance_actions: Vec<InstanceAction>,
-}
-
-impl Decision {
-    /// The command this decision publishes, stamped with the publisher's epoch and version.
-    pub fn to_command(
-        &self,
-        cluster: &str,
-        epoch: u64,
-        version: u64,
-        now_ms: u64,
-        lease_ms: u64,
-    ) -> Command {
-        Command {
-            cluster: cluster.to_string(),
-            epoch,
-            version,
-            tier: self.tier,
-            issued_at_ms: now_ms,
-            expires_at_ms: now_ms.saturating_add(lease_ms),
-            reason: self.reason.clone(),
-            features: self.features.clone(),
-            model_route: self.model_route.clone(),
-            limits: self.limits.clone(),
-            shed: self.shed.clone(),
-            instances: self.instances.clone(),
-            abort: Vec::new(),
-            extra: BTreeMap::new(),
-        }
-    }
-
-    /// The fields the serving tier acts on (not the time, not the reasons' wording). Two decisions
-    /// with the same effect need no new command beyond the lease refresh.
-    pub fn same_effect(&self, other: &Decision) -> bool {
-        self.tier == other.tier
-            && self.features == other.features
-            && self.model_route == other.model_route
-            && self.limits == other.limits
-            && self.instances == other.instances
-            && self
-                .shed
-                .as_ref()
-                .map(|s| (s.admit_min_criticality, s.retry_after_s, s.admit_rps))
-                == other
-                    .shed
-                    .as_ref()
-                    .map(|s| (s.admit_min_criticality, s.retry_after_s, s.admit_rps))
-    }
 }
 
 #[derive(Debug, Clone, Default)]

@@ -6,18 +6,20 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use brownout_protocol::{Ack, AgentSnapshot, Command, Tier};
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+use brownout_protocol::{AgentSnapshot, Command, Tier};
+use prometheus::Registry;
 use serde::{Deserialize, Serialize};
 
+use super::acks::{
+    AckLedger, AckView, InstanceAckRecord, InstanceActionView, Unacked, action_keys, instance_views,
+};
 use super::controller::{
     Crossing, Decision, Inputs, InstanceAction, InstanceOverride, Override, PatternRate, SloAlert,
     Transition,
 };
-use super::http::AlertmanagerWebhook;
+use super::metrics::DegradeMetrics;
 use super::policy::Policy;
 use super::redis::AckEntry;
-use crate::error::ApiError;
 
 /// Static configuration of the controller.
 #[derive(Debug, Clone)]
@@ -71,48 +73,6 @@ pub struct DecisionRecord {
     pub instance_acks: BTreeMap<String, InstanceAckRecord>,
 }
 
-/// The ack of one instance's entry, as a stored decision keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InstanceAckRecord {
-    /// `applied`, `pending` or `unknown_instance` (as in [`InstanceActionView::ack`]).
-    pub status: String,
-    /// Decision → applied, when known (for `"*"`: the slowest instance).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lag_ms: Option<u64>,
-}
-
-/// One serving instance's ack, as shown by the API.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AckView {
-    pub instance: String,
-    pub status: String,
-    pub epoch: u64,
-    pub version: u64,
-    pub at_ms: u64,
-    /// Decision (issue) → applied, when the acked version is one this replica published.
-    pub lag_ms: Option<u64>,
-    /// True when the instance is behind the command in force.
-    pub behind: bool,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub reason: String,
-    /// Which `instances` entries the instance applied (`own`, `*`, `own+*`), when any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entry: Option<String>,
-}
-
-/// One per-instance action with its ack, in `GET /api/v1/degrade`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct InstanceActionView {
-    #[serde(flatten)]
-    pub action: InstanceAction,
-    /// The entry the command in force carries for it (`None` for watches and retry waves).
-    pub entry: Option<brownout_protocol::InstanceEntry>,
-    /// `applied` (the instance acked the command in force with this entry), `pending`, or
-    /// `unknown_instance` (no ack from that id: no serving tier answers to it). For `"*"`:
-    /// `applied` once every acking instance applied it.
-    pub ack: String,
-}
-
 /// `GET /api/v1/degrade`.
 #[derive(Debug, Clone, Serialize)]
 pub struct DegradeStatus {
@@ -135,119 +95,20 @@ pub struct DegradeStatus {
     pub unacked: Option<Unacked>,
 }
 
-/// How long a published command may stay without any ack before the warning (log line,
-/// [`DegradeStatus::unacked`], `brownout_degradation_unacked_commands`).
-pub const UNACKED_WARN_MS: u64 = 5_000;
-
-/// Published commands that no serving instance acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Unacked {
-    /// Issue time of the oldest command without an ack at or above its version.
-    pub since_ms: u64,
-    /// Commands published since then.
-    pub commands: u64,
-    /// What to check, for the log and the UI.
-    pub hint: String,
-}
-
-/// Metrics of the component (`brownout_degradation_*`).
-#[derive(Debug, Clone)]
-pub struct DegradeMetrics {
-    pub tier: IntGaugeVec,
-    pub decisions_total: IntCounterVec,
-    pub publish_seconds: Histogram,
-    pub ack_lag_seconds: prometheus::GaugeVec,
-    pub unacked_commands: IntGaugeVec,
-    /// Per-instance actions in force by action (`halve`, `drain`, `operator`, `ramp`, `watch`,
-    /// `recovery_storm`).
-    pub instance_actions: IntGaugeVec,
-    /// Retry waves detected (counted once per wave).
-    pub recovery_storms_total: prometheus::IntCounter,
-    /// The `"*"` entry's `admit_rps` while the admission ramp runs (0 otherwise).
-    pub admit_rps: prometheus::Gauge,
-}
-
-impl DegradeMetrics {
-    fn new() -> DegradeMetrics {
-        DegradeMetrics {
-            tier: IntGaugeVec::new(
-                Opts::new(
-                    "brownout_degradation_tier",
-                    "Degradation tier in force (0-3).",
-                ),
-                &["cluster"],
-            )
-            .expect("valid metric"),
-            decisions_total: IntCounterVec::new(
-                Opts::new(
-                    "brownout_degradation_decisions_total",
-                    "Recorded degradation decisions by trigger.",
-                ),
-                &["trigger"],
-            )
-            .expect("valid metric"),
-            publish_seconds: Histogram::with_opts(
-                HistogramOpts::new(
-                    "brownout_degradation_publish_seconds",
-                    "Time to publish one command to Redis.",
-                )
-                .buckets(vec![
-                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                ]),
-            )
-            .expect("valid metric"),
-            ack_lag_seconds: prometheus::GaugeVec::new(
-                Opts::new(
-                    "brownout_degradation_ack_lag_seconds",
-                    "Decision to applied lag of the latest ack per serving instance.",
-                ),
-                &["cluster", "engine_instance"],
-            )
-            .expect("valid metric"),
-            unacked_commands: IntGaugeVec::new(
-                Opts::new(
-                    "brownout_degradation_unacked_commands",
-                    "Commands this replica published more than 5 s ago that no serving instance \
-                     has acknowledged (0 while some instance acks).",
-                ),
-                &["cluster"],
-            )
-            .expect("valid metric"),
-            instance_actions: IntGaugeVec::new(
-                Opts::new(
-                    "brownout_degrade_instance_actions",
-                    "Per-instance actions in force, by action (halve, drain, operator, ramp, watch, recovery_storm).",
-                ),
-                &["cluster", "action"],
-            )
-            .expect("valid metric"),
-            recovery_storms_total: prometheus::IntCounter::new(
-                "brownout_degrade_recovery_storms_total",
-                "Retry waves (recovery storms) detected in the arrival rate.",
-            )
-            .expect("valid metric"),
-            admit_rps: prometheus::Gauge::new(
-                "brownout_degrade_admit_rps",
-                "Admission rate per instance of the ramp after T3 (0 when no ramp runs).",
-            )
-            .expect("valid metric"),
-        }
-    }
-
-    fn register(&self, r: &Registry) -> Result<(), prometheus::Error> {
-        r.register(Box::new(self.tier.clone()))?;
-        r.register(Box::new(self.decisions_total.clone()))?;
-        r.register(Box::new(self.publish_seconds.clone()))?;
-        r.register(Box::new(self.ack_lag_seconds.clone()))?;
-        r.register(Box::new(self.unacked_commands.clone()))?;
-        r.register(Box::new(self.instance_actions.clone()))?;
-        r.register(Box::new(self.recovery_storms_total.clone()))?;
-        r.register(Box::new(self.admit_rps.clone()))?;
-        Ok(())
-    }
-}
-
 type PersistHook = Arc<dyn Fn(&DecisionRecord) + Send + Sync>;
+
+/// One alert of an Alertmanager webhook, as the handle keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlertChange {
+    /// The alert's fingerprint (or its labels, when Alertmanager sent none).
+    pub key: String,
+    /// `labels.alertname`.
+    pub name: String,
+    /// `firing` (else `resolved`).
+    pub firing: bool,
+    /// `endsAt` in ms, 0 when unset.
+    pub ends_at_ms: u64,
+}
 
 #[derive(Debug, Clone)]
 struct AmAlert {
@@ -272,10 +133,8 @@ pub(super) struct Shared {
     history: VecDeque<DecisionRecord>,
     pub(super) command: Option<Command>,
     leader_epoch: Option<u64>,
-    acks: Vec<AckView>,
-    /// version → issued_at_ms of commands this replica published (bounded).
-    issued: VecDeque<(u64, u64)>,
-    unacked: Option<Unacked>,
+    /// Acks, issued commands, the "nothing acks" warning.
+    ledger: AckLedger,
     /// Operator per-instance actions (`POST /api/v1/degrade/instances/{id}`).
     pub(super) instance_overrides: BTreeMap<String, InstanceOverride>,
     /// Per-instance override changes not yet written to Redis.
@@ -312,8 +171,6 @@ impl std::fmt::Debug for DegradeHandle {
             .finish()
     }
 }
-
-const ISSUED_KEPT: usize = 1024;
 
 impl DegradeHandle {
     /// Builds the handle and registers its metrics on `registry`.
@@ -502,64 +359,17 @@ impl DegradeHandle {
         }
     }
 
-    /// Applies an Alertmanager webhook; returns how many alerts are firing afterwards.
-    ///
-    /// # Errors
-    /// [`ApiError`] 400 when the payload is not a version-4 webhook or an alert lacks `alertname`.
-    pub fn alertmanager_webhook(
-        &self,
-        hook: &AlertmanagerWebhook,
-        now_ms: u64,
-    ) -> Result<usize, ApiError> {
-        if hook.version != "4" {
-            return Err(ApiError::bad_request(
-                "unsupported_version",
-                format!(
-                    "Alertmanager webhook version {:?} is not supported (expected \"4\")",
-                    hook.version
-                ),
-            ));
-        }
-        let mut parsed = Vec::with_capacity(hook.alerts.len());
-        for (i, a) in hook.alerts.iter().enumerate() {
-            let name = a
-                .labels
-                .get("alertname")
-                .filter(|n| !n.is_empty())
-                .ok_or_else(|| {
-                    ApiError::bad_request(
-                        "missing_alertname",
-                        format!("alerts[{i}].labels.alertname is missing"),
-                    )
-                })?;
-            let firing = match a.status.as_str() {
-                "firing" => true,
-                "resolved" => false,
-                other => {
-                    return Err(ApiError::bad_request(
-                        "bad_status",
-                        format!("alerts[{i}].status {other:?} is not firing or resolved"),
-                    ));
-                }
-            };
-            let key = if a.fingerprint.is_empty() {
-                let labels: Vec<String> =
-                    a.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                labels.join(",")
-            } else {
-                a.fingerprint.clone()
-            };
-            let ends_at_ms = a
-                .ends_at
-                .as_deref()
-                .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
-                .map(|t| t.timestamp_millis())
-                .filter(|ms| *ms > 0)
-                .map_or(0, |ms| u64::try_from(ms).unwrap_or(0));
-            parsed.push((key, name.clone(), firing, ends_at_ms));
-        }
+    /// Applies the alerts of an Alertmanager webhook (translated by
+    /// `AlertmanagerWebhook::changes`); returns how many alerts are firing afterwards.
+    pub fn apply_alertmanager(&self, parsed: Vec<AlertChange>, now_ms: u64) -> usize {
         let mut s = self.lock();
-        for (key, name, firing, ends_at_ms) in parsed {
+        for AlertChange {
+            key,
+            name,
+            firing,
+            ends_at_ms,
+        } in parsed
+        {
             if firing {
                 s.am_alerts.insert(key, AmAlert { name, ends_at_ms });
             } else {
@@ -568,7 +378,7 @@ impl DegradeHandle {
         }
         s.am_alerts
             .retain(|_, a| a.ends_at_ms == 0 || a.ends_at_ms > now_ms);
-        Ok(s.am_alerts.len())
+        s.am_alerts.len()
     }
 
     /// The status the operator API shows.
@@ -585,9 +395,9 @@ impl DegradeHandle {
             operator_override: s.operator_override.clone(),
             step_down_at_ms: s.last.as_ref().and_then(|d| d.step_down_at_ms),
             decisions: s.history.iter().rev().cloned().collect(),
-            acks: s.acks.clone(),
-            unacked: s.unacked.clone(),
-            instances: instance_views(s.last.as_ref(), s.command.as_ref(), &s.acks),
+            acks: s.ledger.acks.clone(),
+            unacked: s.ledger.unacked.clone(),
+            instances: instance_views(s.last.as_ref(), s.command.as_ref(), &s.ledger.acks),
             instance_overrides: s
                 .instance_overrides
                 .iter()
@@ -640,7 +450,9 @@ impl DegradeHandle {
             if new_storm {
                 self.inner.metrics.recovery_storms_total.inc();
             }
-            self.set_action_metrics(d);
+            self.inner
+                .metrics
+                .set_actions(self.inner.cfg.cluster.as_str(), d);
             s.last = Some(d.clone());
             if !changed {
                 return false;
@@ -698,10 +510,7 @@ impl DegradeHandle {
         }
         let updated = {
             let mut s = self.lock();
-            s.issued.push_back((cmd.version, cmd.issued_at_ms));
-            while s.issued.len() > ISSUED_KEPT {
-                s.issued.pop_front();
-            }
+            s.ledger.issued(cmd.version, cmd.issued_at_ms);
             s.command = Some(cmd.clone());
             match s.history.back_mut() {
                 Some(last) if last.published.is_none() && last.tier == cmd.tier => {
@@ -721,147 +530,38 @@ impl DegradeHandle {
         self.lock().leader_epoch = epoch;
     }
 
+    /// Takes the acks read from the transport: the views, the lag metric, the "nothing acks"
+    /// warning, and the latest decision's per-instance acks (stored again when they change).
     pub(super) fn set_acks(&self, acks: BTreeMap<String, AckEntry>) {
-        let mut views = Vec::with_capacity(acks.len());
-        {
+        let views = {
             let s = self.lock();
-            let cur = s.command.as_ref().map(Command::order_key);
-            for (instance, entry) in acks {
-                let v = match entry {
-                    AckEntry::Ok(Ack::Applied {
-                        epoch,
-                        version,
-                        applied_at_ms,
-                        entry,
-                    }) => {
-                        let lag_ms = s
-                            .issued
-                            .iter()
-                            .rev()
-                            .find(|(v, _)| *v == version)
-                            .map(|(_, issued)| applied_at_ms.saturating_sub(*issued));
-                        AckView {
-                            instance,
-                            status: "applied".into(),
-                            epoch,
-                            version,
-                            at_ms: applied_at_ms,
-                            lag_ms,
-                            behind: cur.is_some_and(|c| (epoch, version) < c),
-                            reason: String::new(),
-                            entry: entry.and_then(|e| e.as_str()).map(str::to_string),
-                        }
-                    }
-                    AckEntry::Ok(Ack::Refused {
-                        epoch,
-                        version,
-                        at_ms,
-                        reason,
-                    }) => AckView {
-                        instance,
-                        status: "refused".into(),
-                        epoch,
-                        version,
-                        at_ms,
-                        lag_ms: None,
-                        behind: true,
-                        reason,
-                        entry: None,
-                    },
-                    AckEntry::Malformed(raw) => AckView {
-                        instance,
-                        status: "malformed".into(),
-                        epoch: 0,
-                        version: 0,
-                        at_ms: 0,
-                        lag_ms: None,
-                        behind: true,
-                        reason: raw,
-                        entry: None,
-                    },
-                    AckEntry::Unverified { raw, reason } => AckView {
-                        instance,
-                        status: "unverified".into(),
-                        epoch: 0,
-                        version: 0,
-                        at_ms: 0,
-                        lag_ms: None,
-                        behind: true,
-                        reason: format!("{reason}: {raw}"),
-                        entry: None,
-                    },
-                };
-                views.push(v);
-            }
-        }
+            s.ledger.views(acks, s.command.as_ref())
+        };
+        let cluster = self.inner.cfg.cluster.as_str();
         for v in &views {
             if let Some(lag) = v.lag_ms {
                 self.inner
                     .metrics
                     .ack_lag_seconds
-                    .with_label_values(&[self.inner.cfg.cluster.as_str(), v.instance.as_str()])
+                    .with_label_values(&[cluster, v.instance.as_str()])
                     .set(lag as f64 / 1000.0);
             }
         }
         let updated = {
             let mut s = self.lock();
-            s.acks = views;
-            self.check_unacked(&mut s, brownout_protocol::now_ms());
+            s.ledger.acks = views;
+            s.ledger.check_unacked(cluster, brownout_protocol::now_ms());
+            let unacked = s.ledger.unacked.as_ref().map_or(0, |u| u.commands as i64);
+            self.inner
+                .metrics
+                .unacked_commands
+                .with_label_values(&[cluster])
+                .set(unacked);
             record_instance_acks(&mut s)
         };
         if let Some(rec) = updated {
             self.persist(&rec);
         }
-    }
-
-    /// Whether the commands this replica published are acknowledged by anyone: sets
-    /// `brownout_degradation_unacked_commands` and [`DegradeStatus::unacked`], and logs a
-    /// warning once when they become unacknowledged.
-    fn check_unacked(&self, s: &mut Shared, now: u64) {
-        // The newest version any instance answered (applied or refused: it is listening).
-        let answered = s
-            .acks
-            .iter()
-            .filter(|a| a.status == "applied" || a.status == "refused")
-            .map(|a| a.version)
-            .max()
-            .unwrap_or(0);
-        let pending: Vec<u64> = s
-            .issued
-            .iter()
-            .filter(|(v, _)| *v > answered)
-            .map(|(_, at)| *at)
-            .collect();
-        let oldest = pending.iter().copied().min();
-        let next = match oldest {
-            Some(since) if now.saturating_sub(since) >= UNACKED_WARN_MS => Some(Unacked {
-                since_ms: since,
-                commands: pending.len() as u64,
-                hint: format!(
-                    "no serving instance acknowledged the commands published for cluster {:?} \
-                     in the last {} s: check that the serving tiers use the same cluster \
-                     (BROWNOUT_CLUSTER), command key (BROWNOUT_COMMAND_KEY) and Redis",
-                    self.inner.cfg.cluster,
-                    now.saturating_sub(since) / 1000
-                ),
-            }),
-            _ => None,
-        };
-        if let Some(u) = &next
-            && s.unacked.is_none()
-        {
-            tracing::warn!(
-                cluster = %self.inner.cfg.cluster,
-                commands = u.commands,
-                "degrade: {}", u.hint
-            );
-        }
-        self.inner
-            .metrics
-            .unacked_commands
-            .with_label_values(&[self.inner.cfg.cluster.as_str()])
-            .set(next.as_ref().map_or(0, |u| u.commands as i64));
-        s.unacked = next;
     }
 }
 
@@ -899,131 +599,30 @@ impl DegradeHandle {
     pub(super) async fn woken(&self) {
         self.inner.wake.notified().await;
     }
-
-    fn set_action_metrics(&self, d: &Decision) {
-        let m = &self.inner.metrics;
-        let cluster = self.inner.cfg.cluster.as_str();
-        for action in [
-            "watch",
-            "halve",
-            "drain",
-            "operator",
-            "ramp",
-            "recovery_storm",
-        ] {
-            let n = d
-                .instance_actions
-                .iter()
-                .filter(|a| a.action == action)
-                .count();
-            m.instance_actions
-                .with_label_values(&[cluster, action])
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-        m.admit_rps.set(
-            d.instances
-                .get(brownout_protocol::ALL_INSTANCES)
-                .and_then(|e| e.admit_rps)
-                .unwrap_or(0.0),
-        );
-    }
 }
 
 /// Copies the acks of the per-instance actions in force into the latest recorded decision;
 /// returns it when they changed (to be stored again).
 fn record_instance_acks(s: &mut Shared) -> Option<DecisionRecord> {
-    let views = instance_views(s.last.as_ref(), s.command.as_ref(), &s.acks);
-    let mut acks: BTreeMap<String, InstanceAckRecord> = BTreeMap::new();
-    for v in views.iter().filter(|v| v.entry.is_some()) {
-        let lag_ms = if v.action.instance == brownout_protocol::ALL_INSTANCES {
-            (v.ack == "applied")
-                .then(|| s.acks.iter().filter_map(|a| a.lag_ms).max())
-                .flatten()
-        } else {
-            s.acks
-                .iter()
-                .find(|a| a.instance == v.action.instance)
-                .filter(|_| v.ack == "applied")
-                .and_then(|a| a.lag_ms)
-        };
-        acks.insert(
-            v.action.instance.clone(),
-            InstanceAckRecord {
-                status: v.ack.clone(),
-                lag_ms,
-            },
-        );
-    }
-    let rec = s.history.back_mut()?;
-    // Only while the latest decision is the recorded one's continuation (same actions).
-    let same = s
-        .last
-        .as_ref()
-        .is_some_and(|d| action_keys(&d.instance_actions) == action_keys(&rec.instance_actions));
-    if !same || rec.dry_run {
+    let Shared {
+        last,
+        history,
+        command,
+        ledger,
+        ..
+    } = s;
+    let rec = history.back_mut()?;
+    if rec.dry_run {
         return None;
     }
-    // An ack once applied stays as it was for this decision (a later "pending" or lag is a
-    // republished command's), so the record is stored again only when an ack changes state.
-    for (k, old) in &rec.instance_acks {
-        if old.status == "applied"
-            && let Some(new) = acks.get_mut(k)
-        {
-            *new = old.clone();
-        }
-    }
-    if acks.is_empty() || acks == rec.instance_acks {
-        return None;
-    }
-    rec.instance_acks = acks;
-    Some(rec.clone())
-}
-
-/// The per-instance actions of the last decision with the entry in force and its ack.
-fn instance_views(
-    last: Option<&Decision>,
-    command: Option<&Command>,
-    acks: &[AckView],
-) -> Vec<InstanceActionView> {
-    let Some(d) = last else { return Vec::new() };
-    let cur = command.map(Command::order_key);
-    d.instance_actions
-        .iter()
-        .map(|a| {
-            let entry = command
-                .and_then(|c| c.instances.get(&a.instance))
-                .cloned()
-                .filter(|_| !matches!(a.action.as_str(), "watch" | "recovery_storm"));
-            let applied = |v: &AckView, want: &str| {
-                v.status == "applied"
-                    && cur.is_some_and(|c| (v.epoch, v.version) >= c)
-                    && v.entry.as_deref().is_some_and(|e| e.contains(want))
-            };
-            let ack = if entry.is_none() {
-                "-".to_string()
-            } else if a.instance == brownout_protocol::ALL_INSTANCES {
-                let ok = !acks.is_empty() && acks.iter().all(|v| applied(v, "*"));
-                String::from(if ok { "applied" } else { "pending" })
-            } else {
-                match acks.iter().find(|v| v.instance == a.instance) {
-                    None => "unknown_instance".into(),
-                    Some(v) if applied(v, "own") => "applied".into(),
-                    Some(_) => "pending".into(),
-                }
-            };
-            InstanceActionView {
-                action: a.clone(),
-                entry,
-                ack,
-            }
-        })
-        .collect()
-}
-
-fn action_keys(a: &[InstanceAction]) -> Vec<(&str, &str)> {
-    a.iter()
-        .map(|x| (x.instance.as_str(), x.action.as_str()))
-        .collect()
+    ledger
+        .record_instance_acks(
+            last.as_ref(),
+            command.as_ref(),
+            &rec.instance_actions,
+            &mut rec.instance_acks,
+        )
+        .then(|| rec.clone())
 }
 
 fn triggers(r: &[Crossing]) -> Vec<(Tier, &str, &str)> {

@@ -13,7 +13,7 @@ use brownout_protocol::{Tier, now_ms};
 use serde::Deserialize;
 
 use super::controller::{InstanceOverride, Override};
-use super::handle::{DegradeHandle, DegradeStatus};
+use super::handle::{AlertChange, DegradeHandle, DegradeStatus};
 pub use crate::error::ApiError;
 
 /// Alertmanager's webhook payload (version 4). Unknown fields are ignored: Alertmanager adds
@@ -53,6 +53,83 @@ pub struct AlertmanagerAlert {
     pub generator_url: String,
     #[serde(default)]
     pub fingerprint: String,
+}
+
+impl AlertmanagerWebhook {
+    /// The alerts as the handle keeps them.
+    ///
+    /// # Errors
+    /// [`ApiError`] 400 when the payload is not a version-4 webhook, an alert lacks `alertname`,
+    /// or its status is neither `firing` nor `resolved`.
+    pub fn changes(&self) -> Result<Vec<AlertChange>, ApiError> {
+        if self.version != "4" {
+            return Err(ApiError::bad_request(
+                "unsupported_version",
+                format!(
+                    "Alertmanager webhook version {:?} is not supported (expected \"4\")",
+                    self.version
+                ),
+            ));
+        }
+        let mut parsed = Vec::with_capacity(self.alerts.len());
+        for (i, a) in self.alerts.iter().enumerate() {
+            let name = a
+                .labels
+                .get("alertname")
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "missing_alertname",
+                        format!("alerts[{i}].labels.alertname is missing"),
+                    )
+                })?;
+            let firing = match a.status.as_str() {
+                "firing" => true,
+                "resolved" => false,
+                other => {
+                    return Err(ApiError::bad_request(
+                        "bad_status",
+                        format!("alerts[{i}].status {other:?} is not firing or resolved"),
+                    ));
+                }
+            };
+            let key = if a.fingerprint.is_empty() {
+                let labels: Vec<String> =
+                    a.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                labels.join(",")
+            } else {
+                a.fingerprint.clone()
+            };
+            let ends_at_ms = a
+                .ends_at
+                .as_deref()
+                .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
+                .map(|t| t.timestamp_millis())
+                .filter(|ms| *ms > 0)
+                .map_or(0, |ms| u64::try_from(ms).unwrap_or(0));
+            parsed.push(AlertChange {
+                key,
+                name: name.clone(),
+                firing,
+                ends_at_ms,
+            });
+        }
+        Ok(parsed)
+    }
+}
+
+impl DegradeHandle {
+    /// Applies an Alertmanager webhook; returns how many alerts are firing afterwards.
+    ///
+    /// # Errors
+    /// [`ApiError`] 400 when the payload is not a version-4 webhook or an alert lacks `alertname`.
+    pub fn alertmanager_webhook(
+        &self,
+        hook: &AlertmanagerWebhook,
+        now_ms: u64,
+    ) -> Result<usize, ApiError> {
+        Ok(self.apply_alertmanager(hook.changes()?, now_ms))
+    }
 }
 
 /// `POST /api/v1/degrade/override` body.

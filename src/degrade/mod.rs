@@ -18,30 +18,39 @@
 //! - [`stopbleed`]: per-instance actions, the admission ramp after T3, retry-wave detection;
 //! - [`redis`]: leader lease, fenced publisher, acks reader;
 //! - [`bus`]: the in-process transport;
-//! - [`handle`]: [`DegradeHandle`], the shared state (inputs, decisions, command, acks) and
-//!   metrics;
-//! - [`http`]: the router (Alertmanager webhook, operator API);
-//! - [`run`]: [`run_controller`], the loop that decides and publishes (its Redis side is
+//! - [`handle`]: [`DegradeHandle`], the shared state (inputs, decisions, command in force);
+//! - [`acks`]: the ack ledger (acks seen, commands issued, the "nothing acks" warning, the
+//!   per-instance acks a stored decision keeps);
+//! - [`metrics`]: [`DegradeMetrics`];
+//! - [`command`]: from a decision to the command that goes out (when it is due, what it
+//!   carries, the agent guards' merge);
+//! - [`http`]: the router (Alertmanager webhook and its translation, operator API);
+//! - [`run`]: [`run_controller`], the loop that decides, signs and publishes (its Redis side is
 //!   `run::Publisher`).
+//!
+//! Imports go one way: `run` → `command`, `handle` → `acks`, `metrics` → `controller`;
+//! `http` → `handle`.
 
+pub mod acks;
 pub mod bus;
+pub mod command;
 pub mod controller;
 pub mod handle;
 pub mod http;
+pub mod metrics;
 pub mod policy;
 pub mod redis;
 pub mod run;
 pub mod stopbleed;
 
+pub use acks::{AckView, InstanceAckRecord, InstanceActionView, UNACKED_WARN_MS, Unacked};
 pub use bus::InProcBus;
 pub use controller::{
     Controller, Crossing, Decision, Inputs, InstanceAction, InstanceOverride, Override,
     PatternRate, SloAlert, Transition,
 };
-pub use handle::{
-    AckView, DecisionRecord, DegradeConfig, DegradeHandle, DegradeStatus, InstanceAckRecord,
-    UNACKED_WARN_MS, Unacked,
-};
+pub use handle::{AlertChange, DecisionRecord, DegradeConfig, DegradeHandle, DegradeStatus};
 pub use http::{AlertmanagerAlert, AlertmanagerWebhook, OverrideRequest, router};
+pub use metrics::DegradeMetrics;
 pub use policy::{Condition, FeaturePolicy, Policy, PolicyError, Signal};
 pub use run::{Transport, run_controller};

@@ -6,6 +6,7 @@
 use brownout_protocol::{SignedCommand, now_ms};
 
 use super::bus::InProcBus;
+use super::command::{LastPublish, build_command, due};
 use super::controller::{Controller, Decision};
 use super::handle::{DegradeConfig, DegradeHandle};
 use super::redis::{AckEntry, PublishOutcome, RedisBus, RedisBusError, SharedOverride};
@@ -25,50 +26,6 @@ pub enum Transport {
     Redis { url: String },
     /// The in-process bus of `brownout-demo`.
     InProc(InProcBus),
-}
-
-/// What the last publish looked like, to decide when the next is due.
-struct LastPublish {
-    decision: Decision,
-    /// What the agent guards added to it.
-    agents: CommandPart,
-    issued_at_ms: u64,
-    epoch: u64,
-}
-
-fn due(
-    last: Option<&LastPublish>,
-    d: &Decision,
-    agents: &CommandPart,
-    epoch: u64,
-    now: u64,
-    lease_ms: u64,
-) -> bool {
-    match last {
-        None => true,
-        Some(l) => {
-            l.epoch != epoch
-                || !l.decision.same_effect(d)
-                || l.agents != *agents
-                || now >= l.issued_at_ms + lease_ms / 3
-        }
-    }
-}
-
-/// The command a decision publishes, with the agent guards' breakers and loop kills merged in
-/// (the one merge point, docs/AGENTS.md).
-fn build_command(
-    d: &Decision,
-    agents: &CommandPart,
-    cluster: &str,
-    epoch: u64,
-    version: u64,
-    now: u64,
-    lease_ms: u64,
-) -> brownout_protocol::Command {
-    let mut cmd = d.to_command(cluster, epoch, version, now, lease_ms);
-    agents.apply(&mut cmd);
-    cmd
 }
 
 /// Runs the controller until `shutdown` resolves: evaluates every policy interval, records
