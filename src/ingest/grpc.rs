@@ -35,7 +35,8 @@ use tonic::server::UnaryService;
 use tonic::{Request, Response, Status};
 
 use super::limits::Signal;
-use super::pipeline::{Pipeline, Reservation};
+use super::pipeline::Pipeline;
+use super::write::Reservation;
 use super::{Accepted, IngestState, SubmitError, accept_reserved, otlp};
 
 /// Checks the ingest token (`authorization` metadata, i.e. the HTTP/2 request headers) and

@@ -29,7 +29,8 @@ use prost::Message;
 use serde::Serialize;
 
 use super::inflate::InflateError;
-use super::pipeline::{Pipeline, Reservation};
+use super::pipeline::Pipeline;
+use super::write::Reservation;
 use super::{Accepted, IngestState, SubmitError, accept_reserved, otlp};
 use crate::api::ApiError;
 use crate::auth::Role;
@@ -410,7 +411,7 @@ async fn otlp_request<T: Message + Default + for<'de> serde::Deserialize<'de>>(
     headers: &HeaderMap,
     body: Body,
     signal: super::limits::Signal,
-) -> Result<(Encoding, T, super::pipeline::Reservation), Response> {
+) -> Result<(Encoding, T, super::write::Reservation), Response> {
     let (enc, bytes, held) = otlp_prelude(state, headers, body).await?;
     let too_large = |m: String| {
         state.metrics.reject("decoded_too_large");

@@ -20,7 +20,8 @@ use std::io::Read;
 use bytes::{Buf, Bytes};
 
 use super::SubmitError;
-use super::pipeline::{Pipeline, Reservation};
+use super::pipeline::Pipeline;
+use super::write::Reservation;
 
 /// Output is produced (and reserved) at least this much at a time.
 pub const CHUNK: usize = 256 << 10;

@@ -4,7 +4,10 @@
 //!   success), `POST /v1/failures` (NDJSON, per-line errors) and `POST /v1/agents/snapshot`.
 //! - [`grpc`]: OTLP/gRPC trace and logs services (tonic, opentelemetry-proto types).
 //! - [`otlp`]: pure conversion of OTLP messages into rows and failure events.
-//! - [`pipeline`]: bounded memory → batches → store, with [`spool`] as the on-disk fallback.
+//! - [`pipeline`]: bounded memory → batches → store, with [`spool`] as the on-disk fallback
+//!   (with ClickHouse acknowledged from the spool: the WAL writer and shipper of `shipper.rs`).
+//! - [`write`]: what both writers share (a submitted request and its held answer, submit
+//!   errors, the memory reservation, the writer status, the timed store write).
 //! - [`hosts`]: per-host last-seen and fresh/stale/down from snapshots.
 //! - [`limits`]: per-tenant item rates.
 //! - [`listen`]: connection caps (per listener and per address), header-read and idle timeouts.
@@ -24,6 +27,7 @@ pub mod otlp;
 pub mod pipeline;
 mod shipper;
 pub mod spool;
+pub mod write;
 
 use std::sync::Arc;
 
@@ -34,7 +38,8 @@ use crate::auth::Tokens;
 use crate::config::IngestConfig;
 use crate::metrics::Metrics;
 use crate::store::{Batch, FailureRow, LogRow, SpanRow};
-pub use pipeline::{Pipeline, SubmitError, WriterStatus};
+pub use pipeline::Pipeline;
+pub use write::{SubmitError, WriterStatus};
 
 /// What ingest's receivers use, and nothing else. Built by the composition root
 /// ([`crate::plane::App`]); cheap to clone.
@@ -130,7 +135,7 @@ pub async fn accept_reserved(
     state: &IngestState,
     tenant: &str,
     rows: Accepted,
-    reservation: pipeline::Reservation,
+    reservation: write::Reservation,
 ) -> Result<(), SubmitError> {
     let mut rows = rows;
     let items = rows.spans.len() + rows.logs.len() + rows.failures.len() + rows.snapshots.len();

@@ -38,8 +38,11 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 
-use super::pipeline::{Held, Item, SubmitError, WriterStatus, poisoned, settle, take};
 use super::spool::{Pos, ReadAt, Spool, SpoolError};
+use super::write::{
+    Held, Item, SubmitError, WriterStatus, poisoned, settle, sleep_until_opt, take,
+    timed_store_write,
+};
 use crate::metrics::Metrics;
 use crate::store::{Batch, Store, WriteMode};
 
@@ -544,7 +547,7 @@ async fn ship(
     }
     let rows: usize = group.iter().map(|(b, _)| b.num_rows()).sum();
     let backend = store.backend();
-    super::pipeline::timed_store_write(
+    timed_store_write(
         store.write_merged(group),
         backend,
         rows,
@@ -553,11 +556,4 @@ async fn ship(
         &metrics,
     )
     .await
-}
-
-async fn sleep_until_opt(d: Option<tokio::time::Instant>) {
-    match d {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
 }
