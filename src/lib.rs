@@ -32,4 +32,5 @@ pub mod report;
 pub mod serve;
 pub mod slo;
 pub mod store;
+pub mod stream_outbox;
 pub mod web;

@@ -30,7 +30,7 @@
 //! late is not dropped: it is mined in the oldest open slice.
 //!
 //! - **Exactly once.** An entry whose `XADD` answer was lost is sent again with the same `s`;
-//!   readers take each (origin, `s`) once.
+//!   readers take each (origin, `s`) once (the outbox of [`crate::stream_outbox`]).
 //! - **Heartbeats.** Slices complete only as `W` moves, so a replica holding failures not yet
 //!   mined appends an empty entry each round.
 //! - **Restarts.** The miner's state, the stream position, the watermark and the failures read
@@ -46,15 +46,13 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use brownout_protocol::{
-    Category, Criticality, FailureEvent, HaConnection, RedisKeys, RedisTarget,
-};
-use redis::streams::StreamReadReply;
+use brownout_protocol::{Category, Criticality, FailureEvent, RedisKeys};
 use serde::{Deserialize, Serialize};
 
 use super::api::SharedEngine;
 use super::engine::{EngineConfig, PatternEngine};
 use super::miner::{MAX_LINE_BYTES, MinerState};
+use crate::stream_outbox::{ReadRules, StreamOutbox, StreamSpec};
 
 /// Entries the stream keeps (approximately: `MAXLEN ~`).
 pub const DEFAULT_MAX_LEN: u64 = 100_000;
@@ -74,6 +72,13 @@ const MAX_ORIGINS: usize = 10_000;
 pub const CHECKPOINT_VERSION: u32 = 1;
 /// Where the checkpoint lives in the store (`(kind, key)` of a doc).
 pub const CHECKPOINT_DOC: (&str, &str) = ("patterns", "shared_miner");
+
+/// The stream, its length and read size.
+const STREAM: StreamSpec = StreamSpec {
+    key: stream_key,
+    max_len: DEFAULT_MAX_LEN,
+    read_count: READ_COUNT,
+};
 
 /// The stream's key for `cluster`.
 pub fn stream_key(keys: &RedisKeys) -> String {
@@ -248,17 +253,10 @@ pub struct RoundStats {
 
 /// One replica's side of the shared miner.
 pub struct PatternShare {
-    conn: HaConnection,
-    key: String,
-    origin: String,
-    max_len: u64,
+    /// Origin, sequence, entries waiting for Redis (`t` = the round's second).
+    stream: StreamOutbox,
     grace: u64,
-    seq: u64,
-    /// Entries not yet appended: `(s, t, d)`.
-    pending: VecDeque<(u64, u64, String)>,
-    last_sent_t: Option<u64>,
     cursor: ShareCursor,
-    op_timeout: Duration,
 }
 
 impl PatternShare {
@@ -274,23 +272,11 @@ impl PatternShare {
         replica: &str,
         op_timeout: Duration,
     ) -> anyhow::Result<PatternShare> {
-        let keys = RedisKeys::new(cluster)?;
-        let target = RedisTarget::parse(url)?;
-        let conn = HaConnection::connect_bounded(&target, op_timeout).await?;
+        let stream = StreamOutbox::connect(&STREAM, url, cluster, replica, op_timeout).await?;
         Ok(PatternShare {
-            conn,
-            key: stream_key(&keys),
-            origin: format!(
-                "{replica}/{}",
-                &uuid::Uuid::new_v4().simple().to_string()[..12]
-            ),
-            max_len: DEFAULT_MAX_LEN,
+            stream,
             grace: DEFAULT_GRACE_SECS,
-            seq: 0,
-            pending: VecDeque::new(),
-            last_sent_t: None,
             cursor: ShareCursor::default(),
-            op_timeout,
         })
     }
 
@@ -303,7 +289,7 @@ impl PatternShare {
 
     /// This process's origin id in the stream.
     pub fn origin(&self) -> &str {
-        &self.origin
+        self.stream.origin()
     }
 
     pub fn cursor(&self) -> &ShareCursor {
@@ -339,116 +325,54 @@ impl PatternShare {
     ) -> anyhow::Result<RoundStats> {
         let queued = outbox.take();
         for chunk in queued.chunks(MAX_PER_ENTRY) {
-            self.seq += 1;
-            self.pending
-                .push_back((self.seq, now_sec, serde_json::to_string(chunk)?));
+            self.stream
+                .queue(Some(now_sec), serde_json::to_string(chunk)?);
         }
-        if self.pending.is_empty()
+        if self.stream.is_idle()
             && !self.cursor.buffered.is_empty()
-            && self.last_sent_t.is_none_or(|t| t < now_sec)
+            && self.stream.last_sent_at().is_none_or(|t| t < now_sec)
         {
             // A heartbeat: moves the watermark so that the waiting slices complete.
-            self.seq += 1;
-            self.pending.push_back((self.seq, now_sec, "[]".into()));
+            self.stream.queue(Some(now_sec), "[]".into());
         }
-        while self.pending.len() > MAX_PENDING {
-            self.pending.pop_front();
+        for _ in 0..self.stream.bound_pending(MAX_PENDING) {
             tracing::warn!(
                 "shared failures waited too long for Redis; the oldest entry is dropped (no replica mines it)"
             );
         }
-        let mut stats = RoundStats::default();
-        while let Some((seq, t, json)) = self.pending.front() {
-            let mut cmd = redis::cmd("XADD");
-            cmd.arg(&self.key)
-                .arg("MAXLEN")
-                .arg("~")
-                .arg(self.max_len)
-                .arg("*")
-                .arg("o")
-                .arg(&self.origin)
-                .arg("s")
-                .arg(*seq)
-                .arg("t")
-                .arg(*t)
-                .arg("d")
-                .arg(json.as_str());
-            let _: String = self.timed(cmd.query_async(&mut self.conn.clone())).await?;
-            self.last_sent_t = Some(*t);
-            self.pending.pop_front();
-            stats.sent += 1;
-        }
-        loop {
-            let mut cmd = redis::cmd("XREAD");
-            cmd.arg("COUNT")
-                .arg(READ_COUNT)
-                .arg("STREAMS")
-                .arg(&self.key)
-                .arg(&self.cursor.last_id);
-            let reply: Option<StreamReadReply> =
-                self.timed(cmd.query_async(&mut self.conn.clone())).await?;
-            let entries: Vec<_> = reply
-                .into_iter()
-                .flat_map(|r| r.keys)
-                .flat_map(|k| k.ids)
-                .collect();
-            let n = entries.len();
-            for e in entries {
-                self.cursor.last_id.clone_from(&e.id);
-                let (Some(origin), Some(seq), Some(t), Some(json)) = (
-                    e.get::<String>("o"),
-                    e.get::<u64>("s"),
-                    e.get::<u64>("t"),
-                    e.get::<String>("d"),
-                ) else {
-                    tracing::warn!(id = %e.id, "a shared failure entry without o, s, t or d; skipped");
-                    continue;
-                };
-                if self
-                    .cursor
-                    .applied
-                    .get(&origin)
-                    .is_some_and(|&last| seq <= last)
-                {
-                    continue;
-                }
-                let failures: Vec<SharedFailure> = match serde_json::from_str(&json) {
+        let mut stats = RoundStats {
+            sent: self.stream.send().await?,
+            ..RoundStats::default()
+        };
+        let ShareCursor {
+            last_id,
+            watermark,
+            buffered,
+            applied,
+        } = &mut self.cursor;
+        let grace = self.grace;
+        let rules = ReadRules {
+            with_t: true,
+            skip_own: false,
+            max_origins: MAX_ORIGINS,
+            what: "a shared failure",
+        };
+        stats.read = self
+            .stream
+            .read(last_id, applied, rules, |id, t, json| {
+                let failures: Vec<SharedFailure> = match serde_json::from_str(json) {
                     Ok(f) => f,
                     Err(err) => {
-                        tracing::warn!(id = %e.id, error = %err, "a shared failure entry that does not parse; skipped");
-                        continue;
+                        tracing::warn!(id = %id, error = %err, "a shared failure entry that does not parse; skipped");
+                        return Ok(false);
                     }
                 };
-                self.take_entry(&failures, t)?;
-                if self.cursor.applied.len() >= MAX_ORIGINS
-                    && !self.cursor.applied.contains_key(&origin)
-                {
-                    self.cursor.applied.clear();
-                }
-                self.cursor.applied.insert(origin, seq);
-                stats.read += 1;
-            }
-            if n < READ_COUNT {
-                break;
-            }
-        }
+                take_entry(watermark, buffered, grace, &failures, t)?;
+                Ok(true)
+            })
+            .await?;
         stats.mined = self.mine_complete(engine)?;
         Ok(stats)
-    }
-
-    /// Files one entry's failures into their time slices, then moves the watermark.
-    fn take_entry(&mut self, failures: &[SharedFailure], t: u64) -> anyhow::Result<()> {
-        let w = self.cursor.watermark;
-        let lo = w.saturating_sub(self.grace);
-        let hi = w.max(t).saturating_add(self.grace);
-        for f in failures {
-            let slice = (f.ts_ms / 1000).clamp(lo, hi);
-            self.cursor
-                .buffered
-                .push((slice, f.ts_ms, serde_json::to_string(f)?));
-        }
-        self.cursor.watermark = w.max(t);
-        Ok(())
     }
 
     /// Mines every buffered failure of a complete slice, in (slice, ts, JSON) order.
@@ -476,16 +400,25 @@ impl PatternShare {
         }
         Ok(events.len() as u64)
     }
+}
 
-    async fn timed<T>(
-        &self,
-        f: impl std::future::Future<Output = redis::RedisResult<T>>,
-    ) -> anyhow::Result<T> {
-        match tokio::time::timeout(self.op_timeout, f).await {
-            Ok(r) => Ok(r?),
-            Err(_) => anyhow::bail!("Redis did not answer within {:?}", self.op_timeout),
-        }
+/// Files one entry's failures into their time slices, then moves the watermark.
+fn take_entry(
+    watermark: &mut u64,
+    buffered: &mut Vec<(u64, u64, String)>,
+    grace: u64,
+    failures: &[SharedFailure],
+    t: u64,
+) -> anyhow::Result<()> {
+    let w = *watermark;
+    let lo = w.saturating_sub(grace);
+    let hi = w.max(t).saturating_add(grace);
+    for f in failures {
+        let slice = (f.ts_ms / 1000).clamp(lo, hi);
+        buffered.push((slice, f.ts_ms, serde_json::to_string(f)?));
     }
+    *watermark = w.max(t);
+    Ok(())
 }
 
 /// The latest checkpoint in the store, restored (`None`: none saved yet, or unusable — said

@@ -15,7 +15,7 @@
 //! ring bucket and time slice, so the sums are exact; tests/it/slo_share.rs).
 //!
 //! - **Exactly once.** An entry whose `XADD` answer was lost is sent again with the same `s`;
-//!   readers apply each (origin, `s`) once. Entries not yet sent wait in order (up to
+//!   readers apply each (origin, `s`) once (the outbox of [`crate::stream_outbox`]). Entries not yet sent wait in order (up to
 //!   [`MAX_PENDING`] rounds, then the oldest go, with a warning).
 //! - **Restarts.** The origin id is new per process and a replica reads the stream from its
 //!   start, so a restarted replica gets back what the stream still holds — its own earlier
@@ -26,14 +26,14 @@
 //!   (5 s after it ends), is dropped and counted in `dropped_late`, as a late event is.
 //! - **Redis down.** Counting goes on locally; deltas wait and are sent when Redis answers.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use brownout_protocol::{HaConnection, RedisKeys, RedisTarget};
-use redis::streams::StreamReadReply;
+use brownout_protocol::RedisKeys;
 
 use super::eval::SharedDelta;
 use super::task::SloHandle;
+use crate::stream_outbox::{ReadRules, StreamOutbox, StreamSpec};
 
 /// Entries the stream keeps (approximately: `MAXLEN ~`).
 pub const DEFAULT_MAX_LEN: u64 = 100_000;
@@ -41,6 +41,13 @@ pub const DEFAULT_MAX_LEN: u64 = 100_000;
 pub const MAX_PENDING: usize = 3_600;
 /// Entries read per `XREAD`.
 const READ_COUNT: usize = 1_000;
+
+/// The stream, its length and read size.
+const STREAM: StreamSpec = StreamSpec {
+    key: stream_key,
+    max_len: DEFAULT_MAX_LEN,
+    read_count: READ_COUNT,
+};
 
 /// The stream's key for `cluster`.
 pub fn stream_key(keys: &RedisKeys) -> String {
@@ -63,17 +70,12 @@ pub struct RoundStats {
 
 /// One replica's side of the sharing.
 pub struct SloShare {
-    conn: HaConnection,
-    key: String,
-    origin: String,
-    max_len: u64,
-    seq: u64,
-    pending: VecDeque<(u64, String)>,
+    /// Origin, sequence, rounds waiting for Redis.
+    stream: StreamOutbox,
     /// The last stream id read (`0`: from the start).
     last_id: String,
     /// Per origin, the highest `s` applied.
-    applied: HashMap<String, u64>,
-    op_timeout: Duration,
+    applied: BTreeMap<String, u64>,
 }
 
 impl SloShare {
@@ -88,28 +90,17 @@ impl SloShare {
         replica: &str,
         op_timeout: Duration,
     ) -> anyhow::Result<SloShare> {
-        let keys = RedisKeys::new(cluster)?;
-        let target = RedisTarget::parse(url)?;
-        let conn = HaConnection::connect_bounded(&target, op_timeout).await?;
+        let stream = StreamOutbox::connect(&STREAM, url, cluster, replica, op_timeout).await?;
         Ok(SloShare {
-            conn,
-            key: stream_key(&keys),
-            origin: format!(
-                "{replica}/{}",
-                &uuid::Uuid::new_v4().simple().to_string()[..12]
-            ),
-            max_len: DEFAULT_MAX_LEN,
-            seq: 0,
-            pending: VecDeque::new(),
+            stream,
             last_id: "0".into(),
-            applied: HashMap::new(),
-            op_timeout,
+            applied: BTreeMap::new(),
         })
     }
 
     /// This process's origin id in the stream.
     pub fn origin(&self) -> &str {
-        &self.origin
+        self.stream.origin()
     }
 
     /// Sends what `slo` counted since the last round, then applies what the other replicas
@@ -124,69 +115,33 @@ impl SloShare {
                 .into_iter()
                 .map(|d| (d.slo, d.sec, d.good, d.total, d.refused, d.first_ms))
                 .collect();
-            self.seq += 1;
-            self.pending
-                .push_back((self.seq, serde_json::to_string(&wire)?));
-            if self.pending.len() > MAX_PENDING {
-                self.pending.pop_front();
+            self.stream.queue(None, serde_json::to_string(&wire)?);
+            if self.stream.bound_pending(MAX_PENDING) > 0 {
                 tracing::warn!(
                     "SLO deltas waited too long for Redis; the oldest round is dropped (other replicas will not count it)"
                 );
             }
         }
-        let mut stats = RoundStats::default();
-        while let Some((seq, json)) = self.pending.front() {
-            let mut cmd = redis::cmd("XADD");
-            cmd.arg(&self.key)
-                .arg("MAXLEN")
-                .arg("~")
-                .arg(self.max_len)
-                .arg("*")
-                .arg("o")
-                .arg(&self.origin)
-                .arg("s")
-                .arg(*seq)
-                .arg("d")
-                .arg(json.as_str());
-            let _: String = self.timed(cmd.query_async(&mut self.conn.clone())).await?;
-            self.pending.pop_front();
-            stats.sent += 1;
-        }
-        loop {
-            let mut cmd = redis::cmd("XREAD");
-            cmd.arg("COUNT")
-                .arg(READ_COUNT)
-                .arg("STREAMS")
-                .arg(&self.key)
-                .arg(&self.last_id);
-            let reply: Option<StreamReadReply> =
-                self.timed(cmd.query_async(&mut self.conn.clone())).await?;
-            let entries: Vec<_> = reply
-                .into_iter()
-                .flat_map(|r| r.keys)
-                .flat_map(|k| k.ids)
-                .collect();
-            let n = entries.len();
-            for e in entries {
-                self.last_id.clone_from(&e.id);
-                let (Some(origin), Some(seq), Some(json)) = (
-                    e.get::<String>("o"),
-                    e.get::<u64>("s"),
-                    e.get::<String>("d"),
-                ) else {
-                    tracing::warn!(id = %e.id, "an SLO delta entry without o, s or d; skipped");
-                    continue;
-                };
-                if origin == self.origin
-                    || self.applied.get(&origin).is_some_and(|&last| seq <= last)
-                {
-                    continue;
-                }
-                let wire: Vec<WireDelta> = match serde_json::from_str(&json) {
+        let mut stats = RoundStats {
+            sent: self.stream.send().await?,
+            ..RoundStats::default()
+        };
+        let rules = ReadRules {
+            with_t: false,
+            skip_own: true,
+            // Every origin is remembered (one per process that ever wrote to the stream).
+            max_origins: usize::MAX,
+            what: "an SLO delta",
+        };
+        let applied_events = &mut stats.applied_events;
+        stats.applied_entries = self
+            .stream
+            .read(&mut self.last_id, &mut self.applied, rules, |id, _, json| {
+                let wire: Vec<WireDelta> = match serde_json::from_str(json) {
                     Ok(w) => w,
                     Err(err) => {
-                        tracing::warn!(id = %e.id, error = %err, "an SLO delta entry that does not parse; skipped");
-                        continue;
+                        tracing::warn!(id = %id, error = %err, "an SLO delta entry that does not parse; skipped");
+                        return Ok(false);
                     }
                 };
                 let deltas: Vec<SharedDelta> = wire
@@ -200,25 +155,11 @@ impl SloShare {
                         first_ms,
                     })
                     .collect();
-                stats.applied_events += slo.apply_shared(&deltas);
-                stats.applied_entries += 1;
-                self.applied.insert(origin, seq);
-            }
-            if n < READ_COUNT {
-                break;
-            }
-        }
+                *applied_events += slo.apply_shared(&deltas);
+                Ok(true)
+            })
+            .await?;
         Ok(stats)
-    }
-
-    async fn timed<T>(
-        &self,
-        f: impl std::future::Future<Output = redis::RedisResult<T>>,
-    ) -> anyhow::Result<T> {
-        match tokio::time::timeout(self.op_timeout, f).await {
-            Ok(r) => Ok(r?),
-            Err(_) => anyhow::bail!("Redis did not answer within {:?}", self.op_timeout),
-        }
     }
 }
 
