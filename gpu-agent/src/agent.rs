@@ -26,52 +26,13 @@ use tokio::time::Instant;
 
 use crate::config::{AgentConfig, ConfigError};
 use crate::engine::{EngineReport, EngineScraper};
-use crate::exporter::{self, RenderContext};
+use crate::exporter;
 use crate::probe::nvml::NvmlProbe;
 use crate::probe::simulated::SimulatedProbe;
 use crate::probe::{GpuProbe, GpuSample, ProbeKind};
 use crate::push::{self, PushCounts, PushTarget, SnapshotQueue};
 
-/// Everything one cycle produced: the wire snapshot plus what only the exporter shows.
-#[derive(Debug, Clone)]
-pub struct CycleReport {
-    pub snapshot: AgentSnapshot,
-    pub gpus: Vec<GpuSample>,
-    pub engines: Vec<EngineReport>,
-    pub probe_up: bool,
-    pub probe_errors_total: u64,
-    pub cycles_total: u64,
-    pub cycle_duration: Duration,
-}
-
-/// State shared by the cycle, the exporter and [`AgentHandle`]s.
-#[derive(Debug)]
-pub struct Shared {
-    host: String,
-    probe_kind: ProbeKind,
-    vram_watermark_ratio: f64,
-    latest: watch::Sender<Option<Arc<CycleReport>>>,
-    queue: Option<Arc<SnapshotQueue>>,
-}
-
-impl Shared {
-    pub fn latest(&self) -> Option<Arc<CycleReport>> {
-        self.latest.borrow().clone()
-    }
-
-    pub fn render_metrics(&self) -> String {
-        let latest = self.latest();
-        exporter::render(
-            latest.as_deref(),
-            &RenderContext {
-                host: &self.host,
-                probe_kind: self.probe_kind,
-                vram_watermark_ratio: self.vram_watermark_ratio,
-                push: self.queue.as_ref().map(|q| q.counts()),
-            },
-        )
-    }
-}
+pub use crate::cycle::{CycleReport, Shared};
 
 /// A cheap, cloneable view of a running (or not yet running) agent, for in-process callers such
 /// as `brownout-demo`.

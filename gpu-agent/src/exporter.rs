@@ -14,7 +14,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use crate::agent::{CycleReport, Shared};
+use crate::cycle::{CycleReport, Shared};
 use crate::engine::ScrapeErrorKind;
 use crate::probe::ProbeKind;
 use crate::push::PushCounts;
@@ -620,6 +620,22 @@ fn render_agent(o: &mut Out, report: Option<&CycleReport>, ctx: &RenderContext<'
             &[],
             p.capacity as f64,
         );
+    }
+}
+
+impl Shared {
+    /// The latest cycle as Prometheus text (what `GET /metrics` answers).
+    pub fn render_metrics(&self) -> String {
+        let latest = self.latest();
+        render(
+            latest.as_deref(),
+            &RenderContext {
+                host: &self.host,
+                probe_kind: self.probe_kind,
+                vram_watermark_ratio: self.vram_watermark_ratio,
+                push: self.queue.as_ref().map(|q| q.counts()),
+            },
+        )
     }
 }
 

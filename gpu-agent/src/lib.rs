@@ -27,6 +27,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod cycle;
 pub mod engine;
 pub mod exporter;
 pub mod probe;

@@ -8,6 +8,7 @@
 //!
 //! Pure: the same report gives the same bytes.
 
+use super::escape::{code_escape, md_escape};
 use super::model::{Report, RoadmapItem, TopPattern};
 
 /// The labels every exported issue carries, then the pattern's category.
@@ -158,12 +159,12 @@ pub fn jira_csv(r: &Report) -> String {
 
 /// Text for a Markdown paragraph (the report's own escaping rules).
 fn md(s: &str) -> String {
-    super::render::md_escape(s)
+    md_escape(s)
 }
 
 /// Text inside an inline code span.
 fn code(s: &str) -> String {
-    super::render::code_escape(s)
+    code_escape(s)
 }
 
 /// One item's GitHub issue body (Markdown).

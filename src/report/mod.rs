@@ -7,9 +7,12 @@
 //! - [`render`]: HTML (self-contained, prints), Markdown, JSON (tera templates in templates/).
 //! - [`export`]: the TOP-3 roadmap items for trackers: a CSV for Jira, Markdown issue bodies
 //!   for GitHub.
+//! - [`escape`]: the Markdown escaping of `render` and `export`, the HTML escaping of `svg` and
+//!   `store`.
 //! - [`store`]: [`WeekData`] from the server's store, `/reports/{week}`, the weekly task.
 //! - this file: `brownout report` and [`synth_week`] (WeekData from `patterns synth` data).
 
+pub mod escape;
 pub mod export;
 pub mod model;
 pub mod render;

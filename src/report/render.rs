@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use super::escape::{code_escape, md_escape};
 use super::model::Report;
 
 /// Output format.
@@ -24,39 +25,6 @@ pub enum RenderError {
     Template(#[from] tera::Error),
     #[error("report json: {0}")]
     Json(#[from] serde_json::Error),
-}
-
-/// Escapes text for a Markdown table cell or paragraph: HTML specials and the characters that
-/// would break a table or start markup.
-pub(crate) fn md_escape(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '|' => o.push_str("\\|"),
-            '\n' | '\r' => o.push(' '),
-            '*' | '_' | '`' | '[' | ']' | '#' | '\\' => {
-                o.push('\\');
-                o.push(c);
-            }
-            c => o.push(c),
-        }
-    }
-    o
-}
-
-/// Text inside an inline code span: no backticks, no pipes, no newlines.
-pub(crate) fn code_escape(s: &str) -> String {
-    s.chars()
-        .map(|c| match c {
-            '`' => '\'',
-            '|' => '¦',
-            '\n' | '\r' => ' ',
-            c => c,
-        })
-        .collect()
 }
 
 fn filter(f: fn(&str) -> String) -> impl tera::Filter {

@@ -38,6 +38,7 @@ use axum::response::{IntoResponse, Response};
 use brownout_protocol::now_ms;
 use chrono::Datelike as _;
 
+use super::escape::html as escape;
 use super::model::{
     Episode, IdleSlo, InstanceIncident, PatternWeek, Playbook, RefusalCount, SloWeek, TierStep,
     WeekData,
@@ -868,21 +869,6 @@ async fn export_md(
         )
         .into_response(),
     }
-}
-
-fn escape(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&#39;"),
-            c => o.push(c),
-        }
-    }
-    o
 }
 
 async fn index(State(st): State<ReportState>) -> Response {

@@ -1,6 +1,7 @@
 //! Inline SVG charts: built from numbers and escaped text only, so they are safe to embed
 //! unescaped in the HTML (and they print: no scripts, no external assets).
 
+use super::escape::html as escape;
 use super::model::{SloWeek, TopPattern};
 
 const W: f64 = 640.0;
@@ -13,22 +14,6 @@ const COLORS: [&str; 6] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
 ];
 const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
-
-/// Escapes text for XML/HTML content and attribute values.
-pub fn escape(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&#39;"),
-            c => o.push(c),
-        }
-    }
-    o
-}
 
 fn frame(title: &str, y_max_label: &str, body: &str) -> String {
     let mut s = format!(

@@ -1,0 +1,51 @@
+//! The report's escaping: Markdown (the templates of `render` and the exports of `export`)
+//! and HTML/XML (the charts of `svg`, the pages of `store`).
+
+/// Escapes text for a Markdown table cell or paragraph: HTML specials and the characters that
+/// would break a table or start markup.
+pub(crate) fn md_escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '|' => o.push_str("\\|"),
+            '\n' | '\r' => o.push(' '),
+            '*' | '_' | '`' | '[' | ']' | '#' | '\\' => {
+                o.push('\\');
+                o.push(c);
+            }
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// Text inside an inline code span: no backticks, no pipes, no newlines.
+pub(crate) fn code_escape(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            '`' => '\'',
+            '|' => '¦',
+            '\n' | '\r' => ' ',
+            c => c,
+        })
+        .collect()
+}
+
+/// Escapes text for XML/HTML content and attribute values.
+pub fn html(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
