@@ -7,6 +7,7 @@
 //! `scripts/test.sh` provides them all).
 
 mod alerts_rules;
+mod architecture;
 mod dashboards_valid;
 mod degrade_capacity;
 mod degrade_override;
