@@ -1,5 +1,6 @@
 //! The guards end to end on spans as ingest converts them (OTLP → rows), on a logical clock.
 
+use brownout_protocol::Command;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{
     AnyValue, ArrayValue, KeyValue, KeyValueList, any_value::Value,

@@ -1,17 +1,14 @@
 //! The calibration: the flows per second a fresh engine completes within their deadlines, and
 //! the capacity it declares in the policy.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use brownout::loadgen::{ClientMix, Deadlines, LoadConfig, LoadReport, LoadShape};
-use brownout_protocol::{Criticality, Tier};
-use brownout_serving::scheduler::SchedulingPolicy;
+use brownout::loadgen::{Deadlines, LoadConfig, LoadShape};
+use brownout_protocol::Tier;
 use serde::Serialize;
 
-use super::world::{World, WorldOptions};
+use crate::world::{World, WorldOptions};
 
 use super::cli::*;
 use super::measure::*;

@@ -1,17 +1,13 @@
 //! The command line of `bench overload`: its arguments, the configurations (setups and
 //! ablations) and the policy they run under.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use brownout::loadgen::{ClientMix, Deadlines, LoadConfig, LoadReport, LoadShape};
-use brownout_protocol::{Criticality, Tier};
+use brownout::loadgen::ClientMix;
 use brownout_serving::scheduler::SchedulingPolicy;
-use serde::Serialize;
 
-use super::world::{World, WorldOptions};
+use crate::world::WorldOptions;
 
 /// Arguments of `brownout-demo bench overload`.
 #[derive(Debug, Clone, clap::Args)]
@@ -351,8 +347,8 @@ pub fn ablate_policy(yaml: &str, ablation: Option<Ablation>) -> anyhow::Result<S
 }
 
 /// The controller's policy in the benchmark: the one policy (`examples/policy.yaml`, the
-/// built-in default) with the small engines' knobs ([`super::world::PolicyKnobs`]), as the
+/// built-in default) with the small engines' knobs ([`crate::world::PolicyKnobs`]), as the
 /// demo runs it.
 pub fn overload_policy() -> String {
-    super::world::small_engines_policy()
+    crate::world::small_engines_policy()
 }

@@ -2,16 +2,12 @@
 //! read from `/metrics`, and the figures computed from them.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::Context as _;
-use brownout::loadgen::{ClientMix, Deadlines, LoadConfig, LoadReport, LoadShape};
-use brownout_protocol::{Criticality, Tier};
-use brownout_serving::scheduler::SchedulingPolicy;
+use brownout::loadgen::LoadReport;
+use brownout_protocol::Criticality;
 use serde::Serialize;
 
-use super::world::{World, WorldOptions};
 
 use super::cli::*;
 

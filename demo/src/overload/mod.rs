@@ -36,16 +36,10 @@ pub use output::*;
 pub use runs::*;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use brownout::loadgen::{ClientMix, Deadlines, LoadConfig, LoadReport, LoadShape};
-use brownout_protocol::{Criticality, Tier};
-use brownout_serving::scheduler::SchedulingPolicy;
-use serde::Serialize;
+use brownout::loadgen::Deadlines;
 
-use super::world::{World, WorldOptions};
 
 /// Runs the benchmark; the last stdout line is `{"baseline": {...}, "loop_off": {...}, "loop_on": {...}}`.
 ///
@@ -261,6 +255,11 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use brownout::loadgen::LoadShape;
+    use brownout_serving::scheduler::SchedulingPolicy;
+
     use super::*;
 
     fn ch(at_s: f64, from: u8, to: u8) -> Change {

@@ -1,16 +1,7 @@
 //! The results: the Markdown table, the summary JSON, the machine's load average.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
-use brownout::loadgen::{ClientMix, Deadlines, LoadConfig, LoadReport, LoadShape};
-use brownout_protocol::{Criticality, Tier};
-use brownout_serving::scheduler::SchedulingPolicy;
-use serde::Serialize;
 
-use super::world::{World, WorldOptions};
 
 use super::cli::*;
 use super::measure::*;

@@ -1,16 +1,12 @@
 //! One configuration's run on a fresh deployment, and everything it produced.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
-use brownout::loadgen::{ClientMix, Deadlines, LoadConfig, LoadReport, LoadShape};
-use brownout_protocol::{Criticality, Tier};
-use brownout_serving::scheduler::SchedulingPolicy;
+use brownout::loadgen::{LoadReport, LoadShape};
+use brownout_protocol::Tier;
 use serde::Serialize;
 
-use super::world::{World, WorldOptions};
+use crate::world::World;
 
 use super::calibrate::*;
 use super::cli::*;
