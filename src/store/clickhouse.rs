@@ -1407,8 +1407,11 @@ impl ClickHouseStore {
         }
         if let Some(c) = &q.cursor {
             // Numbers: written into the query.
+            // `ts` bounded too: the later day partitions are not read again.
             sql.push_str(&format!(
-                " AND (ts_us < {t} OR (ts_us = {t} AND (batch_id < {b} OR (batch_id = {b} AND seq < {s}))))",
+                " AND ts <= toDateTime({secs}) AND ts_us <= {t} \
+                 AND (ts_us < {t} OR (ts_us = {t} AND (batch_id < {b} OR (batch_id = {b} AND seq < {s}))))",
+                secs = secs_from_us(c.ts_us),
                 t = c.ts_us,
                 b = c.id,
                 s = c.seq

@@ -650,7 +650,10 @@ fn search_logs(c: &mut Connection, q: &super::LogQuery) -> Result<super::LogPage
         args.push(t.clone().into());
     }
     if let Some(cur) = &q.cursor {
-        sql.push_str(" AND (ts_us < ? OR (ts_us = ? AND rowid < ?))");
+        // The first bound is a range the index seeks to: a later page does not scan the
+        // earlier ones again.
+        sql.push_str(" AND ts_us <= ? AND (ts_us < ? OR (ts_us = ? AND rowid < ?))");
+        args.push(i(cur.ts_us).into());
         args.push(i(cur.ts_us).into());
         args.push(i(cur.ts_us).into());
         args.push(i(cur.id).into());

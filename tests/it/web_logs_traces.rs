@@ -83,7 +83,7 @@ async fn the_waterfall_nests_spans_in_start_order_and_marks_the_critical_path() 
     // SVG rows then table rows: both in the waterfall's order.
     let ids: Vec<&str> = want.iter().map(|w| w.0.as_str()).collect();
     assert_eq!(order, [ids.clone(), ids].concat());
-    for needle in ["queue wait", "2.31", "TTFT", "tokens in", "1834", "tool", "class=\"waterfall\"", "http://jaeger.internal:16686/trace/"] {
+    for needle in ["queue wait", "2.31", "TTFT", "tokens in", "1834", "tool", "class=\"waterfall\"", "open in the trace viewer", "jaeger.internal:16686"] {
         assert!(html.contains(needle), "{needle}");
     }
     // Unknown or malformed ids are 404 pages.
