@@ -31,7 +31,9 @@ const DAY_MS: u64 = 86_400_000;
 
 fn record(n: u64, t0_ms: u64, total: u64) -> LogRow {
     let k = n as usize;
-    let services = ["chat", "agent", "pdf", "image", "email", "search", "embed", "rerank"];
+    let services = [
+        "chat", "agent", "pdf", "image", "email", "search", "embed", "rerank",
+    ];
     let sev = [9u8, 9, 9, 13, 17];
     // Spread over 24 h, oldest first; every 7th timestamp shared by two records.
     let ts_ms = t0_ms + (n * DAY_MS / total.max(1)) / 7 * 7;
@@ -42,7 +44,7 @@ fn record(n: u64, t0_ms: u64, total: u64) -> LogRow {
         3 => format!("upstream timeout after {} ms (attempt {})", n % 8000, n % 3),
         _ => format!("queue depth {} waiting {}", n % 64, n % 128),
     };
-    let body = if n % 10_007 == 0 {
+    let body = if n.is_multiple_of(10_007) {
         format!("{body} quasar-overflow")
     } else {
         body
@@ -142,7 +144,7 @@ async fn main() -> anyhow::Result<()> {
             "service + host",
             LogQuery {
                 service: Some("agent".into()),
-                host: Some("gpu-07".into()),
+                host: Some("gpu-00".into()),
                 ..base.clone()
             },
         ),

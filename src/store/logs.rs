@@ -167,7 +167,15 @@ mod tests {
             seq: 3,
         };
         assert_eq!(LogCursor::decode(&c.encode()), Some(c));
-        for bad in ["", "1", "1.2", "1.2.3.4", "a.2.3", "1.2.-3", "1.2.99999999999"] {
+        for bad in [
+            "",
+            "1",
+            "1.2",
+            "1.2.3.4",
+            "a.2.3",
+            "1.2.-3",
+            "1.2.99999999999",
+        ] {
             assert_eq!(LogCursor::decode(bad), None, "{bad}");
         }
     }

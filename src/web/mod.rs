@@ -460,10 +460,7 @@ fn enc(s: &str) -> String {
 }
 
 /// The `/logs` view of the query string `raw`: the records, or why the filters were refused.
-async fn logs_view(
-    st: &UiState,
-    raw: Option<&str>,
-) -> Result<traces::LogsView, UiError> {
+async fn logs_view(st: &UiState, raw: Option<&str>) -> Result<traces::LogsView, UiError> {
     let now = st.source.now_ms();
     let origin = st.source.origin();
     let uri: axum::http::Uri = format!("/logs?{}", raw.unwrap_or(""))
@@ -535,8 +532,14 @@ async fn logs(State(st): State<UiState>, uri: axum::http::Uri) -> Page {
     render(&st, "logs.html", "logs", &v, Value::Null)
 }
 
-async fn api_logs(State(st): State<UiState>, uri: axum::http::Uri) -> Result<Json<traces::LogsView>, ApiError> {
-    logs_view(&st, uri.query()).await.map(Json).map_err(ApiError)
+async fn api_logs(
+    State(st): State<UiState>,
+    uri: axum::http::Uri,
+) -> Result<Json<traces::LogsView>, ApiError> {
+    logs_view(&st, uri.query())
+        .await
+        .map(Json)
+        .map_err(ApiError)
 }
 
 async fn trace_view(st: &UiState, trace_id: &str) -> Result<traces::TraceView, UiError> {
@@ -561,7 +564,13 @@ async fn trace(State(st): State<UiState>, id: Result<Path<String>, PathRejection
     let Path(id) = id?;
     let v = trace_view(&st, &id).await?;
     let svg = traces::waterfall_svg(&v);
-    render(&st, "trace.html", "logs", &v, serde_json::json!({"waterfall": svg}))
+    render(
+        &st,
+        "trace.html",
+        "logs",
+        &v,
+        serde_json::json!({"waterfall": svg}),
+    )
 }
 
 async fn api_trace(

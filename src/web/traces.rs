@@ -33,9 +33,16 @@ pub const INSTANCE_LOG_ROWS: usize = 50;
 pub const KEY_ATTRIBUTES: &[(&str, &[&str])] = &[
     (
         "queue wait",
-        &["brownout.queue_time_s", "gpu.queue_wait_ms", "brownout.gpu_queue_wait_ms"],
+        &[
+            "brownout.queue_time_s",
+            "gpu.queue_wait_ms",
+            "brownout.gpu_queue_wait_ms",
+        ],
     ),
-    ("TTFT", &["brownout.ttft_s", "gen_ai.server.time_to_first_token"]),
+    (
+        "TTFT",
+        &["brownout.ttft_s", "gen_ai.server.time_to_first_token"],
+    ),
     ("tokens in", &["gen_ai.usage.input_tokens"]),
     ("tokens out", &["gen_ai.usage.output_tokens"]),
     ("tool", crate::agents::semconv::TOOL_NAME),
@@ -206,7 +213,10 @@ pub fn waterfall(
         {
             roots.push(i);
         } else {
-            children.entry(s.parent_span_id.as_str()).or_default().push(i);
+            children
+                .entry(s.parent_span_id.as_str())
+                .or_default()
+                .push(i);
         }
     }
     let by_start = |v: &mut Vec<usize>| {
@@ -381,7 +391,10 @@ pub fn waterfall_svg(v: &TraceView) -> String {
     for (n, s) in v.spans.iter().enumerate() {
         let y = ROW * (n + 1);
         let indent = (s.depth.min(20) * 12) as f64;
-        let label = cut(&format!("{} {}", s.service, s.name), 44usize.saturating_sub(s.depth.min(20)));
+        let label = cut(
+            &format!("{} {}", s.service, s.name),
+            44usize.saturating_sub(s.depth.min(20)),
+        );
         let x = LABEL_W as f64 + BAR_W as f64 * s.offset_us as f64 / total;
         let bw = (BAR_W as f64 * s.duration_us as f64 / total).max(1.5);
         let mut class = String::from("wf-bar");
@@ -468,7 +481,10 @@ mod tests {
             ]
         );
         assert_eq!(v.duration_us, 100);
-        assert_eq!(v.spans[1].key_attributes, vec![("tool".to_string(), "<search>".to_string())]);
+        assert_eq!(
+            v.spans[1].key_attributes,
+            vec![("tool".to_string(), "<search>".to_string())]
+        );
         let svg = waterfall_svg(&v);
         assert!(svg.contains("&lt;search&gt;") || !svg.contains("<search>"));
         assert!(!svg.contains("<search>"));

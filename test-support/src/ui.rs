@@ -994,10 +994,7 @@ impl UiDataSource for SampleDataSource {
     fn now_ms(&self) -> u64 {
         self.now_ms
     }
-    fn log_search<'a>(
-        &'a self,
-        q: &'a LogQuery,
-    ) -> BoxFuture<'a, Result<LogPage, UiError>> {
+    fn log_search<'a>(&'a self, q: &'a LogQuery) -> BoxFuture<'a, Result<LogPage, UiError>> {
         ready(Ok(self.search(q)))
     }
     fn trace_spans<'a>(
@@ -1019,7 +1016,13 @@ impl SampleDataSource {
     /// the vocabulary, some with a trace id.
     pub fn sample_logs(&self) -> Vec<LogHit> {
         let v = &self.vocab;
-        let sev = [(9u8, "INFO"), (13, "WARN"), (17, "ERROR"), (21, "FATAL"), (5, "DEBUG")];
+        let sev = [
+            (9u8, "INFO"),
+            (13, "WARN"),
+            (17, "ERROR"),
+            (21, "FATAL"),
+            (5, "DEBUG"),
+        ];
         (0..120u64)
             .map(|i| {
                 let k = i as usize;
@@ -1027,7 +1030,7 @@ impl SampleDataSource {
                 LogHit::new(
                     LogRow {
                         ts_us: (self.now_ms - 2_000 - i * 20_000) * 1000,
-                        trace_id: if k % 3 == 0 {
+                        trace_id: if k.is_multiple_of(3) {
                             SAMPLE_TRACE_ID.to_string()
                         } else {
                             String::new()
@@ -1065,7 +1068,8 @@ impl SampleDataSource {
                     && q.host.as_ref().is_none_or(|s| *s == r.host)
                     && r.severity_number >= q.min_severity
                     && q.text.as_ref().is_none_or(|t| r.body.contains(t.as_str()))
-                    && q.cursor.is_none_or(|c| (r.ts_us, h.pos.id) < (c.ts_us, c.id))
+                    && q.cursor
+                        .is_none_or(|c| (r.ts_us, h.pos.id) < (c.ts_us, c.id))
             })
             .take(limit + 1)
             .collect();
@@ -1086,17 +1090,32 @@ impl SampleDataSource {
     pub fn sample_trace(&self, trace_id: &str) -> Vec<SpanRow> {
         let v = &self.vocab;
         let t0 = (self.now_ms - 65_000) * 1000;
-        let span = |id: u64, parent: u64, service: usize, name: String, start_ms: u64, dur_ms: u64, status: u8, attrs: Vec<(&str, String)>| SpanRow {
+        let span = |id: u64,
+                    parent: u64,
+                    service: usize,
+                    name: String,
+                    start_ms: u64,
+                    dur_ms: u64,
+                    status: u8,
+                    attrs: Vec<(&str, String)>| SpanRow {
             trace_id: trace_id.to_string(),
             span_id: format!("{id:016x}"),
-            parent_span_id: if parent == 0 { String::new() } else { format!("{parent:016x}") },
+            parent_span_id: if parent == 0 {
+                String::new()
+            } else {
+                format!("{parent:016x}")
+            },
             service: pick(&v.services, service),
             name,
             kind: 2,
             start_us: t0 + start_ms * 1000,
             duration_us: dur_ms * 1000,
             status,
-            status_message: if status == 2 { pick(&v.messages, 1) } else { String::new() },
+            status_message: if status == 2 {
+                pick(&v.messages, 1)
+            } else {
+                String::new()
+            },
             feature: pick(&v.features, 0),
             criticality: "default".into(),
             host: pick(&self.host_names(), 0),
@@ -1104,14 +1123,74 @@ impl SampleDataSource {
             attributes: attrs.into_iter().map(|(k, x)| (k.to_string(), x)).collect(),
         };
         vec![
-            span(0xa1, 0, 0, "POST /v1/chat/completions".into(), 0, 9_400, 2, vec![("gen_ai.request.model", pick(&v.models, 0))]),
+            span(
+                0xa1,
+                0,
+                0,
+                "POST /v1/chat/completions".into(),
+                0,
+                9_400,
+                2,
+                vec![("gen_ai.request.model", pick(&v.models, 0))],
+            ),
             span(0xa2, 0xa1, 1, "agent.run".into(), 12, 9_350, 2, vec![]),
-            span(0xa3, 0xa2, 1, "gpu.queue".into(), 15, 2_310, 0, vec![("brownout.queue_time_s", "2.31".into())]),
-            span(0xa4, 0xa2, 1, "llm.prefill".into(), 2_330, 420, 1, vec![("brownout.ttft_s", "2.75".into()), ("gen_ai.usage.input_tokens", "1834".into())]),
-            span(0xa5, 0xa2, 1, format!("execute_tool {}", pick(&v.features, 1)), 2_760, 6_000, 2, vec![("gen_ai.tool.name", pick(&v.templates, 1)), ("error.type", pick(&v.messages, 1))]),
+            span(
+                0xa3,
+                0xa2,
+                1,
+                "gpu.queue".into(),
+                15,
+                2_310,
+                0,
+                vec![("brownout.queue_time_s", "2.31".into())],
+            ),
+            span(
+                0xa4,
+                0xa2,
+                1,
+                "llm.prefill".into(),
+                2_330,
+                420,
+                1,
+                vec![
+                    ("brownout.ttft_s", "2.75".into()),
+                    ("gen_ai.usage.input_tokens", "1834".into()),
+                ],
+            ),
+            span(
+                0xa5,
+                0xa2,
+                1,
+                format!("execute_tool {}", pick(&v.features, 1)),
+                2_760,
+                6_000,
+                2,
+                vec![
+                    ("gen_ai.tool.name", pick(&v.templates, 1)),
+                    ("error.type", pick(&v.messages, 1)),
+                ],
+            ),
             span(0xa6, 0xa5, 2, "http GET".into(), 2_790, 5_950, 2, vec![]),
-            span(0xa8, 0xa2, 2, "kv.prefix_lookup".into(), 2_340, 60, 1, vec![]),
-            span(0xa7, 0xa2, 1, "llm.decode".into(), 8_770, 590, 1, vec![("gen_ai.usage.output_tokens", "212".into())]),
+            span(
+                0xa8,
+                0xa2,
+                2,
+                "kv.prefix_lookup".into(),
+                2_340,
+                60,
+                1,
+                vec![],
+            ),
+            span(
+                0xa7,
+                0xa2,
+                1,
+                "llm.decode".into(),
+                8_770,
+                590,
+                1,
+                vec![("gen_ai.usage.output_tokens", "212".into())],
+            ),
         ]
     }
 }

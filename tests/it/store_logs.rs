@@ -53,7 +53,11 @@ fn records() -> Vec<LogRow> {
             LogRow {
                 // Two days apart halfway: two day partitions in ClickHouse.
                 ts_us: (T0 + (n / 4) * 1_000 + if n >= 45 { 86_400_000 } else { 0 }) * 1000,
-                trace_id: if n % 2 == 0 { format!("{n:032x}") } else { String::new() },
+                trace_id: if n % 2 == 0 {
+                    format!("{n:032x}")
+                } else {
+                    String::new()
+                },
                 span_id: format!("{n:016x}"),
                 service: SERVICES[k % 3].into(),
                 host: HOSTS[(k / 3) % 2].into(),
@@ -160,7 +164,14 @@ async fn search_by_each_filter(s: &dyn Store) {
             },
         ));
     }
-    for t in ["100% full_", "it's a 'quoted' ? mark", "KV cache", "<script>", "rec-7 ", "nothing-like-this"] {
+    for t in [
+        "100% full_",
+        "it's a 'quoted' ? mark",
+        "KV cache",
+        "<script>",
+        "rec-7 ",
+        "nothing-like-this",
+    ] {
         queries.push((
             "text",
             LogQuery {
@@ -194,7 +205,10 @@ async fn search_by_each_filter(s: &dyn Store) {
         assert_eq!(shape(&page.items), want, "{what}: {q:?}");
         assert!(page.next_cursor.is_none(), "{what}: one page holds all");
         if *what != "all" && *what != "text" {
-            assert!(!want.is_empty() && want.len() < rows.len(), "{what} filters something");
+            assert!(
+                !want.is_empty() && want.len() < rows.len(),
+                "{what} filters something"
+            );
         }
         // The row comes back whole.
         if let Some(h) = page.items.first() {
@@ -220,14 +234,20 @@ async fn paging_has_no_gaps_or_repeats(s: &dyn Store) {
     for (limit, q) in [
         (3, all_time()),
         (4, all_time()),
-        (7, LogQuery {
-            host: Some("gpu-1".into()),
-            ..all_time()
-        }),
-        (1, LogQuery {
-            text: Some("KV cache".into()),
-            ..all_time()
-        }),
+        (
+            7,
+            LogQuery {
+                host: Some("gpu-1".into()),
+                ..all_time()
+            },
+        ),
+        (
+            1,
+            LogQuery {
+                text: Some("KV cache".into()),
+                ..all_time()
+            },
+        ),
     ] {
         let mut seen: Vec<LogHit> = Vec::new();
         let mut cursor: Option<LogCursor> = None;

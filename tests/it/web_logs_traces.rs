@@ -24,10 +24,7 @@ async fn get(app: axum::Router, uri: &str, token: Option<&str>) -> (StatusCode, 
     if let Some(t) = token {
         req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
     }
-    let res = app
-        .oneshot(req.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
+    let res = app.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
     let status = res.status();
     let body = res.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8(body.to_vec()).unwrap())
@@ -41,7 +38,12 @@ fn ui() -> (Arc<SampleDataSource>, axum::Router) {
 #[tokio::test]
 async fn the_waterfall_nests_spans_in_start_order_and_marks_the_critical_path() {
     let (_, app) = ui();
-    let (st, json) = get(app.clone(), &format!("/ui/api/traces/{SAMPLE_TRACE_ID}"), None).await;
+    let (st, json) = get(
+        app.clone(),
+        &format!("/ui/api/traces/{SAMPLE_TRACE_ID}"),
+        None,
+    )
+    .await;
     assert_eq!(st, StatusCode::OK, "{json}");
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let got: Vec<(String, u64, bool)> = v["spans"]
@@ -83,13 +85,28 @@ async fn the_waterfall_nests_spans_in_start_order_and_marks_the_critical_path() 
     // SVG rows then table rows: both in the waterfall's order.
     let ids: Vec<&str> = want.iter().map(|w| w.0.as_str()).collect();
     assert_eq!(order, [ids.clone(), ids].concat());
-    for needle in ["queue wait", "2.31", "TTFT", "tokens in", "1834", "tool", "class=\"waterfall\"", "open in the trace viewer", "jaeger.internal:16686"] {
+    for needle in [
+        "queue wait",
+        "2.31",
+        "TTFT",
+        "tokens in",
+        "1834",
+        "tool",
+        "class=\"waterfall\"",
+        "open in the trace viewer",
+        "jaeger.internal:16686",
+    ] {
         assert!(html.contains(needle), "{needle}");
     }
     // Unknown or malformed ids are 404 pages.
-    assert_eq!(get(app.clone(), "/traces/xyz", None).await.0, StatusCode::NOT_FOUND);
     assert_eq!(
-        get(app, "/ui/api/traces/not-hex-not-hex-not-hex-not-hex!", None).await.0,
+        get(app.clone(), "/traces/xyz", None).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        get(app, "/ui/api/traces/not-hex-not-hex-not-hex-not-hex!", None)
+            .await
+            .0,
         StatusCode::NOT_FOUND
     );
 }
@@ -98,7 +115,12 @@ async fn the_waterfall_nests_spans_in_start_order_and_marks_the_critical_path() 
 async fn the_logs_page_filters_and_pages_without_gaps_or_repeats() {
     let (s, app) = ui();
     // Filtered: exactly the source's matching records, newest first.
-    let (st, json) = get(app.clone(), "/ui/api/logs?service=chat-gateway&severity=error", None).await;
+    let (st, json) = get(
+        app.clone(),
+        "/ui/api/logs?service=chat-gateway&severity=error",
+        None,
+    )
+    .await;
     assert_eq!(st, StatusCode::OK, "{json}");
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let recs = v["records"].as_array().unwrap();
@@ -127,7 +149,12 @@ async fn the_logs_page_filters_and_pages_without_gaps_or_repeats() {
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         let recs = v["records"].as_array().unwrap();
         assert!(recs.len() <= 7);
-        bodies.extend(recs.iter().map(|r| (r["ts_ms"].as_u64().unwrap(), r["body"].as_str().unwrap().to_string())));
+        bodies.extend(recs.iter().map(|r| {
+            (
+                r["ts_ms"].as_u64().unwrap(),
+                r["body"].as_str().unwrap().to_string(),
+            )
+        }));
         next = v["next_query"].as_str().map(str::to_string);
         pages += 1;
         assert!(pages < 100);
@@ -138,7 +165,11 @@ async fn the_logs_page_filters_and_pages_without_gaps_or_repeats() {
         limit: 1000,
         ..LogQuery::default()
     });
-    let want: Vec<(u64, String)> = all.items.iter().map(|h| (h.row.ts_us / 1000, h.row.body.clone())).collect();
+    let want: Vec<(u64, String)> = all
+        .items
+        .iter()
+        .map(|h| (h.row.ts_us / 1000, h.row.body.clone()))
+        .collect();
     assert_eq!(bodies, want);
     assert!(pages > 2);
     // The HTML page: the form keeps the filters, rows link their traces, a bad filter is said.
@@ -149,7 +180,10 @@ async fn the_logs_page_filters_and_pages_without_gaps_or_repeats() {
     assert!(!html.contains("Tool Execution Timeout"), "text filter");
     let (st, html) = get(app.clone(), "/logs?severity=loud", None).await;
     assert_eq!(st, StatusCode::OK);
-    assert!(html.contains("id=\"logs-error\"") && html.contains("loud"), "{html}");
+    assert!(
+        html.contains("id=\"logs-error\"") && html.contains("loud"),
+        "{html}"
+    );
     let (_, html) = get(app, "/logs?nosuch=1", None).await;
     assert!(html.contains("id=\"logs-error\""), "unknown parameter");
 }
@@ -159,12 +193,20 @@ async fn the_instance_page_shows_its_log_records_beside_its_failures() {
     let (s, app) = ui();
     let (service, instance) = s.instance_names()[0].clone();
     let enc = |x: &str| x.replace('/', "%2F");
-    let (st, html) = get(app, &format!("/services/{service}/instances/{}", enc(&instance)), None).await;
+    let (st, html) = get(
+        app,
+        &format!("/services/{service}/instances/{}", enc(&instance)),
+        None,
+    )
+    .await;
     assert_eq!(st, StatusCode::OK, "{html}");
     assert!(html.contains("Recent failures"));
     assert!(html.contains("Log records"));
     assert!(html.contains("href=\"/logs?service="), "{html}");
-    assert!(html.contains(&format!("href=\"/traces/{SAMPLE_TRACE_ID}\"")) || html.contains("No log records"));
+    assert!(
+        html.contains(&format!("href=\"/traces/{SAMPLE_TRACE_ID}\""))
+            || html.contains("No log records")
+    );
 }
 
 /// `GET /api/v1/logs` over a real SQLite store: read token required, filters, cursor paging,
@@ -190,7 +232,13 @@ async fn the_log_api_reads_the_store_behind_the_read_token() {
         })
         .collect();
     store
-        .write_batch(&Batch { logs: rows.clone(), ..Batch::new() }, WriteMode::Fresh)
+        .write_batch(
+            &Batch {
+                logs: rows.clone(),
+                ..Batch::new()
+            },
+            WriteMode::Fresh,
+        )
         .await
         .unwrap();
     let (_tx, writer_status) = tokio::sync::watch::channel(Default::default());
@@ -204,11 +252,19 @@ async fn the_log_api_reads_the_store_behind_the_read_token() {
     };
     let tokens = Arc::new(Tokens::new(None, Some(Secret::new("r3ad")), None));
     let app = brownout::api::router(deps, tokens);
-    assert_eq!(get(app.clone(), "/api/v1/logs", None).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        get(app.clone(), "/api/v1/logs", None).await.0,
+        StatusCode::UNAUTHORIZED
+    );
     let mut bodies = Vec::new();
     let mut cursor = String::new();
     loop {
-        let (st, json) = get(app.clone(), &format!("/api/v1/logs?instance=gpu-1/engine-0&limit=4&cursor={cursor}"), Some("r3ad")).await;
+        let (st, json) = get(
+            app.clone(),
+            &format!("/api/v1/logs?instance=gpu-1/engine-0&limit=4&cursor={cursor}"),
+            Some("r3ad"),
+        )
+        .await;
         assert_eq!(st, StatusCode::OK, "{json}");
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         for it in v["items"].as_array().unwrap() {
@@ -224,12 +280,34 @@ async fn the_log_api_reads_the_store_behind_the_read_token() {
     let mut want: Vec<(u64, usize)> = rows.iter().enumerate().map(|(i, r)| (r.ts_us, i)).collect();
     want.sort_by(|a, b| b.cmp(a));
     // Newest first; within a timestamp the later-written (larger rowid) first.
-    assert_eq!(bodies, want.iter().map(|(_, i)| rows[*i].body.clone()).collect::<Vec<_>>());
-    let (st, json) = get(app.clone(), "/api/v1/logs?service=chat&severity=error&q=line", Some("r3ad")).await;
+    assert_eq!(
+        bodies,
+        want.iter()
+            .map(|(_, i)| rows[*i].body.clone())
+            .collect::<Vec<_>>()
+    );
+    let (st, json) = get(
+        app.clone(),
+        "/api/v1/logs?service=chat&severity=error&q=line",
+        Some("r3ad"),
+    )
+    .await;
     assert_eq!(st, StatusCode::OK);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-    let got: Vec<&str> = v["items"].as_array().unwrap().iter().map(|i| i["body"].as_str().unwrap()).collect();
-    assert_eq!(got, ["line 20 <b>bold</b>", "line 10 <b>bold</b>", "line 0 <b>bold</b>"]);
+    let got: Vec<&str> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["body"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "line 20 <b>bold</b>",
+            "line 10 <b>bold</b>",
+            "line 0 <b>bold</b>"
+        ]
+    );
     for (q, field) in [
         ("limit=0", "limit"),
         ("severity=loud", "severity"),
