@@ -320,3 +320,162 @@ async fn the_log_api_reads_the_store_behind_the_read_token() {
         assert!(json.contains(field), "{q}: {json}");
     }
 }
+
+/// A page source whose traces and logs are a real store's (the rest: unavailable).
+struct StoreSource(Arc<dyn Store>);
+
+fn down<'a, T: Send + 'a>() -> futures::future::BoxFuture<'a, Result<T, web::UiError>> {
+    Box::pin(futures::future::ready(Err(web::UiError::Unavailable {
+        component: "test",
+        detail: "not in this test".into(),
+    })))
+}
+
+impl web::UiDataSource for StoreSource {
+    fn overview(&self) -> futures::future::BoxFuture<'_, Result<web::OverviewView, web::UiError>> {
+        down()
+    }
+    fn hosts(&self) -> futures::future::BoxFuture<'_, Result<web::HostsView, web::UiError>> {
+        down()
+    }
+    fn host<'a>(
+        &'a self,
+        _: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<web::HostDetailView, web::UiError>> {
+        down()
+    }
+    fn service<'a>(
+        &'a self,
+        _: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<web::ServiceView, web::UiError>> {
+        down()
+    }
+    fn instance<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<web::InstanceView, web::UiError>> {
+        down()
+    }
+    fn patterns(&self) -> futures::future::BoxFuture<'_, Result<web::PatternsView, web::UiError>> {
+        down()
+    }
+    fn slos(&self) -> futures::future::BoxFuture<'_, Result<web::SloView, web::UiError>> {
+        down()
+    }
+    fn degradation(
+        &self,
+    ) -> futures::future::BoxFuture<'_, Result<web::DegradationView, web::UiError>> {
+        down()
+    }
+    fn resource(&self) -> futures::future::BoxFuture<'_, Result<web::ResourceView, web::UiError>> {
+        down()
+    }
+    fn trace_spans<'a>(
+        &'a self,
+        trace_id: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<brownout::store::SpanRow>, web::UiError>> {
+        Box::pin(async move {
+            self.0
+                .trace(trace_id)
+                .await
+                .map_err(|e| web::UiError::Unavailable {
+                    component: "store",
+                    detail: e.to_string(),
+                })
+        })
+    }
+}
+
+/// A known trace written to a real SQLite store out of order: the waterfall lists it in start
+/// order under its parents.
+#[tokio::test]
+async fn the_waterfall_of_a_stored_trace_is_in_start_order_with_its_nesting() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(&dir.path().join("t.sqlite")).unwrap());
+    store.migrate().await.unwrap();
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let span = |id: &str, parent: &str, start_ms: u64, dur_ms: u64| brownout::store::SpanRow {
+        trace_id: trace.into(),
+        span_id: format!("{id:0>16}"),
+        parent_span_id: if parent.is_empty() {
+            String::new()
+        } else {
+            format!("{parent:0>16}")
+        },
+        service: "chat".into(),
+        name: format!("op {id} <i>x</i>"),
+        kind: 2,
+        start_us: (NOW_MS + start_ms) * 1000,
+        duration_us: dur_ms * 1000,
+        status: 0,
+        status_message: String::new(),
+        feature: "basic_qa".into(),
+        criticality: "critical".into(),
+        host: "gpu-1".into(),
+        is_request: parent.is_empty(),
+        attributes: vec![("gen_ai.tool.name".into(), "<b>search</b>".into())],
+    };
+    // root r: a (10..30) → a1 (12..20); b (40..95) → b1 (41..50), b2 (60..94); written shuffled.
+    let spans = vec![
+        span("b2", "b", 60, 34),
+        span("a1", "a", 12, 8),
+        span("r", "", 0, 100),
+        span("b1", "b", 41, 9),
+        span("b", "r", 40, 55),
+        span("a", "r", 10, 20),
+    ];
+    store
+        .write_batch(
+            &Batch {
+                spans,
+                ..Batch::new()
+            },
+            WriteMode::Fresh,
+        )
+        .await
+        .unwrap();
+    let app = web::router(Arc::new(StoreSource(store)));
+    let (st, json) = get(app.clone(), &format!("/ui/api/traces/{trace}"), None).await;
+    assert_eq!(st, StatusCode::OK, "{json}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let got: Vec<(String, u64, bool)> = v["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["span_id"]
+                    .as_str()
+                    .unwrap()
+                    .trim_start_matches('0')
+                    .to_string(),
+                s["depth"].as_u64().unwrap(),
+                s["critical"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let want = [
+        ("r", 0, true),
+        ("a", 1, true),
+        ("a1", 2, true),
+        ("b", 1, true),
+        ("b1", 2, true),
+        ("b2", 2, true),
+    ];
+    let want: Vec<(String, u64, bool)> = want
+        .iter()
+        .map(|(a, b, c)| (a.to_string(), *b, *c))
+        .collect();
+    assert_eq!(got, want);
+    let (st, html) = get(app.clone(), &format!("/traces/{trace}"), None).await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(
+        html.contains("op r &lt;i&gt;x&lt;&#x2F;i&gt;"),
+        "span names escaped: {html}"
+    );
+    assert!(!html.contains("<b>search</b>") && !html.contains("<i>x</i>"));
+    // An unknown trace of the store is a 404.
+    let (st, _) = get(app, "/traces/00000000000000000000000000000001", None).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+}
