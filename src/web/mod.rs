@@ -9,7 +9,8 @@
 //! Pages: `/` overview → `/services/{service}` → `/services/{service}/instances/{instance}` (its
 //! logs) is the three-level drill-down of docs/REQUIREMENTS.md R7.3, one click per level;
 //! `/hosts`, `/hosts/{host}`, `/patterns`, `/slos`, `/degradation`, `/agents` (tool breakers and
-//! loop kills), `/debug/resource` (the console
+//! loop kills), `/logs` (log search) and `/traces/{trace_id}` (the waterfall; both in
+//! [`traces`]), `/debug/resource` (the console
 //! of R7.4). Every view is also served as JSON under `/ui/api/...` (same paths). The only script (`/static/brownout.js`)
 //! polls `/ui/api/overview` to keep the tier badges live, writing text only (`textContent`).
 //!
