@@ -58,6 +58,37 @@ pub struct RawConfig {
     pub auth: RawAuth,
     #[serde(default)]
     pub control: RawControl,
+    #[serde(default)]
+    pub web: RawWeb,
+}
+
+// ---- web (docs/DASHBOARDS.md "Trace waterfall") -----------------------------------------------
+
+/// `[web]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWeb {
+    /// An external trace viewer's link with `{trace_id}` in it (Jaeger, Tempo, SigNoz…).
+    pub trace_url: Option<String>,
+}
+
+/// `web.trace_url` (env `BROWNOUT_TRACE_URL`): `None` when unset or empty; else it must be an
+/// `http(s)://` URL of at most 500 bytes holding `{trace_id}`, without spaces or control characters.
+pub fn check_trace_url(v: Option<String>) -> Result<Option<String>, String> {
+    let Some(v) = v.filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let lower = v.to_ascii_lowercase();
+    if !(lower.starts_with("http://") || lower.starts_with("https://")) {
+        return Err(format!("{v:?} must start with http:// or https://"));
+    }
+    if !v.contains("{trace_id}") {
+        return Err(format!("{v:?} must hold {{trace_id}}"));
+    }
+    if v.len() > 500 || v.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!("{v:?} must be at most 500 bytes, without spaces"));
+    }
+    Ok(Some(v))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -196,6 +227,8 @@ pub struct Config {
     /// Every replica of the cluster mines every replica's failures, in one order, through
     /// Redis (`patterns::share`): pattern ids and the pattern feed agree across replicas.
     pub share_patterns: bool,
+    /// `web.trace_url` ([`check_trace_url`]): the external trace viewer's link template.
+    pub trace_url: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -793,6 +826,8 @@ impl RawConfig {
                 "needs control.redis_url (the replicas share their counts through Redis)".into(),
             ));
         }
+        let trace_url = check_trace_url(env.var("BROWNOUT_TRACE_URL").or(self.web.trace_url))
+            .map_err(|m| field_err("web.trace_url", m))?;
         let share_patterns = env
             .var("BROWNOUT_SHARE_PATTERNS")
             .map(|v| match v.as_str() {
@@ -857,6 +892,7 @@ impl RawConfig {
             policy_file: self.control.policy_file,
             share_slo_counters,
             share_patterns,
+            trace_url,
         })
     }
 }
@@ -1027,5 +1063,26 @@ mod tests {
     #[test]
     fn secrets_do_not_print() {
         assert_eq!(format!("{:?}", Secret::new("abc")), "Secret(***)");
+    }
+
+    #[test]
+    fn trace_url_templates_are_http_with_the_placeholder() {
+        assert_eq!(check_trace_url(None), Ok(None));
+        assert_eq!(check_trace_url(Some(" ".into())), Ok(None));
+        let ok = "https://jaeger:16686/trace/{trace_id}".to_string();
+        assert_eq!(check_trace_url(Some(ok.clone())), Ok(Some(ok)));
+        for bad in [
+            "javascript:alert(1)//{trace_id}",
+            "http://jaeger/trace/",
+            "http://jaeger/trace/{trace_id} x",
+        ] {
+            assert!(check_trace_url(Some(bad.into())).is_err(), "{bad}");
+        }
+        let c = Config::from_toml_str(
+            "t.toml",
+            "[web]\ntrace_url = \"ftp://x/{trace_id}\"\n",
+            &BTreeMap::<String, String>::new(),
+        );
+        assert!(format!("{:?}", c.unwrap_err()).contains("web.trace_url"));
     }
 }

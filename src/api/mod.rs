@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `GET /api/v1/traces/{trace_id}` | `{trace_id, spans: [...]}` (404 when unknown) |
 //! | `GET /api/v1/failures?since=&until=&service=&category=&feature=&criticality=&pattern=&limit=&cursor=` | `{items, next_cursor}` newest first |
+//! | `GET /api/v1/logs?since=&until=&service=&host=&instance=&severity=&q=&limit=&cursor=` | `{items, next_cursor}` OTLP log records newest first ([`crate::store::logs`]) |
 //! | `GET /api/v1/hosts` | `{hosts: [{host, state, last_seen_ms, age_ms, snapshot}]}` |
 //! | `GET /api/v1/ingest/status` | `{backend, store_up, spool_bytes}` |
 //!
@@ -24,7 +25,7 @@ use crate::auth::{Guard, Role, Tokens};
 use crate::error::{Path, Query};
 use crate::ingest::WriterStatus;
 use crate::ingest::hosts::HostRegistry;
-use crate::store::{FailureCursor, FailureQuery, Store};
+use crate::store::{FailureCursor, FailureQuery, LogCursor, LogPage, LogQuery, Store};
 
 /// What the query API reads.
 #[derive(Clone)]
@@ -51,6 +52,7 @@ pub fn router(deps: ApiDeps, tokens: Arc<Tokens>) -> Router {
     Router::new()
         .route("/api/v1/traces/{trace_id}", get(trace))
         .route("/api/v1/failures", get(failures))
+        .route("/api/v1/logs", get(logs))
         .route("/api/v1/hosts", get(hosts))
         .route("/api/v1/ingest/status", get(ingest_status))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -220,6 +222,130 @@ fn bound_page(page: &mut crate::store::FailurePage, max: usize) {
                 .encode(),
             );
         }
+    }
+}
+
+// ---- log search ---------------------------------------------------------------------------------
+
+/// Query parameters of `GET /api/v1/logs` (and the UI's `/logs`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogParams {
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub service: Option<String>,
+    pub host: Option<String>,
+    /// A drill-down instance (`host` or `host/engine`): its host's records (log records carry
+    /// the host, not the engine).
+    pub instance: Option<String>,
+    /// Minimum severity: `trace`, `debug`, `info`, `warn`, `error`, `fatal` or 1–24.
+    pub severity: Option<String>,
+    /// Substring of the body (case-sensitive, at most [`crate::store::logs::LOG_TEXT_MAX`] bytes).
+    pub q: Option<String>,
+    pub limit: Option<String>,
+    pub cursor: Option<String>,
+}
+
+/// Turns query parameters into a [`LogQuery`]; defaults: the last hour, 100 rows.
+///
+/// # Errors
+/// 400 naming the parameter.
+pub fn log_query(p: LogParams, now_ms: u64) -> Result<LogQuery, ApiError> {
+    use crate::store::logs::{LOG_PAGE_MAX, LOG_TEXT_MAX, severity_floor};
+    let bad = |m: String| ApiError::bad_request("bad_parameter", m);
+    let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
+    let since_ms = nonempty(p.since)
+        .map(|s| time_param("since", &s))
+        .transpose()?
+        .unwrap_or(now_ms.saturating_sub(3_600_000));
+    let until_ms = nonempty(p.until)
+        .map(|s| time_param("until", &s))
+        .transpose()?
+        .unwrap_or(now_ms + 60_000);
+    if until_ms <= since_ms {
+        return Err(bad("until must be after since".into()));
+    }
+    let limit = match nonempty(p.limit) {
+        None => 100,
+        Some(s) => match s.parse::<usize>() {
+            Ok(n) if (1..=LOG_PAGE_MAX).contains(&n) => n,
+            _ => {
+                return Err(bad(format!(
+                    "limit={s:?} must be an integer from 1 to {LOG_PAGE_MAX}"
+                )));
+            }
+        },
+    };
+    let min_severity = match nonempty(p.severity) {
+        None => 0,
+        Some(s) => severity_floor(&s).ok_or_else(|| {
+            bad(format!(
+                "severity={s:?} is not trace, debug, info, warn, error, fatal or 1-24"
+            ))
+        })?,
+    };
+    let text = nonempty(p.q);
+    if text.as_ref().is_some_and(|t| t.len() > LOG_TEXT_MAX) {
+        return Err(bad(format!("q is longer than {LOG_TEXT_MAX} bytes")));
+    }
+    let mut host = nonempty(p.host);
+    if let Some(inst) = nonempty(p.instance) {
+        let h = inst.split('/').next().unwrap_or_default().to_string();
+        if host.as_ref().is_some_and(|x| *x != h) {
+            return Err(bad(format!(
+                "instance={inst:?} is not on host={:?}",
+                host.unwrap_or_default()
+            )));
+        }
+        host = Some(h);
+    }
+    let cursor = match nonempty(p.cursor) {
+        None => None,
+        Some(c) => Some(
+            LogCursor::decode(&c)
+                .ok_or_else(|| bad("cursor is not one this server issued".into()))?,
+        ),
+    };
+    Ok(LogQuery {
+        since_ms,
+        until_ms,
+        service: nonempty(p.service),
+        host,
+        min_severity,
+        text,
+        limit,
+        cursor,
+    })
+}
+
+async fn logs(
+    State(state): State<ApiDeps>,
+    Query(p): Query<LogParams>,
+) -> Result<Response, ApiError> {
+    let q = log_query(p, brownout_protocol::now_ms())?;
+    let mut page = state
+        .store
+        .logs(&q)
+        .await
+        .map_err(|e| ApiError::store(&e))?;
+    bound_log_page(&mut page, MAX_PAGE_BYTES);
+    Ok(Json(page).into_response())
+}
+
+/// [`bound_page`] for log records: ends the page early past `max` bytes of JSON.
+pub fn bound_log_page(page: &mut LogPage, max: usize) {
+    let mut total = 0usize;
+    let mut keep = page.items.len();
+    for (i, row) in page.items.iter().enumerate() {
+        total += serde_json::to_vec(row).map_or(0, |v| v.len() + 1);
+        if total > max && i > 0 {
+            keep = i;
+            break;
+        }
+    }
+    if keep < page.items.len() {
+        page.items.truncate(keep);
+        page.next_cursor = page.items.last().map(|h| h.pos.encode());
     }
 }
 

@@ -74,6 +74,9 @@ pub struct PlaneOptions {
     /// Mine every replica's failures, in one order, through this Redis
     /// (`control.share_patterns`, [`crate::patterns::share`]); `None`: mine this replica's.
     pub share_patterns: Option<String>,
+    /// The external trace viewer's link template (`web.trace_url`), shown beside the built-in
+    /// waterfall.
+    pub trace_url: Option<String>,
 }
 
 impl PlaneOptions {
@@ -99,6 +102,7 @@ impl PlaneOptions {
             replica_id: None,
             share_slo_counters: None,
             share_patterns: None,
+            trace_url: None,
         })
     }
 
@@ -126,6 +130,7 @@ impl PlaneOptions {
         if config.share_patterns {
             opts.share_patterns = config.redis_url.clone();
         }
+        opts.trace_url = config.trace_url.clone();
         match &config.redis_url {
             Some(url) => opts.transport = Transport::Redis { url: url.clone() },
             None => {
@@ -409,7 +414,8 @@ impl Plane {
                 patterns: ranked_patterns.clone(),
                 origin,
             })
-            .with_agents(agents.clone());
+            .with_agents(agents.clone())
+            .with_trace_url(opts.trace_url.clone());
             tasks.push((
                 "ui sampler",
                 tokio::spawn(live.clone().run_sampler(stopped())),

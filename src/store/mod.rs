@@ -13,7 +13,10 @@
 //! here and keeps its own small state with [`Store::put_doc`] / [`Store::list_docs`].
 
 pub mod clickhouse;
+pub mod logs;
 pub mod sqlite;
+
+pub use logs::{LogCursor, LogHit, LogPage, LogQuery};
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -391,6 +394,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Failures, newest first, filtered and paginated.
     fn failures<'a>(&'a self, q: &'a FailureQuery) -> StoreFuture<'a, FailurePage>;
+
+    /// OTLP log records, newest first, filtered and paginated ([`logs`]). Both backends
+    /// implement it; the default (for test doubles) refuses.
+    fn logs<'a>(&'a self, _q: &'a LogQuery) -> StoreFuture<'a, LogPage> {
+        Box::pin(async {
+            Err(StoreError::BadQuery(
+                "this store cannot search log records".into(),
+            ))
+        })
+    }
 
     /// Good/total request counts per bucket, service, feature and criticality (SLIs).
     fn request_counts<'a>(&'a self, q: &'a CountQuery) -> StoreFuture<'a, Vec<RequestCount>>;

@@ -398,6 +398,11 @@ impl Store for SqliteStore {
         })
     }
 
+    fn logs<'a>(&'a self, q: &'a super::LogQuery) -> StoreFuture<'a, super::LogPage> {
+        let q = q.clone();
+        SqliteStore::with(&self.reader, move |c| search_logs(c, &q))
+    }
+
     fn request_counts<'a>(&'a self, q: &'a CountQuery) -> StoreFuture<'a, Vec<RequestCount>> {
         let q = q.clone();
         SqliteStore::with(&self.reader, move |c| {
@@ -614,6 +619,68 @@ pub(crate) fn page(items: &mut Vec<FailureRow>, limit: usize) -> FailurePage {
         items: std::mem::take(items),
         next_cursor,
     }
+}
+
+// ---- log search (docs/API.md `GET /api/v1/logs`) ---------------------------------------------
+
+/// [`Store::logs`]: newest first by `(ts_us, rowid)`, on the `logs_ts` index (which holds the
+/// rowid, so the order and the cursor's condition need no sort of their own).
+fn search_logs(c: &mut Connection, q: &super::LogQuery) -> Result<super::LogPage, StoreError> {
+    q.check()?;
+    let mut sql = String::from(
+        "SELECT rowid, ts_us, trace_id, span_id, service, host, severity_number, severity_text, body, attrs
+         FROM logs WHERE ts_us >= ? AND ts_us < ?",
+    );
+    let mut args: Vec<rusqlite::types::Value> = vec![
+        i(q.since_ms.saturating_mul(1000)).into(),
+        i(q.until_ms.saturating_mul(1000)).into(),
+    ];
+    for (col, v) in [("service", &q.service), ("host", &q.host)] {
+        if let Some(v) = v {
+            sql.push_str(&format!(" AND {col} = ?"));
+            args.push(v.clone().into());
+        }
+    }
+    if q.min_severity > 0 {
+        sql.push_str(" AND severity_number >= ?");
+        args.push(i64::from(q.min_severity).into());
+    }
+    if let Some(t) = q.text.as_ref().filter(|t| !t.is_empty()) {
+        sql.push_str(" AND instr(body, ?) > 0");
+        args.push(t.clone().into());
+    }
+    if let Some(cur) = &q.cursor {
+        // The first bound is a range the index seeks to: a later page does not scan the
+        // earlier ones again.
+        sql.push_str(" AND ts_us <= ? AND (ts_us < ? OR (ts_us = ? AND rowid < ?))");
+        args.push(i(cur.ts_us).into());
+        args.push(i(cur.ts_us).into());
+        args.push(i(cur.ts_us).into());
+        args.push(i(cur.id).into());
+    }
+    let limit = q.page_size();
+    sql.push_str(&format!(
+        " ORDER BY ts_us DESC, rowid DESC LIMIT {}",
+        limit + 1
+    ));
+    let mut st = c.prepare_cached(&sql)?;
+    let items = st
+        .query_map(params_from_iter(args), |r| {
+            let row = super::LogRow {
+                ts_us: u(r.get(1)?),
+                trace_id: r.get(2)?,
+                span_id: r.get(3)?,
+                service: r.get(4)?,
+                host: r.get(5)?,
+                severity_number: r.get(6)?,
+                severity_text: r.get(7)?,
+                body: r.get(8)?,
+                attributes: attrs_from_json(&r.get::<_, String>(9)?),
+            };
+            Ok(super::LogHit::new(row, u(r.get(0)?), 0))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(super::logs::log_page(items, limit))
 }
 
 #[cfg(test)]

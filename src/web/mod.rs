@@ -9,7 +9,8 @@
 //! Pages: `/` overview → `/services/{service}` → `/services/{service}/instances/{instance}` (its
 //! logs) is the three-level drill-down of docs/REQUIREMENTS.md R7.3, one click per level;
 //! `/hosts`, `/hosts/{host}`, `/patterns`, `/slos`, `/degradation`, `/agents` (tool breakers and
-//! loop kills), `/debug/resource` (the console
+//! loop kills), `/logs` (log search) and `/traces/{trace_id}` (the waterfall; both in
+//! [`traces`]), `/debug/resource` (the console
 //! of R7.4). Every view is also served as JSON under `/ui/api/...` (same paths). The only script (`/static/brownout.js`)
 //! polls `/ui/api/overview` to keep the tier badges live, writing text only (`textContent`).
 //!
@@ -20,6 +21,7 @@
 pub mod chart;
 pub mod live;
 pub mod model;
+pub mod traces;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -58,6 +60,8 @@ const TEMPLATES: &[(&str, &str)] = &[
         "instance.html",
         include_str!("../../templates/web/instance.html"),
     ),
+    ("logs.html", include_str!("../../templates/web/logs.html")),
+    ("trace.html", include_str!("../../templates/web/trace.html")),
     (
         "patterns.html",
         include_str!("../../templates/web/patterns.html"),
@@ -139,6 +143,10 @@ pub fn router(source: Arc<dyn UiDataSource>) -> Router {
         .route("/degradation", get(degradation))
         .route("/debug/resource", get(resource))
         .route("/agents", get(agents))
+        .route("/logs", get(logs))
+        .route("/traces/{trace_id}", get(trace))
+        .route("/ui/api/logs", get(api_logs))
+        .route("/ui/api/traces/{trace_id}", get(api_trace))
         .route("/ui/api/overview", get(api_overview))
         .route("/ui/api/hosts", get(api_hosts))
         .route("/ui/api/hosts/{host}", get(api_host))
@@ -405,7 +413,172 @@ async fn instance(
 ) -> Page {
     let Path((service, inst)) = path?;
     let v = st.source.instance(&service, &inst).await?;
-    render(&st, "instance.html", "overview", &v, Value::Null)
+    let now = st.source.now_ms();
+    let q = crate::store::LogQuery {
+        since_ms: now.saturating_sub(24 * 3_600_000),
+        until_ms: now + 60_000,
+        service: Some(service.clone()),
+        host: Some(v.instance.host.clone()),
+        limit: traces::INSTANCE_LOG_ROWS,
+        ..crate::store::LogQuery::default()
+    };
+    // The failures above are the page; its log records are shown when the store answers.
+    let (records, records_error) = match st.source.log_search(&q).await {
+        Ok(p) => (
+            p.items.iter().map(traces::log_line).collect::<Vec<_>>(),
+            None,
+        ),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    let logs_link = format!(
+        "service={}&host={}&since={}",
+        enc(&service),
+        enc(&v.instance.host),
+        q.since_ms
+    );
+    render(
+        &st,
+        "instance.html",
+        "overview",
+        &v,
+        serde_json::json!({"records": records, "records_error": records_error, "logs_link": logs_link}),
+    )
+}
+
+// ---- logs and traces (docs/DASHBOARDS.md "Logs" and "Trace waterfall") -------------------------
+
+/// Percent-encodes a query-string value.
+fn enc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The `/logs` view of the query string `raw`: the records, or why the filters were refused.
+async fn logs_view(st: &UiState, raw: Option<&str>) -> Result<traces::LogsView, UiError> {
+    let now = st.source.now_ms();
+    let origin = st.source.origin();
+    let uri: axum::http::Uri = format!("/logs?{}", raw.unwrap_or(""))
+        .parse()
+        .unwrap_or_else(|_| axum::http::Uri::from_static("/logs"));
+    let parsed = axum::extract::Query::<crate::api::LogParams>::try_from_uri(&uri);
+    let (params, error) = match parsed {
+        Ok(axum::extract::Query(p)) => (p, None),
+        Err(e) => (crate::api::LogParams::default(), Some(e.body_text())),
+    };
+    let s = |v: &Option<String>| traces::cut(v.as_deref().unwrap_or(""), 300);
+    let filters = traces::LogFilters {
+        service: s(&params.service),
+        host: s(&params.host),
+        instance: s(&params.instance),
+        severity: s(&params.severity),
+        q: s(&params.q),
+        since: s(&params.since),
+        until: s(&params.until),
+    };
+    let mut view = traces::LogsView {
+        origin,
+        generated_at_ms: now,
+        filters,
+        records: Vec::new(),
+        next_query: None,
+        error,
+    };
+    if view.error.is_some() {
+        return Ok(view);
+    }
+    let mut params = params;
+    if params.limit.is_none() {
+        params.limit = Some(traces::LOG_PAGE_ROWS.to_string());
+    }
+    let q = match crate::api::log_query(params, now) {
+        Ok(q) => q,
+        Err(e) => {
+            view.error = Some(e.message);
+            return Ok(view);
+        }
+    };
+    let page = st.source.log_search(&q).await?;
+    view.records = page.items.iter().map(traces::log_line).collect();
+    if let Some(c) = page.next_cursor {
+        let f = &view.filters;
+        let mut qs: Vec<String> = [
+            ("service", &f.service),
+            ("host", &f.host),
+            ("instance", &f.instance),
+            ("severity", &f.severity),
+            ("q", &f.q),
+            ("since", &f.since),
+            ("until", &f.until),
+        ]
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| format!("{k}={}", enc(v)))
+        .collect();
+        qs.push(format!("limit={}", q.page_size()));
+        qs.push(format!("cursor={}", enc(&c)));
+        view.next_query = Some(qs.join("&"));
+    }
+    Ok(view)
+}
+
+async fn logs(State(st): State<UiState>, uri: axum::http::Uri) -> Page {
+    let v = logs_view(&st, uri.query()).await?;
+    render(&st, "logs.html", "logs", &v, Value::Null)
+}
+
+async fn api_logs(
+    State(st): State<UiState>,
+    uri: axum::http::Uri,
+) -> Result<Json<traces::LogsView>, ApiError> {
+    logs_view(&st, uri.query())
+        .await
+        .map(Json)
+        .map_err(ApiError)
+}
+
+async fn trace_view(st: &UiState, trace_id: &str) -> Result<traces::TraceView, UiError> {
+    if !traces::is_trace_id(trace_id) {
+        return Err(UiError::not_found("trace", traces::cut(trace_id, 64)));
+    }
+    let id = trace_id.to_ascii_lowercase();
+    let spans = st.source.trace_spans(&id).await?;
+    if spans.is_empty() {
+        return Err(UiError::not_found("trace", id));
+    }
+    Ok(traces::waterfall(
+        st.source.origin(),
+        st.source.now_ms(),
+        &id,
+        &spans,
+        st.source.trace_url(&id),
+    ))
+}
+
+async fn trace(State(st): State<UiState>, id: Result<Path<String>, PathRejection>) -> Page {
+    let Path(id) = id?;
+    let v = trace_view(&st, &id).await?;
+    let svg = traces::waterfall_svg(&v);
+    render(
+        &st,
+        "trace.html",
+        "logs",
+        &v,
+        serde_json::json!({"waterfall": svg}),
+    )
+}
+
+async fn api_trace(
+    State(st): State<UiState>,
+    crate::error::Path(id): crate::error::Path<String>,
+) -> Result<Json<traces::TraceView>, ApiError> {
+    trace_view(&st, &id).await.map(Json).map_err(ApiError)
 }
 
 async fn patterns(State(st): State<UiState>) -> Page {

@@ -72,6 +72,40 @@ pub trait UiDataSource: Send + Sync + 'static {
             ..AgentsView::default()
         })))
     }
+    /// The time the pages are of (sample data: its own clock), unix ms.
+    fn now_ms(&self) -> u64 {
+        brownout_protocol::now_ms()
+    }
+    /// Where this source's data comes from (shown on the pages built outside the views above).
+    fn origin(&self) -> DataOrigin {
+        DataOrigin::Live
+    }
+    /// `/logs` and the instance page's log records: OTLP log records from the store
+    /// ([`crate::store::Store::logs`], one bounded query). The default finds none.
+    fn log_search<'a>(
+        &'a self,
+        _q: &'a crate::store::LogQuery,
+    ) -> BoxFuture<'a, Result<crate::store::LogPage, UiError>> {
+        Box::pin(futures::future::ready(Ok(crate::store::LogPage {
+            items: Vec::new(),
+            next_cursor: None,
+        })))
+    }
+    /// `/traces/{trace_id}`: the trace's spans, any order ([`crate::store::Store::trace`]).
+    /// The default knows no trace.
+    fn trace_spans<'a>(
+        &'a self,
+        trace_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<crate::store::SpanRow>, UiError>> {
+        Box::pin(futures::future::ready(Err(UiError::not_found(
+            "trace", trace_id,
+        ))))
+    }
+    /// The configured external trace viewer's link for a trace (`web.trace_url` template), if
+    /// any. The built-in `/traces/{trace_id}` is linked whatever this says.
+    fn trace_url(&self, _trace_id: &str) -> Option<String> {
+        None
+    }
 }
 
 pub use crate::agents::AgentsView;

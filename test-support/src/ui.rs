@@ -13,6 +13,7 @@ use brownout_protocol::{
 };
 use futures::future::{BoxFuture, FutureExt};
 
+use brownout::store::{LogHit, LogPage, LogQuery, LogRow, SpanRow};
 use brownout::web::model::*;
 
 /// Every string the sample data shows that would be user- or operator-controlled in production.
@@ -986,5 +987,210 @@ impl UiDataSource for SampleDataSource {
     }
     fn resource(&self) -> BoxFuture<'_, Result<ResourceView, UiError>> {
         ready(Ok(self.resource_view()))
+    }
+    fn origin(&self) -> DataOrigin {
+        DataOrigin::Sample
+    }
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+    fn log_search<'a>(&'a self, q: &'a LogQuery) -> BoxFuture<'a, Result<LogPage, UiError>> {
+        ready(Ok(self.search(q)))
+    }
+    fn trace_spans<'a>(
+        &'a self,
+        trace_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<SpanRow>, UiError>> {
+        ready(Ok(self.sample_trace(trace_id)))
+    }
+    fn trace_url(&self, trace_id: &str) -> Option<String> {
+        Some(format!("{}{trace_id}", self.vocab.trace_url_prefix))
+    }
+}
+
+/// The sample trace every pattern example and log line links to.
+pub const SAMPLE_TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
+
+impl SampleDataSource {
+    /// 120 log records, 20 s apart, newest first: every service, host, severity and message of
+    /// the vocabulary, some with a trace id.
+    pub fn sample_logs(&self) -> Vec<LogHit> {
+        let v = &self.vocab;
+        let sev = [
+            (9u8, "INFO"),
+            (13, "WARN"),
+            (17, "ERROR"),
+            (21, "FATAL"),
+            (5, "DEBUG"),
+        ];
+        (0..120u64)
+            .map(|i| {
+                let k = i as usize;
+                let (n, t) = sev[k % sev.len()];
+                LogHit::new(
+                    LogRow {
+                        ts_us: (self.now_ms - 2_000 - i * 20_000) * 1000,
+                        trace_id: if k.is_multiple_of(3) {
+                            SAMPLE_TRACE_ID.to_string()
+                        } else {
+                            String::new()
+                        },
+                        span_id: format!("{:016x}", 0xb7ad6b7169203331u64 + i),
+                        service: pick(&v.services, k),
+                        host: pick(&self.host_names(), k / 2),
+                        severity_number: n,
+                        severity_text: t.to_string(),
+                        body: pick(&v.messages, k),
+                        attributes: vec![
+                            ("feature".into(), pick(&v.features, k)),
+                            ("gen_ai.request.model".into(), pick(&v.models, k)),
+                        ],
+                    },
+                    1000 - i,
+                    0,
+                )
+            })
+            .collect()
+    }
+
+    /// [`UiDataSource::log_search`] over [`SampleDataSource::sample_logs`]: the same filters,
+    /// order and cursor as the stores.
+    pub fn search(&self, q: &LogQuery) -> LogPage {
+        let limit = q.page_size();
+        let hits: Vec<LogHit> = self
+            .sample_logs()
+            .into_iter()
+            .filter(|h| {
+                let r = &h.row;
+                r.ts_us >= q.since_ms.saturating_mul(1000)
+                    && r.ts_us < q.until_ms.saturating_mul(1000)
+                    && q.service.as_ref().is_none_or(|s| *s == r.service)
+                    && q.host.as_ref().is_none_or(|s| *s == r.host)
+                    && r.severity_number >= q.min_severity
+                    && q.text.as_ref().is_none_or(|t| r.body.contains(t.as_str()))
+                    && q.cursor
+                        .is_none_or(|c| (r.ts_us, h.pos.id) < (c.ts_us, c.id))
+            })
+            .take(limit + 1)
+            .collect();
+        let more = hits.len() > limit;
+        let items: Vec<LogHit> = hits.into_iter().take(limit).collect();
+        LogPage {
+            next_cursor: if more {
+                items.last().map(|h| h.pos.encode())
+            } else {
+                None
+            },
+            items,
+        }
+    }
+
+    /// An agent request's trace (gateway → GPU queue → prefill → a tool call → decode), the
+    /// same shape for any trace id; names and attributes from the vocabulary.
+    pub fn sample_trace(&self, trace_id: &str) -> Vec<SpanRow> {
+        let v = &self.vocab;
+        let t0 = (self.now_ms - 65_000) * 1000;
+        let span = |id: u64,
+                    parent: u64,
+                    service: usize,
+                    name: String,
+                    start_ms: u64,
+                    dur_ms: u64,
+                    status: u8,
+                    attrs: Vec<(&str, String)>| SpanRow {
+            trace_id: trace_id.to_string(),
+            span_id: format!("{id:016x}"),
+            parent_span_id: if parent == 0 {
+                String::new()
+            } else {
+                format!("{parent:016x}")
+            },
+            service: pick(&v.services, service),
+            name,
+            kind: 2,
+            start_us: t0 + start_ms * 1000,
+            duration_us: dur_ms * 1000,
+            status,
+            status_message: if status == 2 {
+                pick(&v.messages, 1)
+            } else {
+                String::new()
+            },
+            feature: pick(&v.features, 0),
+            criticality: "default".into(),
+            host: pick(&self.host_names(), 0),
+            is_request: parent == 0,
+            attributes: attrs.into_iter().map(|(k, x)| (k.to_string(), x)).collect(),
+        };
+        vec![
+            span(
+                0xa1,
+                0,
+                0,
+                "POST /v1/chat/completions".into(),
+                0,
+                9_400,
+                2,
+                vec![("gen_ai.request.model", pick(&v.models, 0))],
+            ),
+            span(0xa2, 0xa1, 1, "agent.run".into(), 12, 9_350, 2, vec![]),
+            span(
+                0xa3,
+                0xa2,
+                1,
+                "gpu.queue".into(),
+                15,
+                2_310,
+                0,
+                vec![("brownout.queue_time_s", "2.31".into())],
+            ),
+            span(
+                0xa4,
+                0xa2,
+                1,
+                "llm.prefill".into(),
+                2_330,
+                420,
+                1,
+                vec![
+                    ("brownout.ttft_s", "2.75".into()),
+                    ("gen_ai.usage.input_tokens", "1834".into()),
+                ],
+            ),
+            span(
+                0xa5,
+                0xa2,
+                1,
+                format!("execute_tool {}", pick(&v.features, 1)),
+                2_760,
+                6_000,
+                2,
+                vec![
+                    ("gen_ai.tool.name", pick(&v.templates, 1)),
+                    ("error.type", pick(&v.messages, 1)),
+                ],
+            ),
+            span(0xa6, 0xa5, 2, "http GET".into(), 2_790, 5_950, 2, vec![]),
+            span(
+                0xa8,
+                0xa2,
+                2,
+                "kv.prefix_lookup".into(),
+                2_340,
+                60,
+                1,
+                vec![],
+            ),
+            span(
+                0xa7,
+                0xa2,
+                1,
+                "llm.decode".into(),
+                8_770,
+                590,
+                1,
+                vec![("gen_ai.usage.output_tokens", "212".into())],
+            ),
+        ]
     }
 }

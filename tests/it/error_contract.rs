@@ -92,6 +92,16 @@ const CASES: &[Case] = &[
         400,
     ),
     case("GET", 'h', "/api/v1/failures?bogus=1", Some(READ), "", 400),
+    case("GET", 'h', "/api/v1/logs", None, "", 401),
+    case(
+        "GET",
+        'h',
+        "/api/v1/logs?severity=loud",
+        Some(READ),
+        "",
+        400,
+    ),
+    case("GET", 'h', "/api/v1/logs?bogus=1", Some(READ), "", 400),
     case("DELETE", 'h', "/api/v1/hosts", Some(READ), "", 405),
     // Ingest, on both listeners.
     case("POST", 'h', "/v1/failures", None, "{}", 401),

@@ -186,11 +186,12 @@ async fn drill_down_is_one_click_per_level() {
         svc.contains(&format!("href=\"{inst_path}\"")),
         "service page links {inst_path}"
     );
-    // Level 3: the instance page shows its logs.
+    // Level 3: the instance page shows its logs: failures and log records.
     let (status, _, inst) = get(d.clone(), &inst_path).await;
     assert_eq!(status, StatusCode::OK);
     assert!(
-        inst.contains("Recent logs")
+        inst.contains("Recent failures")
+            && inst.contains("Log records")
             && inst.contains("req-")
             && inst.contains("kv_cache_exhausted"),
         "{inst}"
@@ -354,9 +355,10 @@ async fn non_http_trace_links_are_shown_as_text() {
         !body.contains("javascript:"),
         "no javascript: URL anywhere in the page"
     );
+    // The trace is still linked: to the built-in waterfall.
     assert!(
-        body.contains("class=\"muted\">trace "),
-        "the trace id is still shown"
+        body.contains("<a href=\"/traces/0af7651916cd43dd8448eb211c80319c\">trace "),
+        "the trace id is still shown and linked to /traces/: {body}"
     );
 }
 

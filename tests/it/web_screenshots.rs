@@ -22,6 +22,8 @@ const PAGES: &[(&str, &str)] = &[
     ("slos", "/slos"),
     ("degradation", "/degradation"),
     ("debug-resource", "/debug/resource"),
+    ("logs", "/logs?severity=warn"),
+    ("trace", "/traces/0af7651916cd43dd8448eb211c80319c"),
 ];
 
 #[test]

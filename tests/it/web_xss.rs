@@ -1,5 +1,6 @@
 //! XSS: every user-controlled string the UI shows (cluster, host, service, instance, SLO and
-//! model names, pattern templates, log messages, reasons, features, trace links) is replaced by a
+//! model names, pattern templates, log messages, OTLP log bodies and attributes, span names and
+//! attributes, reasons, features, trace links) is replaced by a
 //! hostile payload; each page is served on a real socket and loaded in headless Chromium. The
 //! dumped DOM must show the payloads as literal text and contain no trace of them executing
 //! (no `data-pwned` attribute set by a script, no changed title, no injected element).
@@ -120,6 +121,9 @@ fn hostile_strings_render_as_text_and_never_run_in_chromium() {
         "/slos".into(),
         "/degradation".into(),
         "/debug/resource".into(),
+        "/logs".into(),
+        format!("/logs?q={}", enc(&hostile_vocabulary().messages[0][..20])),
+        format!("/traces/{}", brownout_test_support::ui::SAMPLE_TRACE_ID),
     ];
     // Two Chromiums at a time: the machine is small.
     let doms: Vec<(String, String)> = pages

@@ -76,6 +76,8 @@ pub struct LiveDataSource {
     caches: Arc<Mutex<Caches>>,
     /// The agent guards (`None`: the Agents page says they are off).
     agents: Option<Arc<crate::agents::AgentGuards>>,
+    /// The external trace viewer's link template (`web.trace_url`), with `{trace_id}`.
+    trace_url: Option<String>,
 }
 
 /// What the source remembers between page views: the sampled history and computed caches.
@@ -139,7 +141,32 @@ impl LiveDataSource {
             parts,
             caches: Arc::default(),
             agents: None,
+            trace_url: None,
         }
+    }
+
+    /// Links traces to this external viewer too (`web.trace_url`: a template with `{trace_id}`).
+    pub fn with_trace_url(mut self, template: Option<String>) -> LiveDataSource {
+        self.trace_url = template;
+        self
+    }
+
+    /// Where a pattern example's trace opens: the external viewer when configured, else the
+    /// built-in waterfall; `None` without a valid trace id.
+    fn trace_link(&self, trace_id: &str) -> Option<String> {
+        if !crate::web::traces::is_trace_id(trace_id) {
+            return None;
+        }
+        Some(
+            self.external_trace_url(trace_id)
+                .unwrap_or_else(|| format!("/traces/{}", trace_id.to_ascii_lowercase())),
+        )
+    }
+
+    fn external_trace_url(&self, trace_id: &str) -> Option<String> {
+        let t = self.trace_url.as_ref()?;
+        crate::web::traces::is_trace_id(trace_id)
+            .then(|| t.replace("{trace_id}", &trace_id.to_ascii_lowercase()))
     }
 
     /// Shows these agent guards on the Agents page.
@@ -192,6 +219,36 @@ impl UiDataSource for LiveDataSource {
     }
     fn resource(&self) -> BoxFuture<'_, Result<ResourceView, UiError>> {
         async move { Ok(self.resource_view()) }.boxed()
+    }
+    fn origin(&self) -> DataOrigin {
+        self.parts.origin
+    }
+    fn log_search<'a>(
+        &'a self,
+        q: &'a crate::store::LogQuery,
+    ) -> BoxFuture<'a, Result<crate::store::LogPage, UiError>> {
+        async move {
+            self.store().logs(q).await.map_err(|e| match e {
+                crate::store::StoreError::BadQuery(m) => UiError::not_found("log filter", m),
+                e => unavailable("store", e),
+            })
+        }
+        .boxed()
+    }
+    fn trace_spans<'a>(
+        &'a self,
+        trace_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<crate::store::SpanRow>, UiError>> {
+        async move {
+            self.store()
+                .trace(trace_id)
+                .await
+                .map_err(|e| unavailable("store", e))
+        }
+        .boxed()
+    }
+    fn trace_url(&self, trace_id: &str) -> Option<String> {
+        self.external_trace_url(trace_id)
     }
     fn agents(&self) -> BoxFuture<'_, Result<AgentsView, UiError>> {
         let now = brownout_protocol::now_ms();

@@ -132,7 +132,11 @@ impl LiveDataSource {
                 }
             }
         }
-        examples_of(p, rows)
+        let mut ex = examples_of(p, rows);
+        for e in &mut ex {
+            e.trace_url = self.trace_link(&e.trace_id);
+        }
+        ex
     }
 
     pub(super) async fn patterns_view(&self) -> Result<PatternsView, UiError> {
