@@ -25,17 +25,22 @@
 //! Feature `tonic`: [`CappedStream`] is a tonic connection and [`incoming`] turns the listener
 //! into the stream `tonic::transport::Server::serve_with_incoming_shutdown` takes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+mod evict;
+use evict::{HeadWatch, Registry};
+pub use evict::Slot;
 
 /// The limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +92,9 @@ pub struct CappedListener {
     over_cap: OverCap,
     busy_body: &'static str,
     on_refused: Option<OnRefused>,
+    on_evicted: Option<OnRefused>,
     refusers: Arc<Semaphore>,
+    registry: Arc<Registry>,
 }
 
 impl std::fmt::Debug for CappedListener {
@@ -191,7 +198,9 @@ impl CappedListener {
             over_cap,
             busy_body: BUSY_BODY,
             on_refused: None,
+            on_evicted: None,
             refusers: Arc::new(Semaphore::new(REFUSERS)),
+            registry: Arc::default(),
         }
     }
 
@@ -207,6 +216,19 @@ impl CappedListener {
     pub fn on_refused(mut self, f: impl Fn(SocketAddr) + Send + Sync + 'static) -> CappedListener {
         self.on_refused = Some(Arc::new(f));
         self
+    }
+
+    /// Calls `f` with the address of each connection evicted to make room for a new one
+    /// (module `evict`: the oldest that has not completed a request head).
+    #[must_use]
+    pub fn on_evicted(mut self, f: impl Fn(SocketAddr) + Send + Sync + 'static) -> CappedListener {
+        self.on_evicted = Some(Arc::new(f));
+        self
+    }
+
+    /// Open connections that have not completed a request head (the ones eviction takes).
+    pub fn unproven(&self) -> usize {
+        self.registry.unproven()
     }
 
     /// The listener's limits.
@@ -227,15 +249,31 @@ impl CappedListener {
                 }
             };
             let ip = take_ip_slot(&self.per_ip, addr.ip(), self.limits.per_ip);
-            if let Some(ip) = ip
-                && let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned()
-            {
-                let _ = stream.set_nodelay(true);
-                let h2_only = self.over_cap == OverCap::Close;
-                return (
-                    CappedStream::new(stream, permit, ip, self.limits, h2_only),
-                    addr,
-                );
+            if let Some(ip) = ip {
+                // A free slot, else the one of the oldest connection that has not completed a
+                // request head.
+                let permit = match Arc::clone(&self.permits).try_acquire_owned() {
+                    Ok(p) => Some(p),
+                    Err(_) => {
+                        let p = self.registry.evict_oldest();
+                        if p.is_some() {
+                            tracing::debug!(client = %addr, "evicted the oldest unproven connection");
+                            if let Some(f) = &self.on_evicted {
+                                f(addr);
+                            }
+                        }
+                        p
+                    }
+                };
+                if let Some(permit) = permit {
+                    let _ = stream.set_nodelay(true);
+                    let h2_only = self.over_cap == OverCap::Close;
+                    let slot = self.registry.admit(permit);
+                    return (
+                        CappedStream::new(stream, slot, ip, self.limits, h2_only),
+                        addr,
+                    );
+                }
             }
             tracing::debug!(client = %addr, "connection over the cap refused");
             if let Some(f) = &self.on_refused {
@@ -276,7 +314,11 @@ impl axum::serve::Listener for CappedListener {
 #[derive(Debug)]
 pub struct CappedStream {
     io: TcpStream,
-    _permit: OwnedSemaphorePermit,
+    /// The listener slot (its permit inside) and the eviction flag.
+    slot: Arc<Slot>,
+    /// Scans the bytes read for the end of the first request head; `None` once taken by a
+    /// layer above (TLS: [`CappedStream::take_watch`]).
+    watch: Option<HeadWatch>,
     _ip: IpSlot,
     idle_for: Duration,
     idle: Pin<Box<tokio::time::Sleep>>,
@@ -292,20 +334,32 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 impl CappedStream {
     fn new(
         io: TcpStream,
-        permit: OwnedSemaphorePermit,
+        slot: Arc<Slot>,
         ip: IpSlot,
         l: ConnLimits,
         h2_only: bool,
     ) -> Self {
         CappedStream {
             io,
-            _permit: permit,
+            watch: Some(HeadWatch::new(Arc::clone(&slot))),
+            slot,
             _ip: ip,
             idle_for: l.idle_timeout,
             idle: Box::pin(tokio::time::sleep(l.idle_timeout)),
             idle_on: h2_only.then_some(true),
             preface_seen: 0,
         }
+    }
+
+    /// The client's address.
+    pub fn peer_addr(&self) -> std::io::Result<SocketAddr> {
+        self.io.peer_addr()
+    }
+
+    /// Takes the head scan, for a layer above that sees the plaintext (TLS): wrap that layer's
+    /// stream in [`Watched`] with it. This stream stops scanning what it reads.
+    pub fn take_watch(&mut self) -> Watch {
+        Watch(self.watch.take())
     }
 
     fn progressed(&mut self) {
@@ -317,6 +371,86 @@ impl CappedStream {
         // Undecided (nothing read yet) counts as idle too: a connection that never sends a
         // byte is closed after the idle timeout.
         self.idle_on != Some(false) && self.idle.as_mut().poll(cx).is_ready()
+    }
+}
+
+impl Drop for CappedStream {
+    fn drop(&mut self) {
+        self.slot.release();
+    }
+}
+
+fn evicted_error() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "evicted: the listener was full and this connection had not sent a request head",
+    )
+}
+
+/// A connection's head scan, moved above a TLS layer ([`CappedStream::take_watch`]).
+#[derive(Debug)]
+pub struct Watch(Option<HeadWatch>);
+
+/// A stream (a TLS session over a [`CappedStream`]) whose plaintext is scanned for the end of
+/// the first request head, so that the connection becomes safe from eviction once it sent one.
+#[derive(Debug)]
+pub struct Watched<S> {
+    io: S,
+    watch: Watch,
+}
+
+impl<S> Watched<S> {
+    /// `io` scanned with `watch`.
+    pub fn new(io: S, watch: Watch) -> Self {
+        Watched { io, watch }
+    }
+
+    /// The stream inside.
+    pub fn get_ref(&self) -> &S {
+        &self.io
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = r
+            && let Some(w) = self.watch.0.as_mut()
+        {
+            w.feed(&buf.filled()[before..]);
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
     }
 }
 
@@ -333,11 +467,17 @@ impl AsyncRead for CappedStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if self.slot.evicted(cx) {
+            return Poll::Ready(Err(evicted_error()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut self.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 let got = &buf.filled()[before..];
                 if !got.is_empty() {
+                    if let Some(w) = self.watch.as_mut() {
+                        w.feed(got);
+                    }
                     if self.idle_on.is_none() {
                         let rest = &H2_PREFACE[self.preface_seen..];
                         let n = got.len().min(rest.len());
@@ -366,6 +506,9 @@ impl AsyncWrite for CappedStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if self.slot.evicted(cx) {
+            return Poll::Ready(Err(evicted_error()));
+        }
         match Pin::new(&mut self.io).poll_write(cx, buf) {
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
