@@ -480,7 +480,7 @@ impl RawConfig {
             self.server.shutdown_grace_ms,
             10_000,
         )?);
-        let max_connections = self.server.max_connections.unwrap_or(1024);
+        let max_connections = self.server.max_connections.unwrap_or(brownout_net::DEFAULT_MAX_CONNECTIONS);
         if max_connections == 0 {
             return Err(field_err(
                 "server.max_connections",

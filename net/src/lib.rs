@@ -3,11 +3,18 @@
 //! slow, idle or numerous clients cannot exhaust it.
 //!
 //! - **Connection cap**: a [`CappedListener`] holds at most [`ConnLimits::max`] open
-//!   connections, and one client address at most [`ConnLimits::per_ip`] of them. One more is
-//!   accepted and answered at once with `503` and `Retry-After: 1` ([`OverCap::Http503`], the
+//!   connections, and one client address at most [`ConnLimits::per_ip`] of them. One more (over
+//!   its address's cap, or with the listener full and nothing to evict, below) is accepted and
+//!   answered at once with `503` and `Retry-After: 1` ([`OverCap::Http503`], the
 //!   JSON body set with [`CappedListener::busy_body`]), or closed ([`OverCap::Close`]: gRPC,
 //!   whose clients read that as `UNAVAILABLE` and retry), and reported to
 //!   [`CappedListener::on_refused`].
+//! - **Eviction when full** (module `evict`): a connection that finds the listener full takes
+//!   the slot of the oldest open connection that has not yet sent a whole request head (HTTP/1:
+//!   its blank line; HTTP/2: a `HEADERS` frame with `END_HEADERS`; behind TLS the handshake
+//!   counts as not yet), which is closed at once ([`CappedListener::on_evicted`]). Only when
+//!   every open connection has sent a head is the new one refused as above. So a client that
+//!   sends a whole request promptly is admitted however many slow ones hold the listener.
 //! - **Header-read timeout**: an HTTP/1 connection waiting for a request head (a new one, or
 //!   an idle keep-alive one) must deliver the whole head within
 //!   [`ConnLimits::header_read_timeout`] (hyper's `header_read_timeout`, with a timer —
@@ -56,11 +63,19 @@ pub struct ConnLimits {
     pub idle_timeout: Duration,
 }
 
+/// The default [`ConnLimits::max`]: 16,384 connections. One open connection that sent part of a
+/// request head (the most an idle one holds: hyper's read buffer, the task, the slot) costs
+/// about 17.6 KiB of the process's memory (`examples/conn_memory.rs`, docs/BENCHMARKS.md), so
+/// a listener filled with slowloris connections holds about 290 MiB, and needs as many file
+/// descriptors (`ulimit -n` at least the sum over the process's listeners, plus its own).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+
 impl Default for ConnLimits {
-    /// 1,024 connections, 256 per address, 10 s for a request head, 60 s idle.
+    /// [`DEFAULT_MAX_CONNECTIONS`] connections, 256 per address, 10 s for a request head, 60 s
+    /// idle.
     fn default() -> Self {
         ConnLimits {
-            max: 1024,
+            max: DEFAULT_MAX_CONNECTIONS,
             per_ip: 256,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
@@ -744,6 +759,100 @@ mod serve_tests {
         // Their slots are back.
         let again = get([127, 0, 0, 1], addr).await;
         assert!(again.starts_with("HTTP/1.1 200"), "{again}");
+        let _ = stop_tx.send(());
+        server.await.unwrap().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod evict_tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn connect(from: [u8; 4], addr: SocketAddr) -> TcpStream {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(SocketAddr::from((from, 0))).unwrap();
+        sock.connect(addr).await.unwrap()
+    }
+
+    async fn answer(mut c: TcpStream) -> String {
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    async fn post(from: [u8; 4], addr: SocketAddr, path: &str) -> String {
+        let mut c = connect(from, addr).await;
+        c.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        answer(c).await
+    }
+
+    /// A listener full of trickling connections from four addresses still admits a client
+    /// that sends a whole head, every time; a connection whose head is in (its answer still
+    /// being computed) is never the one evicted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_listener_evicts_unfinished_heads_oldest_first_never_a_whole_request() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = ConnLimits {
+            max: 8,
+            per_ip: 4,
+            header_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
+        };
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    "slow ok"
+                }),
+            );
+        let evicted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&evicted);
+        let listener = CappedListener::new(l, limits, OverCap::Http503).on_evicted(move |_| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_http(listener, app, async move {
+            let _ = stop_rx.await;
+        }));
+        // A whole request whose answer takes 1.5 s: proven, it holds its slot throughout.
+        let mut slow = connect([127, 0, 0, 1], addr).await;
+        slow.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // 16 trickling heads from four addresses, 7 slots left: the listener is full.
+        let mut tricklers = Vec::new();
+        for a in 2..6u8 {
+            for _ in 0..4 {
+                let mut c = connect([127, 0, 0, a], addr).await;
+                c.write_all(b"POST / HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+                tricklers.push(c);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let after_flood = evicted.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(after_flood, 16 - 7, "each trickler over the cap evicted an older one");
+        // The oldest tricklers were the ones evicted: they read EOF or an error at once.
+        for c in tricklers.iter_mut().take(16 - 7) {
+            let mut b = [0u8; 64];
+            let r = tokio::time::timeout(Duration::from_secs(2), c.read(&mut b)).await;
+            assert!(matches!(r, Ok(Ok(0) | Err(_))), "an old trickler was not evicted: {r:?}");
+        }
+        // A client sending whole requests is answered every time.
+        for _ in 0..5 {
+            let r = post([127, 0, 0, 1], addr, "/").await;
+            assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        }
+        // The connection with a whole request in was never evicted.
+        let r = answer(slow).await;
+        assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("slow ok"), "{r}");
+        drop(tricklers);
         let _ = stop_tx.send(());
         server.await.unwrap().unwrap();
     }

@@ -77,8 +77,10 @@ pub struct ServeArgs {
     pub served_model_name: Option<String>,
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
-    /// Open connections held at most; one more gets 503 + Retry-After: 1.
-    #[arg(long, default_value_t = 1024)]
+    /// Open connections held at most (about 17.6 KiB each, as many file descriptors); when
+    /// full, the oldest one that has not sent a whole request head is closed to admit a new
+    /// one, and only if there is none the new one gets 503 + Retry-After: 1.
+    #[arg(long, default_value_t = brownout_net::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
     /// Open connections one client address holds at most (behind a proxy: raise it).
     #[arg(long, default_value_t = 256)]
