@@ -48,6 +48,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 mod evict;
 use evict::{HeadWatch, Registry};
 pub use evict::Slot;
+#[cfg(feature = "tls")]
+mod tls;
+#[cfg(all(feature = "tls", feature = "tonic"))]
+pub use tls::incoming_tls;
+#[cfg(feature = "tls")]
+pub use tls::{Tls, TlsFiles};
 
 /// The limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -619,6 +625,35 @@ pub async fn serve_http(
     router: axum::Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_http_inner(listener, None, router, shutdown).await
+}
+
+/// [`serve_http`] over TLS when `tls` is `Some` (feature `tls`): each connection's handshake
+/// runs in its task, within the header-read timeout; a failed one closes the connection.
+///
+/// # Errors
+/// Never today, as [`serve_http`].
+#[cfg(feature = "tls")]
+pub async fn serve_https(
+    listener: CappedListener,
+    tls: Option<Arc<Tls>>,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_http_inner(listener, tls, router, shutdown).await
+}
+
+#[cfg(not(feature = "tls"))]
+type MaybeTls = Option<std::convert::Infallible>;
+#[cfg(feature = "tls")]
+type MaybeTls = Option<Arc<Tls>>;
+
+async fn serve_http_inner(
+    listener: CappedListener,
+    tls: MaybeTls,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
@@ -630,7 +665,7 @@ pub async fn serve_http(
     let (open_tx, open_rx) = tokio::sync::watch::channel(());
     tokio::pin!(shutdown);
     loop {
-        let (io, _addr) = tokio::select! {
+        let (mut io, _addr) = tokio::select! {
             c = listener.accept_capped() => c,
             () = &mut shutdown => break,
         };
@@ -639,24 +674,43 @@ pub async fn serve_http(
         ));
         let mut stop = stop_rx.clone();
         let open = open_rx.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let mut b = Builder::new(TokioExecutor::new());
             b.http1()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout);
             b.http2().timer(TokioTimer::new());
-            let conn = b.serve_connection_with_upgrades(TokioIo::new(io), svc);
-            tokio::pin!(conn);
-            loop {
-                tokio::select! {
-                    r = conn.as_mut() => {
-                        if let Err(e) = r {
-                            tracing::trace!(error = %e, "connection ended");
+            macro_rules! serve {
+                ($io:expr) => {{
+                    let conn = b.serve_connection_with_upgrades(TokioIo::new($io), svc);
+                    tokio::pin!(conn);
+                    loop {
+                        tokio::select! {
+                            r = conn.as_mut() => {
+                                if let Err(e) = r {
+                                    tracing::trace!(error = %e, "connection ended");
+                                }
+                                break;
+                            }
+                            _ = stop.changed() => conn.as_mut().graceful_shutdown(),
                         }
-                        break;
                     }
-                    _ = stop.changed() => conn.as_mut().graceful_shutdown(),
+                }};
+            }
+            match tls {
+                None => serve!(io),
+                #[cfg(feature = "tls")]
+                Some(tls) => {
+                    let watch = io.take_watch();
+                    match tokio::time::timeout(limits.header_read_timeout, tls.accept(io)).await {
+                        Ok(Ok(t)) => serve!(Watched::new(t, watch)),
+                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    }
                 }
+                #[cfg(not(feature = "tls"))]
+                Some(never) => match never {},
             }
             drop(open);
         });
