@@ -16,7 +16,10 @@
 //! at most the header timeout, and other clients keep being served
 //! (`tests/it/ingest_slow_clients.rs`).
 
-pub use brownout_net::{CappedListener, CappedStream, ConnLimits, OverCap, incoming, serve_http};
+pub use brownout_net::{
+    CappedListener, CappedStream, ConnLimits, OverCap, Tls, incoming, incoming_tls, serve_http,
+    serve_https,
+};
 
 /// The `[server]` limits.
 pub fn limits(c: &crate::config::Config) -> ConnLimits {
