@@ -10,6 +10,7 @@ use brownout_test_support::{free_port, poll};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[allow(dead_code)] // `client` is for the other process tests
 mod common;
 use common::KillOnDrop;
 
