@@ -5,6 +5,9 @@
 //! the per-address cap are refused (counted), and the ones admitted are closed by the
 //! header-read timeout. A connection that never sends a byte is closed too (HTTP: header
 //! timeout; gRPC: idle timeout).
+//! And the reconnecting slowloris of issue 39 (five source addresses, more tricklers than the
+//! listener holds): a full listener evicts the oldest connection without a whole request head,
+//! so a client posting whole requests is answered every time.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
