@@ -486,7 +486,10 @@ impl RawConfig {
             self.server.shutdown_grace_ms,
             10_000,
         )?);
-        let max_connections = self.server.max_connections.unwrap_or(brownout_net::DEFAULT_MAX_CONNECTIONS);
+        let max_connections = self
+            .server
+            .max_connections
+            .unwrap_or(brownout_net::DEFAULT_MAX_CONNECTIONS);
         if max_connections == 0 {
             return Err(field_err(
                 "server.max_connections",
@@ -874,6 +877,63 @@ impl RawConfig {
     }
 }
 
+/// The listeners' TLS (`server.tls_cert_file`, `server.tls_key_file`, `server.tls_client_ca_file`):
+/// the 8080 UI/API/ingest listener serves the certificate to any client; the OTLP listeners
+/// (4318, 4317) also require a client certificate of `tls_client_ca_file` when it is set.
+#[derive(Debug, Clone)]
+pub struct ListenerTls {
+    /// For `server.http_addr` (browsers: no client certificate asked for).
+    pub web: std::sync::Arc<brownout_net::Tls>,
+    /// For `server.otlp_http_addr` and `server.otlp_grpc_addr`.
+    pub ingest: std::sync::Arc<brownout_net::Tls>,
+}
+
+fn listener_tls(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+    field_err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<Option<ListenerTls>, ConfigError> {
+    let (cert, key) = match (cert, key) {
+        (None, None) => {
+            if client_ca.is_some() {
+                return Err(field_err(
+                    "server.tls_client_ca_file",
+                    "needs server.tls_cert_file and server.tls_key_file".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        (Some(c), Some(k)) => (c, k),
+        (Some(_), None) => {
+            return Err(field_err(
+                "server.tls_key_file",
+                "missing: server.tls_cert_file needs its key".into(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(field_err(
+                "server.tls_cert_file",
+                "missing: server.tls_key_file needs its certificate".into(),
+            ));
+        }
+    };
+    let load = |client_ca: Option<PathBuf>, field: &str| {
+        brownout_net::Tls::load(brownout_net::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca,
+        })
+        .map_err(|e| field_err(field, e.to_string()))
+    };
+    let web = load(None, "server.tls_cert_file")?;
+    let ingest = match client_ca {
+        None => std::sync::Arc::clone(&web),
+        Some(ca) => load(Some(ca), "server.tls_client_ca_file")?,
+    };
+    Ok(Some(ListenerTls { web, ingest }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1041,61 +1101,4 @@ mod tests {
     fn secrets_do_not_print() {
         assert_eq!(format!("{:?}", Secret::new("abc")), "Secret(***)");
     }
-}
-
-/// The listeners' TLS (`server.tls_cert_file`, `server.tls_key_file`, `server.tls_client_ca_file`):
-/// the 8080 UI/API/ingest listener serves the certificate to any client; the OTLP listeners
-/// (4318, 4317) also require a client certificate of `tls_client_ca_file` when it is set.
-#[derive(Debug, Clone)]
-pub struct ListenerTls {
-    /// For `server.http_addr` (browsers: no client certificate asked for).
-    pub web: std::sync::Arc<brownout_net::Tls>,
-    /// For `server.otlp_http_addr` and `server.otlp_grpc_addr`.
-    pub ingest: std::sync::Arc<brownout_net::Tls>,
-}
-
-fn listener_tls(
-    cert: Option<PathBuf>,
-    key: Option<PathBuf>,
-    client_ca: Option<PathBuf>,
-    field_err: &dyn Fn(&str, String) -> ConfigError,
-) -> Result<Option<ListenerTls>, ConfigError> {
-    let (cert, key) = match (cert, key) {
-        (None, None) => {
-            if client_ca.is_some() {
-                return Err(field_err(
-                    "server.tls_client_ca_file",
-                    "needs server.tls_cert_file and server.tls_key_file".into(),
-                ));
-            }
-            return Ok(None);
-        }
-        (Some(c), Some(k)) => (c, k),
-        (Some(_), None) => {
-            return Err(field_err(
-                "server.tls_key_file",
-                "missing: server.tls_cert_file needs its key".into(),
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(field_err(
-                "server.tls_cert_file",
-                "missing: server.tls_key_file needs its certificate".into(),
-            ));
-        }
-    };
-    let load = |client_ca: Option<PathBuf>, field: &str| {
-        brownout_net::Tls::load(brownout_net::TlsFiles {
-            cert: cert.clone(),
-            key: key.clone(),
-            client_ca,
-        })
-        .map_err(|e| field_err(field, e.to_string()))
-    };
-    let web = load(None, "server.tls_cert_file")?;
-    let ingest = match client_ca {
-        None => std::sync::Arc::clone(&web),
-        Some(ca) => load(Some(ca), "server.tls_client_ca_file")?,
-    };
-    Ok(Some(ListenerTls { web, ingest }))
 }

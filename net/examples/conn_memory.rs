@@ -77,6 +77,8 @@ async fn main() {
 
 async fn open(addr: SocketAddr) -> tokio::net::TcpStream {
     let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-    c.write_all(b"POST /v1/traces HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    c.write_all(b"POST /v1/traces HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
     c
 }

@@ -86,7 +86,12 @@ fn request(body: usize, close: bool) -> Vec<u8> {
     r
 }
 
-async fn handshakes(addr: SocketAddr, tls: Option<&tokio_rustls::TlsConnector>, n: usize, body: usize) -> Duration {
+async fn handshakes(
+    addr: SocketAddr,
+    tls: Option<&tokio_rustls::TlsConnector>,
+    n: usize,
+    body: usize,
+) -> Duration {
     let req = request(body, true);
     let mut buf = Vec::new();
     let t = Instant::now();

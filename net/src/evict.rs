@@ -199,7 +199,8 @@ impl HeadScan {
                     b = &b[k..];
                     if *n == 9 {
                         let len = u32::from_be_bytes([0, h[0], h[1], h[2]]);
-                        let ends = matches!(h[3], HEADERS | CONTINUATION) && h[4] & END_HEADERS != 0;
+                        let ends =
+                            matches!(h[3], HEADERS | CONTINUATION) && h[4] & END_HEADERS != 0;
                         if len == 0 && ends {
                             *self = HeadScan::Done;
                             return true;
@@ -277,7 +278,10 @@ mod tests {
         let cut = &head[..head.len() - 5];
         assert!(!whole(cut), "no blank line yet");
         assert!(!byte_by_byte(cut));
-        assert!(!whole(b"GET / HTTP/1.1\r\nx: \r\r\n"), "\\r\\r\\n is no blank line");
+        assert!(
+            !whole(b"GET / HTTP/1.1\r\nx: \r\r\n"),
+            "\\r\\r\\n is no blank line"
+        );
         assert!(whole(b"GET / HTTP/1.1\r\nx: \r\r\n\r\n"));
     }
 
@@ -302,6 +306,9 @@ mod tests {
     fn a_preface_lookalike_is_read_as_http1() {
         assert!(!whole(b"PRI * HTTP/1.1\r\nhost: x\r\n"));
         assert!(whole(b"PRI * HTTP/1.1\r\nhost: x\r\n\r\n"));
-        assert!(whole(b"PRI * HTTP/2.0\r\n\r\nXX"), "an HTTP/1 head that ended early");
+        assert!(
+            whole(b"PRI * HTTP/2.0\r\n\r\nXX"),
+            "an HTTP/1 head that ended early"
+        );
     }
 }

@@ -46,8 +46,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 mod evict;
-use evict::{HeadWatch, Registry};
 pub use evict::Slot;
+use evict::{HeadWatch, Registry};
 #[cfg(feature = "tls")]
 mod tls;
 #[cfg(all(feature = "tls", feature = "tonic"))]
@@ -353,13 +353,7 @@ pub struct CappedStream {
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 impl CappedStream {
-    fn new(
-        io: TcpStream,
-        slot: Arc<Slot>,
-        ip: IpSlot,
-        l: ConnLimits,
-        h2_only: bool,
-    ) -> Self {
+    fn new(io: TcpStream, slot: Arc<Slot>, ip: IpSlot, l: ConnLimits, h2_only: bool) -> Self {
         CappedStream {
             io,
             watch: Some(HeadWatch::new(Arc::clone(&slot))),
@@ -837,9 +831,11 @@ mod evict_tests {
 
     async fn post(from: [u8; 4], addr: SocketAddr, path: &str) -> String {
         let mut c = connect(from, addr).await;
-        c.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
+        c.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         answer(c).await
     }
 
@@ -885,18 +881,27 @@ mod evict_tests {
         for a in 2..6u8 {
             for _ in 0..4 {
                 let mut c = connect([127, 0, 0, a], addr).await;
-                c.write_all(b"POST / HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+                c.write_all(b"POST / HTTP/1.1\r\nhost: x\r\n")
+                    .await
+                    .unwrap();
                 tricklers.push(c);
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
         let after_flood = evicted.load(std::sync::atomic::Ordering::Relaxed);
-        assert_eq!(after_flood, 16 - 7, "each trickler over the cap evicted an older one");
+        assert_eq!(
+            after_flood,
+            16 - 7,
+            "each trickler over the cap evicted an older one"
+        );
         // The oldest tricklers were the ones evicted: they read EOF or an error at once.
         for c in tricklers.iter_mut().take(16 - 7) {
             let mut b = [0u8; 64];
             let r = tokio::time::timeout(Duration::from_secs(2), c.read(&mut b)).await;
-            assert!(matches!(r, Ok(Ok(0) | Err(_))), "an old trickler was not evicted: {r:?}");
+            assert!(
+                matches!(r, Ok(Ok(0) | Err(_))),
+                "an old trickler was not evicted: {r:?}"
+            );
         }
         // A client sending whole requests is answered every time.
         for _ in 0..5 {
@@ -905,7 +910,10 @@ mod evict_tests {
         }
         // The connection with a whole request in was never evicted.
         let r = answer(slow).await;
-        assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("slow ok"), "{r}");
+        assert!(
+            r.starts_with("HTTP/1.1 200") && r.ends_with("slow ok"),
+            "{r}"
+        );
         drop(tricklers);
         let _ = stop_tx.send(());
         server.await.unwrap().unwrap();

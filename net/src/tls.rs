@@ -89,7 +89,9 @@ fn server_config(files: &TlsFiles) -> std::io::Result<rustls::ServerConfig> {
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
-            for c in CertificateDer::pem_file_iter(ca).map_err(|e| read_err("client CA file", ca, e))? {
+            for c in
+                CertificateDer::pem_file_iter(ca).map_err(|e| read_err("client CA file", ca, e))?
+            {
                 let c = c.map_err(|e| read_err("client CA file", ca, e))?;
                 roots
                     .add(c)
@@ -163,12 +165,16 @@ impl Tls {
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        tokio_rustls::TlsAcceptor::from(self.config()).accept(io).await
+        tokio_rustls::TlsAcceptor::from(self.config())
+            .accept(io)
+            .await
     }
 }
 
 #[cfg(feature = "tonic")]
-impl tonic::transport::server::Connected for Watched<tokio_rustls::server::TlsStream<CappedStream>> {
+impl tonic::transport::server::Connected
+    for Watched<tokio_rustls::server::TlsStream<CappedStream>>
+{
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
@@ -182,9 +188,8 @@ impl tonic::transport::server::Connected for Watched<tokio_rustls::server::TlsSt
 pub fn incoming_tls(
     listener: CappedListener,
     tls: Arc<Tls>,
-) -> impl futures::Stream<
-    Item = std::io::Result<Watched<tokio_rustls::server::TlsStream<CappedStream>>>,
-> + Send
+) -> impl futures::Stream<Item = std::io::Result<Watched<tokio_rustls::server::TlsStream<CappedStream>>>>
++ Send
 + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let limits = listener.limits();
@@ -246,10 +251,7 @@ mod tests {
         }
     }
 
-    fn client_config(
-        trust: &Ca,
-        identity: Option<(String, String)>,
-    ) -> Arc<rustls::ClientConfig> {
+    fn client_config(trust: &Ca, identity: Option<(String, String)>) -> Arc<rustls::ClientConfig> {
         let b = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -324,7 +326,12 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), t.read_to_end(&mut out))
             .await
             .map_err(|_| std::io::Error::other("no answer in 5 s"))??;
-        let peer = t.get_ref().1.peer_certificates().unwrap_or_default().to_vec();
+        let peer = t
+            .get_ref()
+            .1
+            .peer_certificates()
+            .unwrap_or_default()
+            .to_vec();
         Ok((String::from_utf8_lossy(&out).into_owned(), peer))
     }
 
@@ -374,7 +381,10 @@ mod tests {
             if now != first {
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "the new certificate was not picked up");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the new certificate was not picked up"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         // A broken rewrite keeps the last good certificate.
@@ -398,9 +408,12 @@ mod tests {
             client_ca: Some(write(&dir, "clients.pem", &clients.0.pem())),
         };
         let s = serve(Tls::load(files).unwrap()).await;
-        let (answer, _) = get(s.addr, client_config(&ca, Some(clients.leaf("ingest-client"))))
-            .await
-            .unwrap();
+        let (answer, _) = get(
+            s.addr,
+            client_config(&ca, Some(clients.leaf("ingest-client"))),
+        )
+        .await
+        .unwrap();
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         // No client certificate, or one of another CA: refused.
         for id in [None, Some(Ca::new("rogue CA").leaf("ingest-client"))] {
@@ -479,7 +492,10 @@ mod tests {
             ..good.clone()
         };
         let e = Tls::load(missing).unwrap_err().to_string();
-        assert!(e.contains("certificate file") && e.contains("nope.pem"), "{e}");
+        assert!(
+            e.contains("certificate file") && e.contains("nope.pem"),
+            "{e}"
+        );
         let empty = TlsFiles {
             cert: write(&dir, "empty.pem", "nothing here"),
             ..good.clone()
@@ -490,7 +506,10 @@ mod tests {
             key: write(&dir, "other.pem", &other_key),
             ..good
         };
-        assert!(Tls::load(mismatched).is_err(), "a key that is not the certificate's");
+        assert!(
+            Tls::load(mismatched).is_err(),
+            "a key that is not the certificate's"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

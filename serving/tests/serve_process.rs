@@ -303,7 +303,11 @@ async fn a_slow_header_flood_on_the_upstream_port_is_capped_and_timed_out() {
         .send()
         .await
         .unwrap();
-    assert_eq!(h.status(), 200, "a whole request is admitted while the flood holds every slot");
+    assert_eq!(
+        h.status(),
+        200,
+        "a whole request is admitted while the flood holds every slot"
+    );
     let start = Instant::now();
     let (mut refused, mut closed) = (0, 0);
     for mut c in conns {
@@ -326,7 +330,10 @@ async fn a_slow_header_flood_on_the_upstream_port_is_capped_and_timed_out() {
             closed += 1;
         }
     }
-    assert_eq!(refused, 0, "over the cap, the oldest unfinished head goes, no 503");
+    assert_eq!(
+        refused, 0,
+        "over the cap, the oldest unfinished head goes, no 503"
+    );
     assert_eq!(closed, 50);
     let h = client()
         .get(format!("{}/health", proxy.url))

@@ -74,14 +74,21 @@ async fn the_ssl_flags_serve_https_to_the_test_cas_clients_only() {
     for mutual in [false, true] {
         let port = free_port();
         let mut cmd = Proc::new(env!("CARGO_BIN_EXE_brownout-serve"));
-        cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--model", "toy"])
-            .args(["--ssl-certfile", &cert, "--ssl-keyfile", &key])
-            .env_remove("REDIS_URL")
-            .env_remove("BROWNOUT_SERVE_API_KEY")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env_remove("BROWNOUT_CONTROL_PLANE")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        cmd.args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--model",
+            "toy",
+        ])
+        .args(["--ssl-certfile", &cert, "--ssl-keyfile", &key])
+        .env_remove("REDIS_URL")
+        .env_remove("BROWNOUT_SERVE_API_KEY")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("BROWNOUT_CONTROL_PLANE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
         if mutual {
             cmd.args(["--ssl-ca-certs", &client_ca]);
         }
@@ -100,7 +107,11 @@ async fn the_ssl_flags_serve_https_to_the_test_cas_clients_only() {
         // A client that does not trust the test CA is refused.
         assert_eq!(health(&https(None, None), port).await, None);
         if mutual {
-            assert_eq!(health(&https(Some(&ca), None), port).await, None, "no client certificate");
+            assert_eq!(
+                health(&https(Some(&ca), None), port).await,
+                None,
+                "no client certificate"
+            );
             assert_eq!(
                 health(&https(Some(&ca), Some(Ca::new("rogue").leaf(&["c"]))), port).await,
                 None,
@@ -108,12 +119,17 @@ async fn the_ssl_flags_serve_https_to_the_test_cas_clients_only() {
             );
         }
         // Plaintext gets no HTTP answer.
-        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
         c.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
             .await
             .unwrap();
         let mut out = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
-        assert!(!String::from_utf8_lossy(&out).contains("HTTP/1.1"), "plaintext answered");
+        assert!(
+            !String::from_utf8_lossy(&out).contains("HTTP/1.1"),
+            "plaintext answered"
+        );
     }
 }

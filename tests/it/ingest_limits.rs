@@ -259,7 +259,10 @@ async fn connections_over_the_cap_get_503_and_slots_come_back() {
             .await
             .unwrap()
             .unwrap();
-        assert!(buf[..n].starts_with(b"HTTP/1.1 "), "an answer on the holder");
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 "),
+            "an answer on the holder"
+        );
         idle.push(c);
     }
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -255,8 +255,7 @@ fn trickle_from(
                         }
                         // Anything read (a 503), EOF or a reset: the server is done with us.
                         if let Ok(Ok(_) | Err(_)) =
-                            tokio::time::timeout(Duration::from_millis(100), c.read(&mut buf))
-                                .await
+                            tokio::time::timeout(Duration::from_millis(100), c.read(&mut buf)).await
                         {
                             dropped.fetch_add(1, Ordering::Relaxed);
                             break;

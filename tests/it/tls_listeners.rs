@@ -103,7 +103,10 @@ async fn tls_listeners_serve_the_test_cas_clients_and_refuse_the_rest() {
         ("no client certificate", client(Some(&server_ca), None)),
         (
             "a client certificate of another CA",
-            client(Some(&server_ca), Some(Ca::new("rogue").leaf(&["ingest-client"]))),
+            client(
+                Some(&server_ca),
+                Some(Ca::new("rogue").leaf(&["ingest-client"])),
+            ),
         ),
         (
             "a client that does not trust the test CA",
@@ -140,7 +143,9 @@ async fn tls_listeners_serve_the_test_cas_clients_and_refuse_the_rest() {
     let handshake = |identity: Option<(String, String)>| {
         let mut roots = rustls::RootCertStore::empty();
         roots
-            .add(rustls::pki_types::CertificateDer::from(server_ca.0.der().to_vec()))
+            .add(rustls::pki_types::CertificateDer::from(
+                server_ca.0.der().to_vec(),
+            ))
             .unwrap();
         let b = rustls::ClientConfig::builder().with_root_certificates(roots);
         let mut cfg = match identity {
@@ -161,7 +166,10 @@ async fn tls_listeners_serve_the_test_cas_clients_and_refuse_the_rest() {
         async move {
             let tcp = tokio::net::TcpStream::connect(addr).await?;
             let mut t = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-                .connect(rustls::pki_types::ServerName::try_from("localhost").unwrap(), tcp)
+                .connect(
+                    rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+                    tcp,
+                )
                 .await?;
             // TLS 1.3: a refused client certificate shows on the first read.
             t.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
@@ -172,7 +180,9 @@ async fn tls_listeners_serve_the_test_cas_clients_and_refuse_the_rest() {
             Ok::<_, std::io::Error>((alpn, b[3]))
         }
     };
-    let (alpn, frame) = handshake(Some(client_ca.leaf(&["ingest-client"]))).await.unwrap();
+    let (alpn, frame) = handshake(Some(client_ca.leaf(&["ingest-client"])))
+        .await
+        .unwrap();
     assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
     assert_eq!(frame, 4, "the server's first HTTP/2 frame is SETTINGS");
     assert!(
@@ -185,9 +195,13 @@ async fn tls_listeners_serve_the_test_cas_clients_and_refuse_the_rest() {
 #[test]
 fn misconfigured_tls_is_a_clear_error() {
     let env = std::collections::BTreeMap::new();
-    let e = Config::from_toml_str("t.toml", "[server]\ntls_cert_file = \"/nope/cert.pem\"\n", &env)
-        .unwrap_err()
-        .to_string();
+    let e = Config::from_toml_str(
+        "t.toml",
+        "[server]\ntls_cert_file = \"/nope/cert.pem\"\n",
+        &env,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("server.tls_key_file"), "{e}");
     let e = Config::from_toml_str(
         "t.toml",
@@ -197,8 +211,12 @@ fn misconfigured_tls_is_a_clear_error() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("/nope/cert.pem"), "{e}");
-    let e = Config::from_toml_str("t.toml", "[server]\ntls_client_ca_file = \"/x.pem\"\n", &env)
-        .unwrap_err()
-        .to_string();
+    let e = Config::from_toml_str(
+        "t.toml",
+        "[server]\ntls_client_ca_file = \"/x.pem\"\n",
+        &env,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("server.tls_client_ca_file"), "{e}");
 }

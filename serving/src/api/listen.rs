@@ -19,7 +19,9 @@
 //! So trickling connections from one address hold at most the per-address cap, each for at most
 //! the header timeout, and other clients keep being served (`tests/api.rs`).
 
-pub use brownout_net::{CappedListener, ConnLimits, OverCap, Tls, TlsFiles, serve_http, serve_https};
+pub use brownout_net::{
+    CappedListener, ConnLimits, OverCap, Tls, TlsFiles, serve_http, serve_https,
+};
 
 /// The 503 body over the connection cap, in the OpenAI error shape.
 pub const BUSY_BODY: &str = r#"{"error":{"message":"the server is at its connection limit; retry later","type":"server_error","param":null,"code":"too_many_connections"}}"#;
