@@ -290,8 +290,13 @@ async fn a_slow_header_flood_on_the_upstream_port_is_capped_and_timed_out() {
     .await;
     let addr = format!("127.0.0.1:{}", proxy.port);
     let mut conns = Vec::new();
-    for _ in 0..50 {
-        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    // From five addresses (127.0.0.2…6, 10 each: within the per-address cap), so the listener
+    // cap is what they hit; the whole request below comes from 127.0.0.1.
+    for i in 0..50u8 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(std::net::SocketAddr::from(([127, 0, 0, 2 + i % 5], 0)))
+            .unwrap();
+        let mut c = sock.connect(addr.parse().unwrap()).await.unwrap();
         c.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
             .await
             .unwrap();
