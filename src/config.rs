@@ -102,6 +102,10 @@ pub struct RawServer {
     pub max_connections_per_ip: Option<usize>,
     pub header_read_timeout_ms: Option<u64>,
     pub idle_timeout_ms: Option<u64>,
+    // TLS on the listeners (issue 39): PEM files, reloaded when they change.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    pub tls_client_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -206,6 +210,8 @@ pub struct Config {
     pub header_read_timeout: Duration,
     /// A connection that moves no byte either way for this long is closed (HTTP/2, gRPC).
     pub idle_timeout: Duration,
+    /// TLS on the three listeners (`server.tls_*`); `None`: plaintext.
+    pub tls: Option<ListenerTls>,
     pub data_dir: PathBuf,
     pub clickhouse: Option<ClickHouseConfig>,
     pub retention_days: u32,
@@ -513,7 +519,10 @@ impl RawConfig {
             self.server.shutdown_grace_ms,
             10_000,
         )?);
-        let max_connections = self.server.max_connections.unwrap_or(1024);
+        let max_connections = self
+            .server
+            .max_connections
+            .unwrap_or(brownout_net::DEFAULT_MAX_CONNECTIONS);
         if max_connections == 0 {
             return Err(field_err(
                 "server.max_connections",
@@ -531,6 +540,12 @@ impl RawConfig {
                 "must be at least 1".into(),
             ));
         }
+        let tls = listener_tls(
+            self.server.tls_cert_file,
+            self.server.tls_key_file,
+            self.server.tls_client_ca_file,
+            &field_err,
+        )?;
         let header_read_timeout = Duration::from_millis(positive(
             "server.header_read_timeout_ms",
             self.server.header_read_timeout_ms,
@@ -857,6 +872,7 @@ impl RawConfig {
             max_connections_per_ip,
             header_read_timeout,
             idle_timeout,
+            tls,
             data_dir,
             clickhouse,
             retention_days,
@@ -895,6 +911,63 @@ impl RawConfig {
             trace_url,
         })
     }
+}
+
+/// The listeners' TLS (`server.tls_cert_file`, `server.tls_key_file`, `server.tls_client_ca_file`):
+/// the 8080 UI/API/ingest listener serves the certificate to any client; the OTLP listeners
+/// (4318, 4317) also require a client certificate of `tls_client_ca_file` when it is set.
+#[derive(Debug, Clone)]
+pub struct ListenerTls {
+    /// For `server.http_addr` (browsers: no client certificate asked for).
+    pub web: std::sync::Arc<brownout_net::Tls>,
+    /// For `server.otlp_http_addr` and `server.otlp_grpc_addr`.
+    pub ingest: std::sync::Arc<brownout_net::Tls>,
+}
+
+fn listener_tls(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+    field_err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<Option<ListenerTls>, ConfigError> {
+    let (cert, key) = match (cert, key) {
+        (None, None) => {
+            if client_ca.is_some() {
+                return Err(field_err(
+                    "server.tls_client_ca_file",
+                    "needs server.tls_cert_file and server.tls_key_file".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        (Some(c), Some(k)) => (c, k),
+        (Some(_), None) => {
+            return Err(field_err(
+                "server.tls_key_file",
+                "missing: server.tls_cert_file needs its key".into(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(field_err(
+                "server.tls_cert_file",
+                "missing: server.tls_key_file needs its certificate".into(),
+            ));
+        }
+    };
+    let load = |client_ca: Option<PathBuf>, field: &str| {
+        brownout_net::Tls::load(brownout_net::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca,
+        })
+        .map_err(|e| field_err(field, e.to_string()))
+    };
+    let web = load(None, "server.tls_cert_file")?;
+    let ingest = match client_ca {
+        None => std::sync::Arc::clone(&web),
+        Some(ca) => load(Some(ca), "server.tls_client_ca_file")?,
+    };
+    Ok(Some(ListenerTls { web, ingest }))
 }
 
 #[cfg(test)]

@@ -44,6 +44,9 @@ pub struct IngestMetrics {
     pub inflight_bytes: IntGauge,
     /// Connections turned away at a listener's cap, by listener.
     pub connections_refused_total: IntCounterVec,
+    /// Connections closed to make room, by listener: the oldest that had not sent a whole
+    /// request head when the listener was full (net/src/evict.rs).
+    pub connections_evicted_total: IntCounterVec,
     /// Items cut to the per-item limits (src/ingest/limits.rs), by what was cut.
     pub truncated_total: IntCounterVec,
 }
@@ -123,8 +126,20 @@ impl Metrics {
         registry
             .register(Box::new(connections_refused_total.clone()))
             .expect("unique metric");
+        let connections_evicted_total = IntCounterVec::new(
+            Opts::new(
+                "brownout_connections_evicted_total",
+                "Connections closed to admit a new one with the listener at server.max_connections: the oldest that had not yet sent a whole request head.",
+            ),
+            &["listener"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(connections_evicted_total.clone()))
+            .expect("unique metric");
         for l in ["http", "otlp_http", "otlp_grpc"] {
             connections_refused_total.with_label_values(&[l]);
+            connections_evicted_total.with_label_values(&[l]);
         }
         let truncated_total = IntCounterVec::new(
             Opts::new(
@@ -184,6 +199,7 @@ impl Metrics {
                 "Accepted bytes held in memory, not yet written or spooled.",
             ),
             connections_refused_total,
+            connections_evicted_total,
             truncated_total,
         };
         let host_up = IntGaugeVec::new(

@@ -3,11 +3,18 @@
 //! slow, idle or numerous clients cannot exhaust it.
 //!
 //! - **Connection cap**: a [`CappedListener`] holds at most [`ConnLimits::max`] open
-//!   connections, and one client address at most [`ConnLimits::per_ip`] of them. One more is
-//!   accepted and answered at once with `503` and `Retry-After: 1` ([`OverCap::Http503`], the
+//!   connections, and one client address at most [`ConnLimits::per_ip`] of them. One more (over
+//!   its address's cap, or with the listener full and nothing to evict, below) is accepted and
+//!   answered at once with `503` and `Retry-After: 1` ([`OverCap::Http503`], the
 //!   JSON body set with [`CappedListener::busy_body`]), or closed ([`OverCap::Close`]: gRPC,
 //!   whose clients read that as `UNAVAILABLE` and retry), and reported to
 //!   [`CappedListener::on_refused`].
+//! - **Eviction when full** (module `evict`): a connection that finds the listener full takes
+//!   the slot of the oldest open connection that has not yet sent a whole request head (HTTP/1:
+//!   its blank line; HTTP/2: a `HEADERS` frame with `END_HEADERS`; behind TLS the handshake
+//!   counts as not yet), which is closed at once ([`CappedListener::on_evicted`]). Only when
+//!   every open connection has sent a head is the new one refused as above. So a client that
+//!   sends a whole request promptly is admitted however many slow ones hold the listener.
 //! - **Header-read timeout**: an HTTP/1 connection waiting for a request head (a new one, or
 //!   an idle keep-alive one) must deliver the whole head within
 //!   [`ConnLimits::header_read_timeout`] (hyper's `header_read_timeout`, with a timer —
@@ -25,17 +32,28 @@
 //! Feature `tonic`: [`CappedStream`] is a tonic connection and [`incoming`] turns the listener
 //! into the stream `tonic::transport::Server::serve_with_incoming_shutdown` takes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+mod evict;
+pub use evict::Slot;
+use evict::{HeadWatch, Registry};
+#[cfg(feature = "tls")]
+mod tls;
+#[cfg(all(feature = "tls", feature = "tonic"))]
+pub use tls::incoming_tls;
+#[cfg(feature = "tls")]
+pub use tls::{Tls, TlsFiles};
 
 /// The limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,11 +69,19 @@ pub struct ConnLimits {
     pub idle_timeout: Duration,
 }
 
+/// The default [`ConnLimits::max`]: 16,384 connections. One open connection that sent part of a
+/// request head (the most an idle one holds: hyper's read buffer, the task, the slot) costs
+/// about 17.6 KiB of the process's memory (`examples/conn_memory.rs`, docs/BENCHMARKS.md), so
+/// a listener filled with slowloris connections holds about 290 MiB, and needs as many file
+/// descriptors (`ulimit -n` at least the sum over the process's listeners, plus its own).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+
 impl Default for ConnLimits {
-    /// 1,024 connections, 256 per address, 10 s for a request head, 60 s idle.
+    /// [`DEFAULT_MAX_CONNECTIONS`] connections, 256 per address, 10 s for a request head, 60 s
+    /// idle.
     fn default() -> Self {
         ConnLimits {
-            max: 1024,
+            max: DEFAULT_MAX_CONNECTIONS,
             per_ip: 256,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
@@ -87,7 +113,9 @@ pub struct CappedListener {
     over_cap: OverCap,
     busy_body: &'static str,
     on_refused: Option<OnRefused>,
+    on_evicted: Option<OnRefused>,
     refusers: Arc<Semaphore>,
+    registry: Arc<Registry>,
 }
 
 impl std::fmt::Debug for CappedListener {
@@ -191,7 +219,9 @@ impl CappedListener {
             over_cap,
             busy_body: BUSY_BODY,
             on_refused: None,
+            on_evicted: None,
             refusers: Arc::new(Semaphore::new(REFUSERS)),
+            registry: Arc::default(),
         }
     }
 
@@ -207,6 +237,19 @@ impl CappedListener {
     pub fn on_refused(mut self, f: impl Fn(SocketAddr) + Send + Sync + 'static) -> CappedListener {
         self.on_refused = Some(Arc::new(f));
         self
+    }
+
+    /// Calls `f` with the address of each connection evicted to make room for a new one
+    /// (module `evict`: the oldest that has not completed a request head).
+    #[must_use]
+    pub fn on_evicted(mut self, f: impl Fn(SocketAddr) + Send + Sync + 'static) -> CappedListener {
+        self.on_evicted = Some(Arc::new(f));
+        self
+    }
+
+    /// Open connections that have not completed a request head (the ones eviction takes).
+    pub fn unproven(&self) -> usize {
+        self.registry.unproven()
     }
 
     /// The listener's limits.
@@ -227,15 +270,31 @@ impl CappedListener {
                 }
             };
             let ip = take_ip_slot(&self.per_ip, addr.ip(), self.limits.per_ip);
-            if let Some(ip) = ip
-                && let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned()
-            {
-                let _ = stream.set_nodelay(true);
-                let h2_only = self.over_cap == OverCap::Close;
-                return (
-                    CappedStream::new(stream, permit, ip, self.limits, h2_only),
-                    addr,
-                );
+            if let Some(ip) = ip {
+                // A free slot, else the one of the oldest connection that has not completed a
+                // request head.
+                let permit = match Arc::clone(&self.permits).try_acquire_owned() {
+                    Ok(p) => Some(p),
+                    Err(_) => {
+                        let p = self.registry.evict_oldest();
+                        if p.is_some() {
+                            tracing::debug!(client = %addr, "evicted the oldest unproven connection");
+                            if let Some(f) = &self.on_evicted {
+                                f(addr);
+                            }
+                        }
+                        p
+                    }
+                };
+                if let Some(permit) = permit {
+                    let _ = stream.set_nodelay(true);
+                    let h2_only = self.over_cap == OverCap::Close;
+                    let slot = self.registry.admit(permit);
+                    return (
+                        CappedStream::new(stream, slot, ip, self.limits, h2_only),
+                        addr,
+                    );
+                }
             }
             tracing::debug!(client = %addr, "connection over the cap refused");
             if let Some(f) = &self.on_refused {
@@ -276,7 +335,11 @@ impl axum::serve::Listener for CappedListener {
 #[derive(Debug)]
 pub struct CappedStream {
     io: TcpStream,
-    _permit: OwnedSemaphorePermit,
+    /// The listener slot (its permit inside) and the eviction flag.
+    slot: Arc<Slot>,
+    /// Scans the bytes read for the end of the first request head; `None` once taken by a
+    /// layer above (TLS: [`CappedStream::take_watch`]).
+    watch: Option<HeadWatch>,
     _ip: IpSlot,
     idle_for: Duration,
     idle: Pin<Box<tokio::time::Sleep>>,
@@ -290,22 +353,28 @@ pub struct CappedStream {
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 impl CappedStream {
-    fn new(
-        io: TcpStream,
-        permit: OwnedSemaphorePermit,
-        ip: IpSlot,
-        l: ConnLimits,
-        h2_only: bool,
-    ) -> Self {
+    fn new(io: TcpStream, slot: Arc<Slot>, ip: IpSlot, l: ConnLimits, h2_only: bool) -> Self {
         CappedStream {
             io,
-            _permit: permit,
+            watch: Some(HeadWatch::new(Arc::clone(&slot))),
+            slot,
             _ip: ip,
             idle_for: l.idle_timeout,
             idle: Box::pin(tokio::time::sleep(l.idle_timeout)),
             idle_on: h2_only.then_some(true),
             preface_seen: 0,
         }
+    }
+
+    /// The client's address.
+    pub fn peer_addr(&self) -> std::io::Result<SocketAddr> {
+        self.io.peer_addr()
+    }
+
+    /// Takes the head scan, for a layer above that sees the plaintext (TLS): wrap that layer's
+    /// stream in [`Watched`] with it. This stream stops scanning what it reads.
+    pub fn take_watch(&mut self) -> Watch {
+        Watch(self.watch.take())
     }
 
     fn progressed(&mut self) {
@@ -317,6 +386,86 @@ impl CappedStream {
         // Undecided (nothing read yet) counts as idle too: a connection that never sends a
         // byte is closed after the idle timeout.
         self.idle_on != Some(false) && self.idle.as_mut().poll(cx).is_ready()
+    }
+}
+
+impl Drop for CappedStream {
+    fn drop(&mut self) {
+        self.slot.release();
+    }
+}
+
+fn evicted_error() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "evicted: the listener was full and this connection had not sent a request head",
+    )
+}
+
+/// A connection's head scan, moved above a TLS layer ([`CappedStream::take_watch`]).
+#[derive(Debug)]
+pub struct Watch(Option<HeadWatch>);
+
+/// A stream (a TLS session over a [`CappedStream`]) whose plaintext is scanned for the end of
+/// the first request head, so that the connection becomes safe from eviction once it sent one.
+#[derive(Debug)]
+pub struct Watched<S> {
+    io: S,
+    watch: Watch,
+}
+
+impl<S> Watched<S> {
+    /// `io` scanned with `watch`.
+    pub fn new(io: S, watch: Watch) -> Self {
+        Watched { io, watch }
+    }
+
+    /// The stream inside.
+    pub fn get_ref(&self) -> &S {
+        &self.io
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = r
+            && let Some(w) = self.watch.0.as_mut()
+        {
+            w.feed(&buf.filled()[before..]);
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
     }
 }
 
@@ -333,11 +482,17 @@ impl AsyncRead for CappedStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if self.slot.evicted(cx) {
+            return Poll::Ready(Err(evicted_error()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut self.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 let got = &buf.filled()[before..];
                 if !got.is_empty() {
+                    if let Some(w) = self.watch.as_mut() {
+                        w.feed(got);
+                    }
                     if self.idle_on.is_none() {
                         let rest = &H2_PREFACE[self.preface_seen..];
                         let n = got.len().min(rest.len());
@@ -366,6 +521,9 @@ impl AsyncWrite for CappedStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if self.slot.evicted(cx) {
+            return Poll::Ready(Err(evicted_error()));
+        }
         match Pin::new(&mut self.io).poll_write(cx, buf) {
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
@@ -461,6 +619,35 @@ pub async fn serve_http(
     router: axum::Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_http_inner(listener, None, router, shutdown).await
+}
+
+/// [`serve_http`] over TLS when `tls` is `Some` (feature `tls`): each connection's handshake
+/// runs in its task, within the header-read timeout; a failed one closes the connection.
+///
+/// # Errors
+/// Never today, as [`serve_http`].
+#[cfg(feature = "tls")]
+pub async fn serve_https(
+    listener: CappedListener,
+    tls: Option<Arc<Tls>>,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_http_inner(listener, tls, router, shutdown).await
+}
+
+#[cfg(not(feature = "tls"))]
+type MaybeTls = Option<std::convert::Infallible>;
+#[cfg(feature = "tls")]
+type MaybeTls = Option<Arc<Tls>>;
+
+async fn serve_http_inner(
+    listener: CappedListener,
+    tls: MaybeTls,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
@@ -472,7 +659,7 @@ pub async fn serve_http(
     let (open_tx, open_rx) = tokio::sync::watch::channel(());
     tokio::pin!(shutdown);
     loop {
-        let (io, _addr) = tokio::select! {
+        let (mut io, _addr) = tokio::select! {
             c = listener.accept_capped() => c,
             () = &mut shutdown => break,
         };
@@ -481,24 +668,43 @@ pub async fn serve_http(
         ));
         let mut stop = stop_rx.clone();
         let open = open_rx.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let mut b = Builder::new(TokioExecutor::new());
             b.http1()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout);
             b.http2().timer(TokioTimer::new());
-            let conn = b.serve_connection_with_upgrades(TokioIo::new(io), svc);
-            tokio::pin!(conn);
-            loop {
-                tokio::select! {
-                    r = conn.as_mut() => {
-                        if let Err(e) = r {
-                            tracing::trace!(error = %e, "connection ended");
+            macro_rules! serve {
+                ($io:expr) => {{
+                    let conn = b.serve_connection_with_upgrades(TokioIo::new($io), svc);
+                    tokio::pin!(conn);
+                    loop {
+                        tokio::select! {
+                            r = conn.as_mut() => {
+                                if let Err(e) = r {
+                                    tracing::trace!(error = %e, "connection ended");
+                                }
+                                break;
+                            }
+                            _ = stop.changed() => conn.as_mut().graceful_shutdown(),
                         }
-                        break;
                     }
-                    _ = stop.changed() => conn.as_mut().graceful_shutdown(),
+                }};
+            }
+            match tls {
+                None => serve!(io),
+                #[cfg(feature = "tls")]
+                Some(tls) => {
+                    let watch = io.take_watch();
+                    match tokio::time::timeout(limits.header_read_timeout, tls.accept(io)).await {
+                        Ok(Ok(t)) => serve!(Watched::new(t, watch)),
+                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    }
                 }
+                #[cfg(not(feature = "tls"))]
+                Some(never) => match never {},
             }
             drop(open);
         });
@@ -601,6 +807,114 @@ mod serve_tests {
         // Their slots are back.
         let again = get([127, 0, 0, 1], addr).await;
         assert!(again.starts_with("HTTP/1.1 200"), "{again}");
+        let _ = stop_tx.send(());
+        server.await.unwrap().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod evict_tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn connect(from: [u8; 4], addr: SocketAddr) -> TcpStream {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(SocketAddr::from((from, 0))).unwrap();
+        sock.connect(addr).await.unwrap()
+    }
+
+    async fn answer(mut c: TcpStream) -> String {
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    async fn post(from: [u8; 4], addr: SocketAddr, path: &str) -> String {
+        let mut c = connect(from, addr).await;
+        c.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        answer(c).await
+    }
+
+    /// A listener full of trickling connections from four addresses still admits a client
+    /// that sends a whole head, every time; a connection whose head is in (its answer still
+    /// being computed) is never the one evicted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_listener_evicts_unfinished_heads_oldest_first_never_a_whole_request() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = ConnLimits {
+            max: 8,
+            per_ip: 4,
+            header_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
+        };
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    "slow ok"
+                }),
+            );
+        let evicted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&evicted);
+        let listener = CappedListener::new(l, limits, OverCap::Http503).on_evicted(move |_| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_http(listener, app, async move {
+            let _ = stop_rx.await;
+        }));
+        // A whole request whose answer takes 1.5 s: proven, it holds its slot throughout.
+        let mut slow = connect([127, 0, 0, 1], addr).await;
+        slow.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // 16 trickling heads from four addresses, 7 slots left: the listener is full.
+        let mut tricklers = Vec::new();
+        for a in 2..6u8 {
+            for _ in 0..4 {
+                let mut c = connect([127, 0, 0, a], addr).await;
+                c.write_all(b"POST / HTTP/1.1\r\nhost: x\r\n")
+                    .await
+                    .unwrap();
+                tricklers.push(c);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let after_flood = evicted.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            after_flood,
+            16 - 7,
+            "each trickler over the cap evicted an older one"
+        );
+        // The oldest tricklers were the ones evicted: they read EOF or an error at once.
+        for c in tricklers.iter_mut().take(16 - 7) {
+            let mut b = [0u8; 64];
+            let r = tokio::time::timeout(Duration::from_secs(2), c.read(&mut b)).await;
+            assert!(
+                matches!(r, Ok(Ok(0) | Err(_))),
+                "an old trickler was not evicted: {r:?}"
+            );
+        }
+        // A client sending whole requests is answered every time.
+        for _ in 0..5 {
+            let r = post([127, 0, 0, 1], addr, "/").await;
+            assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        }
+        // The connection with a whole request in was never evicted.
+        let r = answer(slow).await;
+        assert!(
+            r.starts_with("HTTP/1.1 200") && r.ends_with("slow ok"),
+            "{r}"
+        );
+        drop(tricklers);
         let _ = stop_tx.send(());
         server.await.unwrap().unwrap();
     }

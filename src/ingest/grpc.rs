@@ -513,6 +513,7 @@ impl<const LOGS: bool> tower::Service<axum::http::Request<tonic::body::Body>> fo
 pub async fn serve(
     state: IngestState,
     listener: super::listen::CappedListener,
+    tls: Option<std::sync::Arc<super::listen::Tls>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let timeout = state.config.request_timeout;
@@ -520,10 +521,20 @@ pub async fn serve(
         state: state.clone(),
     };
     let logs = Otlp::<true> { state };
-    tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .timeout(timeout)
         .add_service(traces)
-        .add_service(logs)
-        .serve_with_incoming_shutdown(super::listen::incoming(listener), shutdown)
-        .await
+        .add_service(logs);
+    match tls {
+        None => {
+            router
+                .serve_with_incoming_shutdown(super::listen::incoming(listener), shutdown)
+                .await
+        }
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(super::listen::incoming_tls(listener, tls), shutdown)
+                .await
+        }
+    }
 }

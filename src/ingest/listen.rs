@@ -6,6 +6,9 @@
 //!   per client address; one more is answered `503` + `Retry-After: 1` (HTTP) or closed (gRPC,
 //!   read by its clients as `UNAVAILABLE`) and counted in
 //!   `brownout_connections_refused_total{listener}`.
+//! - When a listener is full, the oldest connection that has not sent a whole request head is
+//!   closed to admit the new one (counted in `brownout_connections_evicted_total{listener}`);
+//!   only when every open connection has sent one is the new one refused as above.
 //! - `server.header_read_timeout_ms` for an HTTP/1 request head, `server.idle_timeout_ms` for
 //!   an HTTP/2 / gRPC connection that moves no byte (or one that never sends any).
 //!
@@ -13,7 +16,10 @@
 //! at most the header timeout, and other clients keep being served
 //! (`tests/it/ingest_slow_clients.rs`).
 
-pub use brownout_net::{CappedListener, CappedStream, ConnLimits, OverCap, incoming, serve_http};
+pub use brownout_net::{
+    CappedListener, CappedStream, ConnLimits, OverCap, Tls, incoming, incoming_tls, serve_http,
+    serve_https,
+};
 
 /// The `[server]` limits.
 pub fn limits(c: &crate::config::Config) -> ConnLimits {
@@ -38,5 +44,11 @@ pub fn capped(
         .ingest
         .connections_refused_total
         .with_label_values(&[name]);
-    CappedListener::new(l, limits(config), over).on_refused(move |_| refused.inc())
+    let evicted = metrics
+        .ingest
+        .connections_evicted_total
+        .with_label_values(&[name]);
+    CappedListener::new(l, limits(config), over)
+        .on_refused(move |_| refused.inc())
+        .on_evicted(move |_| evicted.inc())
 }

@@ -30,7 +30,7 @@ use crate::api::ApiDeps;
 use crate::auth::Tokens;
 use crate::config::Config;
 use crate::ingest::hosts::HostRegistry;
-use crate::ingest::listen::{OverCap, capped, serve_http};
+use crate::ingest::listen::{OverCap, capped, serve_https};
 use crate::ingest::pipeline::PipelineTask;
 use crate::ingest::{FailureTagger, IngestState, Pipeline, WriterStatus};
 use crate::metrics::Metrics;
@@ -276,19 +276,23 @@ impl App {
         let cap = |l: TcpListener, name: &str, over: OverCap| {
             capped(l, &state.config, &state.metrics, name, over)
         };
-        let http_srv = serve_http(
+        let tls = state.config.tls.clone();
+        let http_srv = serve_https(
             cap(listeners.http, "http", OverCap::Http503),
+            tls.as_ref().map(|t| t.web.clone()),
             main,
             stopped(),
         );
-        let otlp_srv = serve_http(
+        let otlp_srv = serve_https(
             cap(listeners.otlp_http, "otlp_http", OverCap::Http503),
+            tls.as_ref().map(|t| t.ingest.clone()),
             otlp_http,
             stopped(),
         );
         let grpc_srv = crate::ingest::grpc::serve(
             state.ingest.clone(),
             cap(listeners.otlp_grpc, "otlp_grpc", OverCap::Close),
+            tls.as_ref().map(|t| t.ingest.clone()),
             stopped(),
         );
         let mut retention = tokio::spawn(retention_loop(

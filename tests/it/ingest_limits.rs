@@ -245,10 +245,25 @@ async fn read_all(c: &mut tokio::net::TcpStream, within: Duration) -> String {
 async fn connections_over_the_cap_get_503_and_slots_come_back() {
     let s = start(|c| c.max_connections = 3).await;
     let addr = s.run.otlp_http_addr;
-    // Three idle connections take every slot.
+    // Three keep-alive connections that each sent a whole request take every slot (ones that
+    // have not sent a request head would be evicted to admit a new connection instead:
+    // `ingest_slow_clients.rs`).
     let mut idle = Vec::new();
     for _ in 0..3 {
-        idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /no-such-path HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(3), c.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 "),
+            "an answer on the holder"
+        );
+        idle.push(c);
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();

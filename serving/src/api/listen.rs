@@ -11,10 +11,17 @@
 //! - TCP_NODELAY on every connection: each SSE token is a small write that must not wait for
 //!   the peer's delayed ACK.
 //!
+//! - **Eviction when full**: a new connection takes the slot of the oldest one that has not
+//!   sent a whole request head; only when every open one has is it answered 503 as above.
+//! - **TLS** (`--ssl-certfile`, `--ssl-keyfile`, optional `--ssl-ca-certs` for client
+//!   certificates): rustls, the files reloaded when they change.
+//!
 //! So trickling connections from one address hold at most the per-address cap, each for at most
 //! the header timeout, and other clients keep being served (`tests/api.rs`).
 
-pub use brownout_net::{CappedListener, ConnLimits, OverCap, serve_http};
+pub use brownout_net::{
+    CappedListener, ConnLimits, OverCap, Tls, TlsFiles, serve_http, serve_https,
+};
 
 /// The 503 body over the connection cap, in the OpenAI error shape.
 pub const BUSY_BODY: &str = r#"{"error":{"message":"the server is at its connection limit; retry later","type":"server_error","param":null,"code":"too_many_connections"}}"#;

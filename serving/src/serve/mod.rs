@@ -77,8 +77,10 @@ pub struct ServeArgs {
     pub served_model_name: Option<String>,
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
-    /// Open connections held at most; one more gets 503 + Retry-After: 1.
-    #[arg(long, default_value_t = 1024)]
+    /// Open connections held at most (about 17.6 KiB each, as many file descriptors); when
+    /// full, the oldest one that has not sent a whole request head is closed to admit a new
+    /// one, and only if there is none the new one gets 503 + Retry-After: 1.
+    #[arg(long, default_value_t = brownout_net::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
     /// Open connections one client address holds at most (behind a proxy: raise it).
     #[arg(long, default_value_t = 256)]
@@ -89,6 +91,17 @@ pub struct ServeArgs {
     /// An HTTP/2 connection that moves no byte for this long is closed.
     #[arg(long, default_value_t = 60_000)]
     pub idle_timeout_ms: u64,
+    /// TLS: the PEM certificate chain served (vLLM's flag); with `--ssl-keyfile`. Reloaded
+    /// when the file changes.
+    #[arg(long, value_name = "PEM", requires = "ssl_keyfile")]
+    pub ssl_certfile: Option<std::path::PathBuf>,
+    /// TLS: the PEM private key of `--ssl-certfile`.
+    #[arg(long, value_name = "PEM", requires = "ssl_certfile")]
+    pub ssl_keyfile: Option<std::path::PathBuf>,
+    /// TLS: a PEM bundle of CAs; every client must then present a certificate signed by one of
+    /// them (mutual TLS). Needs `--ssl-certfile`.
+    #[arg(long, value_name = "PEM", requires = "ssl_certfile")]
+    pub ssl_ca_certs: Option<std::path::PathBuf>,
     /// On SIGTERM or SIGINT, how long requests and streams in flight may take to finish (new
     /// ones get 503 instance_draining meanwhile); what is still open then is ended.
     #[arg(long, default_value_t = 30)]
@@ -193,6 +206,20 @@ impl ServeArgs {
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms.max(1)),
             idle_timeout: Duration::from_millis(self.idle_timeout_ms.max(1)),
         }
+    }
+
+    /// The `--ssl-*` files, read (a clear error when they cannot be used).
+    fn tls(&self) -> anyhow::Result<Option<Arc<api::listen::Tls>>> {
+        let (Some(cert), Some(key)) = (&self.ssl_certfile, &self.ssl_keyfile) else {
+            return Ok(None);
+        };
+        let t = api::listen::Tls::load(api::listen::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: self.ssl_ca_certs.clone(),
+        })
+        .context("--ssl-certfile/--ssl-keyfile/--ssl-ca-certs")?;
+        Ok(Some(t))
     }
 
     fn engine_options(&self) -> anyhow::Result<ServeOptions> {
@@ -319,6 +346,7 @@ pub async fn run(
         a.critical_reserve_ratio
     );
     let keys = ApiKeys::new(&a.api_keys, a.api_key_all_routes).map_err(anyhow::Error::msg)?;
+    let tls = a.tls()?;
     let addr: SocketAddr = format!("{}:{}", a.host, a.port)
         .parse()
         .context("--host/--port")?;
@@ -365,10 +393,11 @@ pub async fn run(
         %addr, instance = %instance, api_keys = a.api_keys.len(),
         shutdown_grace_s = a.shutdown_grace_secs, "serving"
     );
-    let report = serve(
+    let report = serve_tls(
         auth::layer(built.router, keys),
         listener,
         a.limits(),
+        tls,
         drain,
         shutdown,
     )
@@ -427,10 +456,26 @@ pub async fn serve(
     drain: Arc<Drain>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<DrainReport> {
+    serve_tls(app, listener, limits, None, drain, shutdown).await
+}
+
+/// [`serve`] over TLS when `tls` is `Some` (`--ssl-certfile` and friends).
+///
+/// # Errors
+/// Socket errors from the server.
+pub async fn serve_tls(
+    app: Router,
+    listener: TcpListener,
+    limits: ConnLimits,
+    tls: Option<Arc<api::listen::Tls>>,
+    drain: Arc<Drain>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<DrainReport> {
     let app = drain::layer(app, drain.clone());
     let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(api::listen::serve_http(
+    let mut server = tokio::spawn(api::listen::serve_https(
         api::listen::capped(listener, limits),
+        tls,
         app,
         async move {
             let _ = close_rx.await;
