@@ -17,6 +17,10 @@ pub const SLO_FILES: &[(&str, &str)] = &[
         "examples/slo/agent.yaml",
         include_str!("../examples/slo/agent.yaml"),
     ),
+    (
+        "examples/slo/agent-app.yaml",
+        include_str!("../examples/slo/agent-app.yaml"),
+    ),
 ];
 
 /// The default degradation policy (`examples/policy.yaml`).

@@ -7,6 +7,13 @@
 //! as a real application would, from service `agent-app` (so no chat SLO is touched), carries
 //! `attributes.simulated = "true"`, and follows the same evening curve as the load: a few per
 //! second outside the peak, `peak_factor` times more at its top.
+//!
+//! The app also reports the steps that went well, as a real app instrumented with
+//! OpenTelemetry does: `ok_steps_per_fault` OTLP/JSON server spans of service `agent-app` per
+//! fault, POSTed to the control plane's `/v1/traces`. With them the example SLO
+//! `agent-app-availability` (examples/slo/agent-app.yaml) has its good events beside the bad
+//! ones, and the failure patterns mined from the faults explain its bad events: their impact
+//! (docs/SLO.md "Pattern impact") is not 0.
 
 use std::time::{Duration, Instant};
 
@@ -31,7 +38,43 @@ pub struct FaultConfig {
     pub shape: LoadShape,
     /// Faults per second outside the peak.
     pub base_per_s: f64,
+    /// Successful steps reported (as spans) per fault: 19 is a 5 % failure ratio.
+    pub ok_steps_per_fault: u32,
     pub seed: u64,
+}
+
+/// `n` successful steps of the agent app ending at `end_ms`, as an OTLP/JSON export request.
+pub fn ok_steps(n: usize, rng: &mut StdRng, end_ms: u64) -> serde_json::Value {
+    let spans: Vec<serde_json::Value> = (0..n)
+        .map(|_| {
+            let dur_ms = 200 + rng.random_range(0..2_000u64);
+            let feature = if rng.random_range(0..10) < 8 {
+                "trip_planner"
+            } else {
+                "pdf_analysis"
+            };
+            json!({
+                "traceId": format!("{:032x}", rng.random::<u128>() | 1),
+                "spanId": format!("{:016x}", rng.random::<u64>() | 1),
+                "name": "agent step",
+                "kind": 2,
+                "startTimeUnixNano": ((end_ms - dur_ms) * 1_000_000).to_string(),
+                "endTimeUnixNano": (end_ms * 1_000_000).to_string(),
+                "status": {"code": 1},
+                "attributes": [
+                    {"key": "brownout.feature", "value": {"stringValue": feature}},
+                    {"key": "simulated", "value": {"stringValue": "true"}},
+                ],
+            })
+        })
+        .collect();
+    json!({"resourceSpans": [{
+        "resource": {"attributes": [
+            {"key": "service.name", "value": {"stringValue": "agent-app"}},
+            {"key": "host.name", "value": {"stringValue": "app-1"}},
+        ]},
+        "scopeSpans": [{"spans": spans}],
+    }]})
 }
 
 /// One fault event of `kind` (an index into [`KINDS`]) as NDJSON.
@@ -118,6 +161,30 @@ pub async fn run(cfg: FaultConfig) -> u64 {
                 .unwrap_or(0);
             body.push_str(&event(kind, &mut rng, now).to_string());
             body.push('\n');
+        }
+        let steps = n * cfg.ok_steps_per_fault as usize;
+        if steps > 0 {
+            let r = client
+                .post(format!("{}/v1/traces", cfg.control_plane))
+                .bearer_auth(&cfg.ingest_token)
+                .json(&ok_steps(steps, &mut rng, now))
+                .send()
+                .await;
+            match r {
+                Ok(r) if r.status().is_success() => {}
+                Ok(r) if !warned => {
+                    warned = true;
+                    eprintln!(
+                        "brownout-demo: application spans refused: HTTP {}",
+                        r.status()
+                    );
+                }
+                Err(e) if !warned => {
+                    warned = true;
+                    eprintln!("brownout-demo: application spans not sent: {e}");
+                }
+                _ => {}
+            }
         }
         match client
             .post(format!("{}/v1/failures", cfg.control_plane))

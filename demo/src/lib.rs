@@ -285,7 +285,8 @@ pub fn demo_load(targets: Vec<String>, speed: f64, seed: u64, plan: &DemoLoadPla
 }
 
 /// The agent application's failures for one simulated evening ([`faults`]): about one every two
-/// seconds outside the peak, the peak's factor more at its top.
+/// seconds outside the peak, the peak's factor more at its top, with 19 successful steps
+/// reported per failure (5 % of its steps fail: `agent-app-availability` burns at 5×).
 pub fn demo_faults(
     control_plane: &str,
     ingest_token: &str,
@@ -297,6 +298,7 @@ pub fn demo_faults(
         ingest_token: ingest_token.to_string(),
         shape,
         base_per_s: 0.5,
+        ok_steps_per_fault: 19,
         seed,
     }
 }

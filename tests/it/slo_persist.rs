@@ -2,8 +2,9 @@
 //! "Pattern impact"), against real stores and real processes:
 //!
 //! - the real `brownout serve` binary ingests spans with known good/bad counts over the last
-//!   hours, is killed with SIGKILL and restarted on the same data dir: budget left, the burn
-//!   rate of every window and the alert states (with their since-times) are what they were;
+//!   hours, is killed with SIGKILL and restarted on the same data dir (SQLite) or the same
+//!   ClickHouse: budget left, the burn rate of every window and the alert states (with their
+//!   since-times) are what they were;
 //! - two control planes on one ClickHouse, each fed a different share of the traffic, report
 //!   the same budget, and the controller inputs a new leader would read are the same;
 //! - an objective changed between two starts applies to the stored history at once;
@@ -132,8 +133,12 @@ struct ServeProcess {
 }
 
 impl ServeProcess {
-    fn on(dir: &std::path::Path, objective_percent: f64) -> ServeProcess {
-        let serve = Serve::new(dir, None);
+    fn on(
+        dir: &std::path::Path,
+        objective_percent: f64,
+        clickhouse: Option<(&str, &str)>,
+    ) -> ServeProcess {
+        let serve = Serve::new(dir, clickhouse);
         let slo = dir.join("slo.yaml");
         std::fs::write(&slo, spec_yaml(objective_percent)).unwrap();
         let mut toml = std::fs::read_to_string(&serve.config).unwrap();
@@ -227,7 +232,32 @@ fn alert_states(s: &SloStatus) -> Vec<(String, String, Value)> {
 async fn a_control_plane_killed_and_restarted_reports_the_same_budget_burn_rates_and_alerts() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
-    let mut serve = ServeProcess::on(dir.path(), 99.0);
+    killed_and_restarted_on(ServeProcess::on(dir.path(), 99.0, None)).await;
+}
+
+/// The same on ClickHouse (the harness's server): the restarted process reads the buckets
+/// (`sli_rows` → `sli_mv` → `sli_buckets`) and the alert states back from the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_on_clickhouse_killed_and_restarted_reports_the_same_budget_burn_rates_and_alerts()
+ {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, own) =
+        crate::ingest_spool_clickhouse::clickhouse_for_test(dir.path(), "slokill").await;
+    let data = dir.path().join("plane");
+    std::fs::create_dir_all(&data).unwrap();
+    killed_and_restarted_on(ServeProcess::on(
+        &data,
+        99.0,
+        Some((&cfg.url, &cfg.table_prefix)),
+    ))
+    .await;
+    drop(own);
+}
+
+/// Known traffic over 170 minutes, SIGKILL, restart on the same data dir (and store): the
+/// budget, every window's burn rate and the alert states with their since-times are the same.
+async fn killed_and_restarted_on(mut serve: ServeProcess) {
     serve.start().await;
     // Early in a minute: before and after the restart fall in the same minute (every window
     // is minute-aligned).

@@ -25,11 +25,16 @@ use serde_json::{Value, json};
 const PROMETHEUS: &str = "/usr/bin/prometheus";
 
 /// Rule files for SLOs of services the demo does not run (agent tasks, embeddings, an HTTP
-/// gateway): their expressions must parse, but their input series cannot exist here.
+/// gateway) or does not scrape (the simulated agent app): their expressions must parse, but
+/// their input series cannot exist here.
 const NOT_IN_DEMO: &[(&str, &str)] = &[
     (
         "slo-agent.yml",
         "brownout_agent_tasks_total comes from an agent runtime; the demo has none",
+    ),
+    (
+        "slo-agent-app.yml",
+        "service=\"agent-app\": the demo's agent app reports spans and failure events to brownout, no request counters",
     ),
     (
         "slo-openslo-embeddings.yml",

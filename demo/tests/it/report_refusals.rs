@@ -4,7 +4,10 @@
 //! (`brownout_demo::faults`: GPU queue timeouts, tool timeouts, KV pressure) over a short
 //! compressed peak. This week's report then ranks exactly those three kinds, none of the
 //! engine's own `feature … disabled at tier …` refusals, and its degradation timeline holds the
-//! pinned tier with the refusals as its cost.
+//! pinned tier with the refusals as its cost. The faults are the bad events of the example SLO
+//! `agent-app-availability` (the app reports 19 good steps per fault), so the patterns API
+//! ranks the three kinds by a real, non-zero impact whose shares add up to all of that SLO's
+//! bad events (docs/SLO.md "Pattern impact").
 
 use std::time::Duration;
 
@@ -73,6 +76,7 @@ async fn the_report_ranks_injected_faults_and_shows_the_tiers_with_their_cost() 
         ingest_token: ingest.clone(),
         shape,
         base_per_s: 5.0,
+        ok_steps_per_fault: 19,
         seed: 3,
     })
     .await;
@@ -160,5 +164,86 @@ async fn the_report_ranks_injected_faults_and_shows_the_tiers_with_their_cost() 
         "{}",
         eps[0]["cost"]
     );
+
+    // Impact: the faults are agent-app-availability's bad events (one per fault, 19 good
+    // steps beside each), and each pattern's share of them is its count over the stored bad.
+    let slo_url = format!("{cp}/api/v1/slos/agent-app-availability");
+    let pat_url = format!("{cp}/api/v1/patterns");
+    let got = std::sync::Arc::new(std::sync::Mutex::new((Value::Null, Value::Null)));
+    let seen = got.clone();
+    let (c2, read2) = (c.clone(), read.clone());
+    wait_for_async(
+        "the SLO counts every fault and step, the patterns explain every bad event",
+        Duration::from_secs(30),
+        move || {
+            let (c, read, seen) = (c2.clone(), read2.clone(), seen.clone());
+            let (slo_url, pat_url) = (slo_url.clone(), pat_url.clone());
+            async move {
+                let get = |u: String| {
+                    let (c, read) = (c.clone(), read.clone());
+                    async move {
+                        let r = c.get(u).bearer_auth(read).send().await.unwrap();
+                        if r.status().is_success() {
+                            r.json::<Value>().await.unwrap()
+                        } else {
+                            Value::Null
+                        }
+                    }
+                };
+                let slo = get(slo_url).await;
+                let pats = get(pat_url).await;
+                let explained: u64 = pats["patterns"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|p| p["slo_impact"].as_array().into_iter().flatten())
+                    .filter(|i| i["slo"] == "agent-app-availability")
+                    .filter_map(|i| i["events"].as_u64())
+                    .sum();
+                let total = slo["period_events"]["total"].as_u64().unwrap_or(0);
+                let good = slo["period_events"]["good"].as_u64().unwrap_or(0);
+                let done =
+                    total == 20 * injected && total - good == injected && explained == injected;
+                *seen.lock().unwrap() = (slo, pats);
+                done
+            }
+        },
+    )
+    .await;
+    let (slo, pats) = got.lock().unwrap().clone();
+    assert_eq!(slo["source"], "store", "{slo:#}");
+    let pats = pats["patterns"].as_array().unwrap().clone();
+    assert!(pats.len() >= 3, "{pats:#?}");
+    let impacts: Vec<f64> = pats
+        .iter()
+        .map(|p| p["budget_impact"].as_f64().unwrap())
+        .collect();
+    for (p, &i) in pats.iter().zip(&impacts) {
+        assert!(i > 0.0, "impact 0: {p:#}");
+        let on_slo = p["slo_impact"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["slo"] == "agent-app-availability")
+            .unwrap_or_else(|| panic!("no impact on agent-app-availability: {p:#}"));
+        let share = on_slo["share"].as_f64().unwrap();
+        let events = on_slo["events"].as_u64().unwrap();
+        assert!(
+            (share - events as f64 / injected as f64).abs() < 1e-9,
+            "share {share} is not {events} of {injected}: {p:#}"
+        );
+        assert_eq!(events, p["count"].as_u64().unwrap(), "{p:#}");
+    }
+    assert!(
+        impacts.windows(2).all(|w| w[0] >= w[1]),
+        "not ranked by impact: {impacts:?}"
+    );
+    let shares: f64 = pats
+        .iter()
+        .flat_map(|p| p["slo_impact"].as_array().unwrap().iter())
+        .filter(|x| x["slo"] == "agent-app-availability")
+        .map(|x| x["share"].as_f64().unwrap())
+        .sum();
+    assert!((shares - 1.0).abs() < 1e-9, "the shares add up to {shares}");
     world.stop().await.unwrap();
 }
