@@ -600,6 +600,18 @@ impl EngineKeys {
     /// [`KeyError`] for a bad scheme name, a malformed key, an unreadable file, or (Ed25519) a
     /// public key found but no ack key.
     pub fn from_env(instance: &str, hmac_key: Option<&str>) -> Result<Option<EngineKeys>, KeyError> {
+        EngineKeys::from_env_in(instance, hmac_key, &default_data_dir())
+    }
+
+    /// [`EngineKeys::from_env`] with the data directory given instead of `BROWNOUT_DATA_DIR`.
+    ///
+    /// # Errors
+    /// As [`EngineKeys::from_env`].
+    pub fn from_env_in(
+        instance: &str,
+        hmac_key: Option<&str>,
+        dir: &Path,
+    ) -> Result<Option<EngineKeys>, KeyError> {
         let var = |n: &str| std::env::var(n).ok().filter(|v| !v.trim().is_empty());
         match var(SIGNATURE_ENV).as_deref().map(str::trim) {
             Some("hmac") => {
@@ -619,7 +631,6 @@ impl EngineKeys {
             let t = std::fs::read_to_string(&p).map_err(|e| io_err(&p, &e))?;
             keys.extend(parse_public_keys(&t)?);
         }
-        let dir = default_data_dir();
         if keys.is_empty() {
             let p = dir.join(PUBLIC_KEY_FILE);
             if let Ok(t) = std::fs::read_to_string(&p) {
@@ -638,7 +649,7 @@ impl EngineKeys {
             if !p.exists() {
                 return Err(KeyError::Io(
                     format!("{ACK_KEY_ENV} (or {ACK_KEY_ENV}_FILE, or {})", p.display()),
-                    "no ack key for this instance: mint one with `brownout keys ack-key --instance ID`".into(),
+                    "no ack key for this instance: mint one with `brownout keys ack-key --instance ID` on the control plane".into(),
                 ));
             }
             derive_ack_key(&read_secret_file(&p)?, instance)
@@ -679,6 +690,26 @@ mod tests {
 
     fn cmd() -> Command {
         serde_json::from_str(JSON).unwrap()
+    }
+
+    // Known answer, computed independently with OpenSSL from the seed (the 32 ASCII bytes
+    // `brownout-test-ed25519-seed-00001`):
+    //   printf 302e020100300506032b657004220420<seed hex> | xxd -r -p > k.der
+    //   (printf 'brownout-command-ed25519\n9c50865cf054c1c8\n'; cat fixtures/command_t2.json) > m
+    //   openssl pkeyutl -sign -inkey k.der -keyform DER -rawin -in m | xxd -p -c 128
+    // and the key id as the first 16 hex digits of `sha256sum` over the raw public key.
+    const SEED: &[u8; 32] = b"brownout-test-ed25519-seed-00001";
+    const ED_SIG: &str = include_str!("../fixtures/command_t2.ed25519.sig");
+    const ED_PUB: &str = include_str!("../fixtures/command_t2.ed25519.pub");
+
+    #[test]
+    fn known_answer_ed25519_signature_matches_fixture() {
+        let k = CommandSigningKey::from_seed(SEED);
+        assert_eq!(k.public().to_string(), ED_PUB.trim());
+        assert_eq!(k.id(), "9c50865cf054c1c8");
+        assert_eq!(CommandSigner::Ed25519(k).sign_bytes(JSON.as_bytes()), ED_SIG.trim());
+        let v = CommandVerifier::ed25519([CommandPublicKey::parse(ED_PUB).unwrap()]);
+        v.verify_bytes(JSON.as_bytes(), ED_SIG).unwrap();
     }
 
     #[test]

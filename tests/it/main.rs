@@ -45,6 +45,7 @@ mod slo_spec;
 mod store_behaviour;
 mod store_cluster;
 mod store_sli;
+mod token_reload;
 mod web_live;
 mod web_live_source;
 mod web_pages;
