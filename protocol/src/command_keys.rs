@@ -353,6 +353,11 @@ impl From<&[u8]> for CommandSigner {
         CommandSigner::Hmac(k.to_vec())
     }
 }
+impl From<Vec<u8>> for CommandSigner {
+    fn from(k: Vec<u8>) -> CommandSigner {
+        CommandSigner::Hmac(k)
+    }
+}
 impl From<&Vec<u8>> for CommandSigner {
     fn from(k: &Vec<u8>) -> CommandSigner {
         CommandSigner::Hmac(k.clone())
@@ -557,6 +562,11 @@ impl From<&[u8]> for PlaneKeys {
         PlaneKeys::hmac(k)
     }
 }
+impl From<Vec<u8>> for PlaneKeys {
+    fn from(k: Vec<u8>) -> PlaneKeys {
+        PlaneKeys::hmac(&k)
+    }
+}
 impl From<&Vec<u8>> for PlaneKeys {
     fn from(k: &Vec<u8>) -> PlaneKeys {
         PlaneKeys::hmac(k)
@@ -669,6 +679,11 @@ impl<const N: usize> From<&[u8; N]> for EngineKeys {
 impl From<&[u8]> for EngineKeys {
     fn from(k: &[u8]) -> EngineKeys {
         EngineKeys::hmac(k)
+    }
+}
+impl From<Vec<u8>> for EngineKeys {
+    fn from(k: Vec<u8>) -> EngineKeys {
+        EngineKeys::hmac(&k)
     }
 }
 impl From<&Vec<u8>> for EngineKeys {

@@ -198,7 +198,7 @@ async fn timed<T>(
 }
 
 impl RedisBus {
-    /// Connects (the manager reconnects by itself afterwards). `keys` seal the operator override
+    /// Connects (the manager reconnects by itself afterwards). `plane_keys` seal the operator override
     /// and verify the serving tier's acks (a bare byte string: the HMAC compatibility key).
     ///
     /// # Errors
@@ -208,9 +208,9 @@ impl RedisBus {
         cluster: &str,
         replica_id: &str,
         op_timeout: Duration,
-        keys: impl Into<brownout_protocol::PlaneKeys>,
+        plane_keys: impl Into<brownout_protocol::PlaneKeys>,
     ) -> Result<RedisBus, RedisBusError> {
-        let keys: brownout_protocol::PlaneKeys = keys.into();
+        let pk: brownout_protocol::PlaneKeys = plane_keys.into();
         let keys = RedisKeys::new(cluster)?;
         let target = RedisTarget::parse(url)?;
         let conn = HaConnection::connect_bounded(&target, op_timeout)
@@ -224,8 +224,8 @@ impl RedisBus {
             keys,
             replica_id: replica_id.to_string(),
             op_timeout,
-            hmac_key: keys.seal_key,
-            ack_keys: keys.acks,
+            hmac_key: pk.seal_key,
+            ack_keys: pk.acks,
             acquire: Script::new(ACQUIRE),
             refresh: Script::new(REFRESH),
             release: Script::new(RELEASE),

@@ -3,7 +3,7 @@
 //! or Redis under the leader lease ([`Publisher`]: the connection, the lease epoch, the versions
 //! and the last publish).
 
-use brownout_protocol::{SignedCommand, now_ms};
+use brownout_protocol::now_ms;
 
 use super::bus::InProcBus;
 use super::controller::{Controller, Decision};
