@@ -79,7 +79,11 @@ impl Server {
             instance: instance.to_string(),
             log,
         };
-        let c = reqwest::Client::new();
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let c = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
         let start = Instant::now();
         loop {
             if let Ok(r) = c.get(format!("{}/health", s.url)).send().await
