@@ -20,6 +20,10 @@ use std::sync::LazyLock;
 
 const KEY: &[u8] = b"fuzz-hmac-key-0123456789abcdef";
 
+/// The Ed25519 key the fuzzed commands are checked against (a fixed seed: reproducible).
+static ED: LazyLock<brownout_protocol::CommandSigningKey> =
+    LazyLock::new(|| brownout_protocol::CommandSigningKey::from_seed(&[0x5a; 32]));
+
 static TOK: LazyLock<Tokenizer> = LazyLock::new(|| {
     let (tokens, types, merges) = tiny::vocab();
     Tokenizer::new(tokens, &types, &merges).expect("the tiny vocabulary builds a tokenizer")
@@ -66,6 +70,21 @@ pub fn command_verify(data: &[u8]) {
     }
     assert!(forged.verify(b"another key").is_err() || forged.verify(KEY).is_err());
     let _ = forged.verify_for(KEY, "c1");
+    // The Ed25519 verifier (the default scheme): fuzzed text never verifies under a key whose
+    // private half the input cannot have, whatever its key id, and never panics.
+    let ed = brownout_protocol::CommandVerifier::ed25519([ED.public()]);
+    if ed.verify(&forged).is_ok() {
+        // Only the one valid signature (Ed25519 signing is deterministic) can verify.
+        let expected = brownout_protocol::CommandSigner::Ed25519(ED.clone())
+            .sign_bytes(forged.json.as_bytes());
+        assert_eq!(forged.sig.trim(), expected);
+    }
+    // An Ed25519 verifier never accepts an HMAC signature, even with the right HMAC key.
+    let hmac_sig = SignedCommand {
+        json: json.clone(),
+        sig: brownout_protocol::sign(KEY, json.as_bytes()),
+    };
+    assert!(ed.verify(&hmac_sig).is_err());
     // A command that parses, once signed with the key, verifies to the same command; with
     // another key it does not.
     if let Ok(cmd) = serde_json::from_str::<Command>(&json) {
@@ -76,6 +95,17 @@ pub fn command_verify(data: &[u8]) {
         // shortest float texts parse one ULP off (fuzz finding, see docs/SECURITY.md).
         assert_eq!(back, cmd);
         assert!(signed.verify(b"another key").is_err());
+        let signer = brownout_protocol::CommandSigner::Ed25519(ED.clone());
+        let signed = signer.sign(&cmd);
+        assert_eq!(ed.verify(&signed).expect("own Ed25519 signature verifies"), cmd);
+        let other = brownout_protocol::CommandSigningKey::from_seed(&[0x5b; 32]);
+        assert!(
+            brownout_protocol::CommandVerifier::ed25519([other.public()])
+                .verify(&signed)
+                .is_err()
+        );
+        // An old (HMAC-only) subscriber refuses it.
+        assert!(signed.verify(KEY).is_err());
     }
 }
 

@@ -160,6 +160,8 @@ pub struct RawAuth {
     pub read_token: Option<String>,
     pub admin_token: Option<String>,
     pub command_key: Option<String>,
+    /// How long a token replaced by a reload stays accepted (seconds; 0: not at all).
+    pub token_overlap_s: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -223,6 +225,9 @@ pub struct Config {
     pub read_token: Option<Secret>,
     pub admin_token: Option<Secret>,
     pub command_key: Option<Secret>,
+    /// How long a token replaced by a reload (SIGHUP or a changed file) stays accepted
+    /// (`auth.token_overlap_s`, `BROWNOUT_TOKEN_OVERLAP_S`; default 300 s).
+    pub token_overlap: Duration,
     pub cluster: String,
     pub redis_url: Option<String>,
     pub slo_file: Option<PathBuf>,
@@ -769,6 +774,13 @@ impl RawConfig {
             secret_from_env(file, env, "BROWNOUT_ADMIN_TOKEN", self.auth.admin_token)?;
         let command_key =
             secret_from_env(file, env, "BROWNOUT_COMMAND_KEY", self.auth.command_key)?;
+        let token_overlap = match env.var("BROWNOUT_TOKEN_OVERLAP_S") {
+            Some(v) => v.trim().parse::<u64>().map_err(|e| {
+                field_err("BROWNOUT_TOKEN_OVERLAP_S", format!("{v:?} is not a number of seconds ({e})"))
+            })?,
+            None => self.auth.token_overlap_s.unwrap_or(300),
+        };
+        let token_overlap = Duration::from_secs(token_overlap.min(7 * 86_400));
         for (field, t) in [
             ("auth.ingest_token", &ingest_token),
             ("auth.read_token", &read_token),
@@ -902,6 +914,7 @@ impl RawConfig {
             read_token,
             admin_token,
             command_key,
+            token_overlap,
             cluster,
             redis_url,
             slo_file: self.control.slo_file,

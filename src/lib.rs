@@ -23,6 +23,7 @@ pub mod degrade;
 pub mod drill;
 pub mod error;
 pub mod ingest;
+pub mod keys_cli;
 pub mod loadgen;
 pub mod logging;
 pub mod metrics;

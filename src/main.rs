@@ -32,6 +32,8 @@ enum Cmd {
     /// Fault drills against a running deployment (engine-kill, redis-restart, clickhouse-kill,
     /// leader-kill, plane-kill).
     Drill(brownout::drill::DrillArgs),
+    /// The command-signing key pair and the engines' ack keys (docs/SECURITY.md).
+    Keys(brownout::keys_cli::KeysArgs),
 }
 
 /// The arguments of a command that moved to `brownout-demo`, taken as they are.
@@ -48,6 +50,7 @@ fn main() -> std::process::ExitCode {
     // short `patterns mine` run.
     let cli = match cli.cmd {
         Cmd::Patterns(a) => return exit(brownout::patterns::run_blocking(a)),
+        Cmd::Keys(a) => return exit(brownout::keys_cli::run(&a)),
         cmd => Cli { cmd },
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -68,6 +71,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Report(a) => brownout::report::run(a).await,
             Cmd::Loadgen(a) => brownout::loadgen::run(a).await,
             Cmd::Drill(a) => brownout::drill::run(a).await,
+            Cmd::Keys(_) => unreachable!("run before the runtime starts"),
             Cmd::Demo(_) => Err(anyhow::anyhow!(
                 "`brownout demo` moved to its own binary: run `brownout-demo demo` \
                  (from the repository: cargo run --release -p brownout-demo -- demo)"

@@ -18,8 +18,16 @@ pub struct ServeArgs {
 /// ports.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::load(args.config.as_deref())?;
+    let overlap = config.token_overlap;
     let plane = crate::plane::Plane::from_config(config).await?;
+    let reload = crate::auth::reload::spawn(
+        plane.running.state.tokens.clone(),
+        args.config.clone(),
+        overlap,
+        std::time::Duration::from_secs(1),
+    );
     shutdown_signal().await;
+    reload.abort();
     plane.stop().await
 }
 

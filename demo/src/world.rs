@@ -194,7 +194,15 @@ impl World {
             Some(Secret::new(read.clone())),
             Some(Secret::new(admin.clone())),
         );
-        let command_key = random_hex(32).into_bytes();
+        // The demo's control plane signs with a fresh Ed25519 key; each engine holds its public
+        // half and its own ack key only (docs/SECURITY.md "Command signatures").
+        let signing = brownout_protocol::CommandSigningKey::generate();
+        let ack_master = random_hex(32).into_bytes();
+        let plane_keys = brownout_protocol::PlaneKeys::ed25519(signing.clone(), Vec::new(), &ack_master);
+        let engine_keys = |id: &str| brownout_protocol::EngineKeys {
+            verifier: brownout_protocol::CommandVerifier::ed25519([signing.public()]),
+            ack_key: brownout_protocol::command_keys::derive_ack_key(&ack_master, id),
+        };
 
         let data_dir = std::env::var_os("BROWNOUT_DATA_DIR")
             .map(PathBuf::from)
@@ -235,7 +243,7 @@ impl World {
         };
         let mut policy = Policy::from_yaml(&opts.policy_yaml).context("the demo policy")?;
         policy.dry_run = opts.dry_run;
-        let mut plane_opts = PlaneOptions::defaults(&opts.cluster, &command_key, transport)?;
+        let mut plane_opts = PlaneOptions::defaults(&opts.cluster, plane_keys, transport)?;
         plane_opts.policy = policy;
         plane_opts.ui = Some(brownout::web::model::DataOrigin::Simulated);
         let plane = Plane::start(app, listeners, plane_opts).await?;
@@ -249,14 +257,14 @@ impl World {
                 (Some(url), _) => {
                     control::spawn_subscriber(
                         control.clone(),
-                        SubscriberConfig::new(url, &opts.cluster, &command_key, &id),
+                        SubscriberConfig::new(url, &opts.cluster, engine_keys(&id), &id),
                     )
                     .await
                 }
                 (None, Some(b)) => control::inproc::spawn_inproc_subscriber(
                     control.clone(),
                     id.clone(),
-                    command_key.clone(),
+                    engine_keys(&id),
                     b.commands(),
                     b.ack_sender(),
                     Duration::from_millis(250),

@@ -4,7 +4,9 @@
 //!
 //! - [`command`]: the degradation command the control plane publishes (docs/ARCHITECTURE.md §3),
 //!   its tiers, criticalities, feature states and shed parameters;
-//! - [`signing`]: HMAC-SHA256 over a command's exact JSON bytes, verified in constant time, and
+//! - [`command_keys`]: Ed25519 command signatures (the control plane's private key, engines'
+//!   public keys by key id) and per-engine ack keys;
+//! - [`signing`]: HMAC-SHA256 (the compatibility mode) over a command's exact JSON bytes, verified in constant time, and
 //!   domain-separated seals for the other values kept in Redis (acks, the operator override);
 //! - [`keys`]: the Redis key names of one cluster (all share the hash tag `{cluster}`) and the
 //!   ack format written to the acks hash;
@@ -17,6 +19,7 @@
 //! which resolves a `redis+sentinel://` URL's master through Sentinel and follows failovers (async IO).
 
 pub mod command;
+pub mod command_keys;
 pub mod failure;
 pub mod keys;
 pub mod signing;
@@ -35,6 +38,10 @@ pub use command::{
     ALL_INSTANCES, AbortEntry, AbortKind, Command, Criticality, DEFAULT_PROBE_RATIO, EntryApplied,
     FeatureState, FeatureStatus, InstanceEntry, Limits, MAX_ABORT_ENTRIES, MAX_ABORT_ID_BYTES,
     Reason, ResolvedInstance, Shed, TOOL_FEATURE_PREFIX, Tier, TierParseError,
+};
+pub use command_keys::{
+    AckKeys, CommandPublicKey, CommandSigner, CommandSigningKey, CommandVerifier, EngineKeys,
+    KeyError, PlaneKeys,
 };
 pub use failure::{Category, FailureEvent, FailureParseError};
 pub use keys::{

@@ -1,4 +1,5 @@
-//! HMAC-SHA256 signing of commands over their exact JSON bytes.
+//! HMAC-SHA256 signing of commands over their exact JSON bytes: the compatibility mode (the
+//! default scheme, Ed25519, is in [`crate::command_keys`]), and the seals of other Redis values.
 //!
 //! The signature covers the bytes as published, not a re-serialisation, so a verifier never has
 //! to agree with the signer on JSON formatting. It is written as lowercase hex. Verification uses
@@ -22,6 +23,10 @@ pub enum VerifyError {
     InvalidJson(#[from] serde_json::Error),
     #[error("command is for cluster {got:?}, this subscriber is in {expected:?}")]
     WrongCluster { expected: String, got: String },
+    #[error("signature scheme {0} is not accepted here (see BROWNOUT_COMMAND_SIGNATURE)")]
+    SchemeNotAccepted(&'static str),
+    #[error("signed by key id {0:?}, which is not among the accepted public keys")]
+    UnknownKey(String),
 }
 
 fn mac(key: &[u8]) -> HmacSha256 {

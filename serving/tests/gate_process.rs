@@ -67,6 +67,9 @@ impl Server {
             .args(["--instance-id", instance])
             .args(args)
             .env("BROWNOUT_COMMAND_KEY", KEY)
+            // The HMAC compatibility mode, chosen explicitly (serving/tests/command_keys_process.rs
+            // covers the Ed25519 default).
+            .env("BROWNOUT_COMMAND_SIGNATURE", "hmac")
             .env("RUST_LOG", "warn")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("BROWNOUT_CONTROL_PLANE")

@@ -6,6 +6,7 @@
 //! [`require_degrade_role`] (the role depends on the degradation route).
 
 pub mod middleware;
+pub mod reload;
 
 pub use middleware::{Guard, protect_ui, require, require_degrade_role, require_ui};
 
@@ -33,21 +34,63 @@ impl Role {
     }
 }
 
-/// The configured tokens. A missing token makes its routes refuse everyone (and `serve`
-/// refuses to start without all three; see [`Config::require_tokens`]).
+/// One generation of the three tokens.
 #[derive(Debug, Clone, Default)]
-pub struct Tokens {
+struct TokenSet {
     ingest: Option<Secret>,
     read: Option<Secret>,
     admin: Option<Secret>,
 }
 
+impl TokenSet {
+    fn get(&self, role: Role) -> Option<&Secret> {
+        match role {
+            Role::Ingest => self.ingest.as_ref(),
+            Role::Read => self.read.as_ref(),
+            Role::Admin => self.admin.as_ref(),
+        }
+    }
+    fn allows(&self, role: Role, presented: &str) -> bool {
+        let eq = |s: Option<&Secret>| {
+            s.is_some_and(|s| bool::from(s.expose().as_bytes().ct_eq(presented.as_bytes())))
+        };
+        match role {
+            Role::Ingest => eq(self.ingest.as_ref()),
+            Role::Read => eq(self.read.as_ref()) | eq(self.admin.as_ref()),
+            Role::Admin => eq(self.admin.as_ref()),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Generations {
+    current: TokenSet,
+    /// The tokens replaced by the last [`Tokens::replace`], accepted until the instant given.
+    previous: Option<(TokenSet, std::time::Instant)>,
+}
+
+/// The configured tokens. A missing token makes its routes refuse everyone (and `serve`
+/// refuses to start without all three; see [`Config::require_tokens`]).
+///
+/// Clones share one state: [`Tokens::replace`] (a reload on SIGHUP or a changed token file,
+/// [`reload`]) is seen by every route at once, and the replaced tokens stay accepted for the
+/// overlap given, so clients switch without a restart and without a refused request.
+#[derive(Debug, Clone, Default)]
+pub struct Tokens {
+    inner: std::sync::Arc<std::sync::RwLock<Generations>>,
+}
+
 impl Tokens {
     pub fn new(ingest: Option<Secret>, read: Option<Secret>, admin: Option<Secret>) -> Tokens {
         Tokens {
-            ingest,
-            read,
-            admin,
+            inner: std::sync::Arc::new(std::sync::RwLock::new(Generations {
+                current: TokenSet {
+                    ingest,
+                    read,
+                    admin,
+                },
+                previous: None,
+            })),
         }
     }
 
@@ -65,25 +108,50 @@ impl Tokens {
         Tokens::new(Some(make()), Some(make()), Some(make()))
     }
 
-    pub fn get(&self, role: Role) -> Option<&Secret> {
-        match role {
-            Role::Ingest => self.ingest.as_ref(),
-            Role::Read => self.read.as_ref(),
-            Role::Admin => self.admin.as_ref(),
-        }
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Generations> {
+        // A panic while holding the lock cannot leave the sets half-written (each is replaced
+        // whole), so a poisoned lock is still consistent.
+        self.inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// True when `presented` matches the token of `role` (or the admin token, for read).
-    /// Compares in constant time for equal lengths; lengths are not secret.
-    pub fn allows(&self, role: Role, presented: &str) -> bool {
-        let eq = |s: Option<&Secret>| {
-            s.is_some_and(|s| bool::from(s.expose().as_bytes().ct_eq(presented.as_bytes())))
-        };
-        match role {
-            Role::Ingest => eq(self.ingest.as_ref()),
-            Role::Read => eq(self.read.as_ref()) | eq(self.admin.as_ref()),
-            Role::Admin => eq(self.admin.as_ref()),
+    /// The current token of `role`.
+    pub fn get(&self, role: Role) -> Option<Secret> {
+        self.read().current.get(role).cloned()
+    }
+
+    /// Makes `new`'s tokens the current ones; the tokens they replace stay accepted for
+    /// `overlap` (zero: refused at once). Returns the roles whose token changed.
+    pub fn replace(&self, new: &Tokens, overlap: std::time::Duration) -> Vec<Role> {
+        let next = new.read().current.clone();
+        let mut g = self
+            .inner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let changed: Vec<Role> = [Role::Ingest, Role::Read, Role::Admin]
+            .into_iter()
+            .filter(|r| {
+                g.current.get(*r).map(Secret::expose) != next.get(*r).map(Secret::expose)
+            })
+            .collect();
+        if changed.is_empty() {
+            return changed;
         }
+        let old = std::mem::replace(&mut g.current, next);
+        g.previous = (!overlap.is_zero()).then(|| (old, std::time::Instant::now() + overlap));
+        changed
+    }
+
+    /// True when `presented` matches the token of `role` (or the admin token, for read), or
+    /// the replaced one while its overlap lasts. Compares in constant time for equal lengths;
+    /// lengths are not secret.
+    pub fn allows(&self, role: Role, presented: &str) -> bool {
+        let g = self.read();
+        let prev = g.previous.as_ref().is_some_and(|(set, until)| {
+            std::time::Instant::now() < *until && set.allows(role, presented)
+        });
+        g.current.allows(role, presented) | prev
     }
 
     /// Checks an `Authorization: Bearer <token>` header.
@@ -185,6 +253,32 @@ mod tests {
             "Bearer read-bbbbbbbbbbbbbb".parse().unwrap(),
         );
         assert!(t.check(Role::Read, &h).is_ok());
+    }
+
+    #[test]
+    fn replaced_tokens_are_accepted_for_the_overlap_only() {
+        let t = tokens();
+        let shared = t.clone();
+        let next = Tokens::new(
+            Some(Secret::new("ingest-new-aaaaaaaa")),
+            Some(Secret::new("read-bbbbbbbbbbbbbb")),
+            Some(Secret::new("admin-new-cccccccc")),
+        );
+        let changed = t.replace(&next, std::time::Duration::from_secs(3600));
+        assert_eq!(changed, vec![Role::Ingest, Role::Admin]);
+        // Every clone sees the new tokens, and the old ones during the overlap.
+        assert!(shared.allows(Role::Ingest, "ingest-new-aaaaaaaa"));
+        assert!(shared.allows(Role::Ingest, "ingest-aaaaaaaaaaaa"));
+        assert!(shared.allows(Role::Admin, "admin-cccccccccccc"));
+        assert_eq!(shared.get(Role::Admin).unwrap().expose(), "admin-new-cccccccc");
+        // No overlap: the old ones are refused at once.
+        let t2 = tokens();
+        t2.replace(&next, std::time::Duration::ZERO);
+        assert!(!t2.allows(Role::Ingest, "ingest-aaaaaaaaaaaa"));
+        assert!(t2.allows(Role::Ingest, "ingest-new-aaaaaaaa"));
+        // A reload with nothing changed keeps the overlap of the last change.
+        assert!(t.replace(&next, std::time::Duration::ZERO).is_empty());
+        assert!(t.allows(Role::Ingest, "ingest-aaaaaaaaaaaa"));
     }
 
     #[test]

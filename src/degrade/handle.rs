@@ -28,8 +28,9 @@ pub struct DegradeConfig {
     pub cluster: String,
     /// This replica's id in the leader lease.
     pub replica_id: String,
-    /// HMAC key the commands are signed with (`BROWNOUT_COMMAND_KEY`).
-    pub hmac_key: Vec<u8>,
+    /// What commands are signed with (the Ed25519 private key, or the HMAC compatibility key),
+    /// what stored commands and acks are verified with, and the seal of the operator override.
+    pub keys: brownout_protocol::PlaneKeys,
     pub policy: Policy,
     /// Leader lease period: a dead leader is replaced within it.
     pub leader_lease_ms: u64,
@@ -38,11 +39,16 @@ pub struct DegradeConfig {
 }
 
 impl DegradeConfig {
-    pub fn new(cluster: &str, hmac_key: &[u8], policy: Policy) -> DegradeConfig {
+    /// `keys`: [`brownout_protocol::PlaneKeys`]; a bare byte string is the HMAC compatibility key.
+    pub fn new(
+        cluster: &str,
+        keys: impl Into<brownout_protocol::PlaneKeys>,
+        policy: Policy,
+    ) -> DegradeConfig {
         DegradeConfig {
             cluster: cluster.to_string(),
             replica_id: format!("cp-{}", uuid::Uuid::new_v4().simple()),
-            hmac_key: hmac_key.to_vec(),
+            keys: keys.into(),
             policy,
             leader_lease_ms: 5000,
             redis_timeout: Duration::from_millis(500),

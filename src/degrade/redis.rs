@@ -162,8 +162,11 @@ pub struct RedisBus {
     keys: RedisKeys,
     replica_id: String,
     op_timeout: Duration,
-    /// The command key: also seals the operator override and verifies acks.
+    /// Seals the operator override (the HMAC compatibility key, or one derived from the
+    /// Ed25519 private key).
     hmac_key: Vec<u8>,
+    /// Verifies the serving tier's acks (per-engine keys, or the compatibility key).
+    ack_keys: brownout_protocol::AckKeys,
     acquire: Script,
     refresh: Script,
     release: Script,
@@ -195,8 +198,8 @@ async fn timed<T>(
 }
 
 impl RedisBus {
-    /// Connects (the manager reconnects by itself afterwards). `hmac_key` is the command key;
-    /// it also seals the operator override and verifies the serving tier's acks.
+    /// Connects (the manager reconnects by itself afterwards). `plane_keys` seal the operator override
+    /// and verify the serving tier's acks (a bare byte string: the HMAC compatibility key).
     ///
     /// # Errors
     /// A bad URL or cluster name, or Redis unreachable now.
@@ -205,8 +208,9 @@ impl RedisBus {
         cluster: &str,
         replica_id: &str,
         op_timeout: Duration,
-        hmac_key: &[u8],
+        plane_keys: impl Into<brownout_protocol::PlaneKeys>,
     ) -> Result<RedisBus, RedisBusError> {
+        let pk: brownout_protocol::PlaneKeys = plane_keys.into();
         let keys = RedisKeys::new(cluster)?;
         let target = RedisTarget::parse(url)?;
         let conn = HaConnection::connect_bounded(&target, op_timeout)
@@ -220,7 +224,8 @@ impl RedisBus {
             keys,
             replica_id: replica_id.to_string(),
             op_timeout,
-            hmac_key: hmac_key.to_vec(),
+            hmac_key: pk.seal_key,
+            ack_keys: pk.acks,
             acquire: Script::new(ACQUIRE),
             refresh: Script::new(REFRESH),
             release: Script::new(RELEASE),
@@ -322,14 +327,15 @@ impl RedisBus {
         &mut self,
         epoch: u64,
         next_version: u64,
-        hmac_key: &[u8],
+        signer: impl Into<brownout_protocol::CommandSigner>,
         build: impl Fn(u64) -> Command,
     ) -> Result<PublishOutcome, RedisBusError> {
+        let signer: brownout_protocol::CommandSigner = signer.into();
         let start = Instant::now();
         let mut version = next_version.max(1);
         for _ in 0..4 {
             let command = build(version);
-            let signed = SignedCommand::sign(&command, hmac_key);
+            let signed = signer.sign(&command);
             let mut inv = self.publish.prepare_invoke();
             inv.key(self.keys.state())
                 .key(self.keys.log())
@@ -393,7 +399,7 @@ impl RedisBus {
         let m: BTreeMap<String, String> = timed(self.op_timeout, self.conn.hgetall(k)).await?;
         Ok(m.into_iter()
             .map(|(inst, v)| {
-                let e = match Ack::parse_signed(&v, &self.hmac_key, &inst) {
+                let e = match Ack::parse_signed(&v, &self.ack_keys.key_for(&inst), &inst) {
                     Ok(a) => AckEntry::Ok(a),
                     Err(AckVerifyError::Malformed(_)) => AckEntry::Malformed(v),
                     Err(AckVerifyError::Signature(e)) => AckEntry::Unverified {

@@ -3,7 +3,7 @@
 //! or Redis under the leader lease ([`Publisher`]: the connection, the lease epoch, the versions
 //! and the last publish).
 
-use brownout_protocol::{SignedCommand, now_ms};
+use brownout_protocol::now_ms;
 
 use super::bus::InProcBus;
 use super::command::{LastPublish, build_command, due};
@@ -146,7 +146,7 @@ impl InProcPublisher {
                 lease_ms,
             );
             self.next_version += 1;
-            bus.publish(SignedCommand::sign(&cmd, &cfg.hmac_key));
+            bus.publish(cfg.keys.signer.sign(&cmd));
             handle.published(&cmd, None);
             self.last = Some(LastPublish {
                 decision: decision.clone(),
@@ -201,7 +201,7 @@ impl Publisher {
             &cfg.cluster,
             &cfg.replica_id,
             cfg.redis_timeout,
-            &cfg.hmac_key,
+            &cfg.keys,
         )
         .await
         {
@@ -340,7 +340,7 @@ impl Publisher {
                 self.max_epoch_seen = self.max_epoch_seen.max(e);
                 // Continue from the tier in force rather than dropping it on failover.
                 if let Some(stored) = b.stored().await?
-                    && let Ok(cmd) = stored.verify_for(&cfg.hmac_key, &cfg.cluster)
+                    && let Ok(cmd) = cfg.keys.verifier.verify_for(&stored, &cfg.cluster)
                 {
                     self.next_version = self.next_version.max(cmd.version + 1);
                     if cmd.tier > controller.tier() && !cmd.is_expired(now) {
@@ -352,7 +352,7 @@ impl Publisher {
             } else {
                 // Follower: show the leader's command and acks.
                 if let Some(stored) = b.stored().await?
-                    && let Ok(cmd) = stored.verify_for(&cfg.hmac_key, &cfg.cluster)
+                    && let Ok(cmd) = cfg.keys.verifier.verify_for(&stored, &cfg.cluster)
                 {
                     self.max_epoch_seen = self.max_epoch_seen.max(cmd.epoch);
                     self.next_version = self.next_version.max(cmd.version + 1);
@@ -367,7 +367,7 @@ impl Publisher {
             let d = decision.clone();
             let cluster = cfg.cluster.clone();
             let out = match b
-                .publish(e, self.next_version, &cfg.hmac_key, |v| {
+                .publish(e, self.next_version, &cfg.keys.signer, |v| {
                     build_command(&d, agents, &cluster, e, v, now, lease_ms)
                 })
                 .await

@@ -57,7 +57,9 @@ pub struct PlaneOptions {
     pub slos: Vec<SloSpec>,
     pub policy: Policy,
     pub cluster: String,
-    pub command_key: Vec<u8>,
+    /// What commands are signed with ([`plane_keys`]); a bare byte string given to
+    /// [`PlaneOptions::defaults`] is the HMAC compatibility key.
+    pub keys: brownout_protocol::PlaneKeys,
     pub transport: Transport,
     /// Serve the web UI over the live components, labelled with this origin (`None`: no UI).
     pub ui: Option<crate::web::model::DataOrigin>,
@@ -79,6 +81,77 @@ pub struct PlaneOptions {
     pub trace_url: Option<String>,
 }
 
+/// The control plane's command keys (docs/SECURITY.md "Command signatures"), from the
+/// environment and the data directory:
+/// - `BROWNOUT_COMMAND_SIGNATURE=hmac` (compatibility mode): the shared `BROWNOUT_COMMAND_KEY`
+///   signs commands, seals acks and the override, as in earlier releases;
+/// - otherwise Ed25519: the private key from `BROWNOUT_COMMAND_SIGNING_KEY_FILE`, else
+///   `<data dir>/command-signing.key`, generated on first start (mode 0600) with its public half
+///   in `<data dir>/command-signing.pub` for engines on the same host; the ack master from
+///   `BROWNOUT_ACK_MASTER_KEY_FILE`, else `<data dir>/ack-master.key` (generated likewise);
+///   `BROWNOUT_COMMAND_PUBKEY` / `_FILE` add public keys this replica also accepts on stored
+///   commands (during a rotation).
+///
+/// # Errors
+/// HMAC mode without a key, an unknown scheme, or a key file that cannot be read or parsed.
+pub fn plane_keys(config: &Config) -> anyhow::Result<brownout_protocol::PlaneKeys> {
+    use brownout_protocol::command_keys as ck;
+    let var = |n: &str| std::env::var(n).ok().filter(|v| !v.trim().is_empty());
+    match var(ck::SIGNATURE_ENV).as_deref().map(str::trim) {
+        Some("hmac") => {
+            let k = config.command_key.clone().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "BROWNOUT_COMMAND_SIGNATURE=hmac needs the shared key: set BROWNOUT_COMMAND_KEY (or BROWNOUT_COMMAND_KEY_FILE, or [auth] command_key)"
+                )
+            })?;
+            tracing::warn!(
+                "commands are signed in the HMAC compatibility mode: every serving host holding the key can sign them (docs/SECURITY.md)"
+            );
+            return Ok(brownout_protocol::PlaneKeys::hmac(k.expose().as_bytes()));
+        }
+        None | Some("ed25519") => {}
+        Some(other) => anyhow::bail!("{} must be `ed25519` or `hmac`, not {other:?}", ck::SIGNATURE_ENV),
+    }
+    let (signing, ack_master) = match var(ck::SIGNING_KEY_FILE_ENV) {
+        Some(p) => {
+            let signing = ck::CommandSigningKey::load(std::path::Path::new(&p))?;
+            let ack_master = match var(ck::ACK_MASTER_FILE_ENV) {
+                Some(a) => ck::read_secret_file(std::path::Path::new(&a))?,
+                None => ck::load_or_create_in(&config.data_dir)?.ack_master,
+            };
+            (signing, ack_master)
+        }
+        None => {
+            let k = ck::load_or_create_in(&config.data_dir)?;
+            if k.created {
+                tracing::info!(
+                    dir = %config.data_dir.display(),
+                    "generated the command signing key pair and the ack master in the data directory"
+                );
+            }
+            let ack_master = match var(ck::ACK_MASTER_FILE_ENV) {
+                Some(a) => ck::read_secret_file(std::path::Path::new(&a))?,
+                None => k.ack_master,
+            };
+            (k.signing, ack_master)
+        }
+    };
+    let mut also = Vec::new();
+    if let Some(v) = var(ck::PUBKEY_ENV) {
+        also.extend(ck::parse_public_keys(&v)?);
+    }
+    if let Some(p) = var(ck::PUBKEY_FILE_ENV) {
+        also.extend(ck::parse_public_keys(&std::fs::read_to_string(&p).map_err(|e| anyhow::anyhow!("{p}: {e}"))?)?);
+    }
+    if config.command_key.is_some() {
+        tracing::warn!(
+            "BROWNOUT_COMMAND_KEY is set but unused: commands are Ed25519-signed (set BROWNOUT_COMMAND_SIGNATURE=hmac for the compatibility mode)"
+        );
+    }
+    tracing::info!(key_id = signing.id(), public_key = %signing.public(), "commands are signed with Ed25519");
+    Ok(brownout_protocol::PlaneKeys::ed25519(signing, also, &ack_master))
+}
+
 impl PlaneOptions {
     /// The embedded example SLOs and policy ([`crate::defaults`]).
     ///
@@ -86,14 +159,14 @@ impl PlaneOptions {
     /// When an embedded example does not parse (a bug caught by the tests).
     pub fn defaults(
         cluster: &str,
-        command_key: &[u8],
+        keys: impl Into<brownout_protocol::PlaneKeys>,
         transport: Transport,
     ) -> anyhow::Result<PlaneOptions> {
         Ok(PlaneOptions {
             slos: crate::defaults::slos()?,
             policy: crate::defaults::policy()?,
             cluster: cluster.to_string(),
-            command_key: command_key.to_vec(),
+            keys: keys.into(),
             transport,
             ui: Some(crate::web::model::DataOrigin::Live),
             extra: None,
@@ -112,14 +185,10 @@ impl PlaneOptions {
     /// # Errors
     /// No command key, or an SLO or policy file that cannot be read or parsed.
     pub fn from_config(config: &Config) -> anyhow::Result<PlaneOptions> {
-        let command_key = config.command_key.clone().ok_or_else(|| {
-            anyhow::anyhow!(
-                "refusing to start without the command HMAC key: set BROWNOUT_COMMAND_KEY (or BROWNOUT_COMMAND_KEY_FILE, or [auth] command_key)"
-            )
-        })?;
+        let keys = plane_keys(config)?;
         let mut opts = PlaneOptions::defaults(
             &config.cluster,
-            command_key.expose().as_bytes(),
+            keys,
             Transport::InProc(crate::degrade::InProcBus::new()),
         )?;
         opts.slos = crate::defaults::slos_or(config.slo_file.as_deref())?;
@@ -333,7 +402,7 @@ impl Plane {
             }
         }
         let slo_metrics = SloMetrics::register(registry).context("registering SLO metrics")?;
-        let mut dcfg = DegradeConfig::new(&opts.cluster, &opts.command_key, opts.policy);
+        let mut dcfg = DegradeConfig::new(&opts.cluster, opts.keys.clone(), opts.policy);
         dcfg.replica_id = opts
             .replica_id
             .clone()

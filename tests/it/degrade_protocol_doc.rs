@@ -185,3 +185,29 @@ fn every_field_is_documented() {
         );
     }
 }
+
+#[test]
+fn ed25519_signature_example_verifies() {
+    let text = blocks("text")
+        .into_iter()
+        .find(|b| b.contains("key_id "))
+        .expect("Ed25519 example block");
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+            .to_string()
+    };
+    let pk = brownout_protocol::CommandPublicKey::parse(&field("pubkey")).unwrap();
+    assert_eq!(pk.id(), field("key_id"));
+    let json = include_str!("../../protocol/fixtures/command_t2.json");
+    let v = brownout_protocol::CommandVerifier::ed25519([pk]);
+    v.verify_bytes(json.as_bytes(), &field("sig")).unwrap();
+    // The same seed signs it to the same bytes (Ed25519 is deterministic).
+    let k = brownout_protocol::CommandSigningKey::from_seed(b"brownout-test-ed25519-seed-00001");
+    assert_eq!(
+        brownout_protocol::CommandSigner::Ed25519(k).sign_bytes(json.as_bytes()),
+        field("sig")
+    );
+}

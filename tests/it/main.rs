@@ -48,6 +48,7 @@ mod store_cluster;
 mod store_logs;
 mod store_sli;
 mod tls_listeners;
+mod token_reload;
 mod web_live;
 mod web_live_source;
 mod web_logs_traces;

@@ -14,7 +14,6 @@ use brownout_serving::control::{ControlHandle, SubscriberConfig, spawn_subscribe
 use brownout_test_support::{OwnRedis, free_port, wait_for, wait_for_async};
 use serde_json::{Value, json};
 
-const KEY: &str = "first-run-command-key-0123456789";
 const ADMIN: &str = "first-run-admin-token-0123456789";
 const READ: &str = "first-run-read-token-0123456789";
 const INGEST: &str = "first-run-ingest-token-0123456789";
@@ -26,7 +25,6 @@ async fn control_plane_and_serving_tier_with_no_cluster_configured_meet_and_ack(
     let data = tempfile::tempdir().unwrap();
     let env: BTreeMap<String, String> = [
         ("REDIS_URL", redis.url()),
-        ("BROWNOUT_COMMAND_KEY", KEY.to_string()),
         ("BROWNOUT_ADMIN_TOKEN", ADMIN.to_string()),
         ("BROWNOUT_READ_TOKEN", READ.to_string()),
         ("BROWNOUT_INGEST_TOKEN", INGEST.to_string()),
@@ -49,11 +47,20 @@ async fn control_plane_and_serving_tier_with_no_cluster_configured_meet_and_ack(
     );
     let plane = Plane::from_config(config).await.unwrap();
 
-    // The serving tier exactly as brownout-serve builds it with REDIS_URL and the key, no cluster.
-    let sub =
-        SubscriberConfig::from_env(Some(redis.url()), None, Some(KEY.into()), "serve-first-run")
-            .unwrap()
-            .expect("a Redis URL gives a subscriber");
+    // The serving tier exactly as brownout-serve builds it with REDIS_URL and the control
+    // plane's data directory, no cluster and no key: it finds the public key the control plane
+    // generated there on first start, and derives its own ack key from the ack master.
+    assert!(data.path().join("command-signing.pub").exists());
+    let sub = SubscriberConfig::from_env_in(
+        Some(redis.url()),
+        None,
+        None,
+        "serve-first-run",
+        data.path(),
+    )
+    .unwrap()
+    .expect("a Redis URL gives a subscriber");
+    assert!(!sub.keys.verifier.is_hmac(), "Ed25519 by default");
     assert_eq!(sub.cluster, DEFAULT_CLUSTER, "the serving tier's default");
     let engine = ControlHandle::with_instance(&sub.cluster, "serve-first-run");
     let _subscriber = spawn_subscriber(engine.clone(), sub).await;

@@ -15,11 +15,12 @@ use super::{ControlHandle, Receipt, receive};
 pub fn spawn_inproc_subscriber(
     handle: ControlHandle,
     instance_id: String,
-    hmac_key: Vec<u8>,
+    keys: impl Into<brownout_protocol::EngineKeys>,
     mut commands: watch::Receiver<Option<SignedCommand>>,
     acks: mpsc::Sender<(String, Ack)>,
     lease_check: Duration,
 ) -> JoinHandle<()> {
+    let keys: brownout_protocol::EngineKeys = keys.into();
     handle.bind_instance(&instance_id);
     tokio::spawn(async move {
         let mut lease = tokio::time::interval(lease_check);
@@ -32,7 +33,7 @@ pub fn spawn_inproc_subscriber(
                         return;
                     }
                     let Some(signed) = commands.borrow_and_update().clone() else { continue };
-                    let ack = match receive(&handle, &hmac_key, &signed, now_ms()) {
+                    let ack = match receive(&handle, &keys.verifier, &signed, now_ms()) {
                         Receipt::Unchanged => continue,
                         Receipt::Applied { epoch, version, applied_at_ms, entry } => Ack::Applied { epoch, version, applied_at_ms, entry },
                         Receipt::Refused { reason, epoch, version, .. } => {

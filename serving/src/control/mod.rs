@@ -128,9 +128,15 @@ fn peek_order(json: &str) -> (u64, u64) {
     )
 }
 
-/// Verifies `signed` (HMAC over the exact bytes, cluster) and applies it when newer.
+/// Verifies `signed` (its signature over the exact bytes with `verifier`: Ed25519 public keys by
+/// key id, or the HMAC compatibility key; then the cluster) and applies it when newer.
 /// Refusals are counted in the handle's metrics and logged.
-pub fn receive(handle: &ControlHandle, key: &[u8], signed: &SignedCommand, now_ms: u64) -> Receipt {
+pub fn receive(
+    handle: &ControlHandle,
+    verifier: &brownout_protocol::CommandVerifier,
+    signed: &SignedCommand,
+    now_ms: u64,
+) -> Receipt {
     let refused = |reason: &'static str, detail: String, (epoch, version): (u64, u64)| {
         handle
             .metrics()
@@ -145,7 +151,7 @@ pub fn receive(handle: &ControlHandle, key: &[u8], signed: &SignedCommand, now_m
             detail,
         }
     };
-    let cmd = match signed.verify_for(key, handle.cluster()) {
+    let cmd = match verifier.verify_for(signed, handle.cluster()) {
         Ok(c) => c,
         Err(e) => {
             let reason = match &e {
@@ -153,6 +159,8 @@ pub fn receive(handle: &ControlHandle, key: &[u8], signed: &SignedCommand, now_m
                 VerifyError::BadSignature => "bad_signature",
                 VerifyError::InvalidJson(_) => "invalid_json",
                 VerifyError::WrongCluster { .. } => "wrong_cluster",
+                VerifyError::SchemeNotAccepted(_) => "scheme_not_accepted",
+                VerifyError::UnknownKey(_) => "unknown_key",
             };
             return refused(reason, e.to_string(), peek_order(&signed.json));
         }

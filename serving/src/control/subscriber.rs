@@ -19,7 +19,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use brownout_protocol::{Ack, RedisKeys, RedisTarget, SignedCommand, now_ms, parse_notify};
+use brownout_protocol::{
+    Ack, EngineKeys, RedisKeys, RedisTarget, SignedCommand, now_ms, parse_notify,
+};
 use futures::StreamExt;
 use redis::AsyncCommands;
 use tokio::task::JoinHandle;
@@ -33,8 +35,9 @@ pub struct SubscriberConfig {
     pub redis_url: String,
     /// `BROWNOUT_CLUSTER` (default `default`); must match the handle's cluster.
     pub cluster: String,
-    /// `BROWNOUT_COMMAND_KEY`: the HMAC key commands are signed with.
-    pub hmac_key: Vec<u8>,
+    /// The public keys commands are verified with and this instance's ack key (or, in the
+    /// HMAC compatibility mode, the shared `BROWNOUT_COMMAND_KEY`).
+    pub keys: EngineKeys,
     /// This instance's id in the acks hash.
     pub instance_id: String,
     /// Re-read the state at least this often even with no notification.
@@ -52,9 +55,11 @@ pub struct SubscriberConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubscriberConfigError {
     #[error(
-        "BROWNOUT_COMMAND_KEY must be set (the HMAC key commands are signed with) when REDIS_URL is set"
+        "no command public key: set BROWNOUT_COMMAND_PUBKEY or BROWNOUT_COMMAND_PUBKEY_FILE (the control plane writes its key to <data dir>/command-signing.pub), or BROWNOUT_COMMAND_SIGNATURE=hmac with BROWNOUT_COMMAND_KEY (compatibility mode), when REDIS_URL is set"
     )]
     MissingKey,
+    #[error("command keys: {0}")]
+    Keys(String),
     #[error("BROWNOUT_CLUSTER is invalid: {0}")]
     Cluster(String),
     #[error("REDIS_URL {0:?} is not a redis:// URL: {1}")]
@@ -66,13 +71,13 @@ impl SubscriberConfig {
     pub fn new(
         redis_url: &str,
         cluster: &str,
-        hmac_key: &[u8],
+        keys: impl Into<EngineKeys>,
         instance_id: &str,
     ) -> SubscriberConfig {
         SubscriberConfig {
             redis_url: redis_url.to_string(),
             cluster: cluster.to_string(),
-            hmac_key: hmac_key.to_vec(),
+            keys: keys.into(),
             instance_id: instance_id.to_string(),
             anti_entropy: Duration::from_secs(2),
             lease_check: Duration::from_millis(250),
@@ -83,8 +88,10 @@ impl SubscriberConfig {
     }
 
     /// From explicit values (flags) falling back to the environment: `REDIS_URL`,
-    /// `BROWNOUT_CLUSTER` (default `default`), `BROWNOUT_COMMAND_KEY`. `Ok(None)` when no Redis URL
-    /// is given at all (the serving tier then runs without a subscriber).
+    /// `BROWNOUT_CLUSTER` (default `default`), and the command keys of
+    /// [`EngineKeys::from_env`] (`BROWNOUT_COMMAND_PUBKEY`/`_FILE` and `BROWNOUT_ACK_KEY`/`_FILE`,
+    /// or `BROWNOUT_COMMAND_SIGNATURE=hmac` with `BROWNOUT_COMMAND_KEY`). `Ok(None)` when no Redis
+    /// URL is given at all (the serving tier then runs without a subscriber).
     ///
     /// # Errors
     /// [`SubscriberConfigError`] for a URL that does not parse, a bad cluster name, or no key.
@@ -93,6 +100,23 @@ impl SubscriberConfig {
         cluster: Option<String>,
         key: Option<String>,
         instance_id: &str,
+    ) -> Result<Option<SubscriberConfig>, SubscriberConfigError> {
+        let dir = brownout_protocol::command_keys::default_data_dir();
+        SubscriberConfig::from_env_in(redis_url, cluster, key, instance_id, &dir)
+    }
+
+    /// [`SubscriberConfig::from_env`] with the data directory (where the control plane's public
+    /// key and ack master are looked for when none is configured) given instead of
+    /// `BROWNOUT_DATA_DIR`.
+    ///
+    /// # Errors
+    /// As [`SubscriberConfig::from_env`].
+    pub fn from_env_in(
+        redis_url: Option<String>,
+        cluster: Option<String>,
+        key: Option<String>,
+        instance_id: &str,
+        data_dir: &std::path::Path,
     ) -> Result<Option<SubscriberConfig>, SubscriberConfigError> {
         let Some(url) = redis_url
             .or_else(|| std::env::var("REDIS_URL").ok())
@@ -109,14 +133,11 @@ impl SubscriberConfig {
             .map_err(|e| SubscriberConfigError::Url(url.clone(), e.to_string()))?;
         let key = key
             .or_else(|| std::env::var("BROWNOUT_COMMAND_KEY").ok())
-            .filter(|k| !k.is_empty())
+            .filter(|k| !k.is_empty());
+        let keys = EngineKeys::from_env_in(instance_id, key.as_deref(), data_dir)
+            .map_err(|e| SubscriberConfigError::Keys(e.to_string()))?
             .ok_or(SubscriberConfigError::MissingKey)?;
-        Ok(Some(SubscriberConfig::new(
-            &url,
-            &cluster,
-            key.as_bytes(),
-            instance_id,
-        )))
+        Ok(Some(SubscriberConfig::new(&url, &cluster, keys, instance_id)))
     }
 }
 
@@ -168,7 +189,7 @@ impl Session<'_> {
             json: json.clone(),
             sig: sig.clone(),
         };
-        let receipt = receive(self.handle, &self.cfg.hmac_key, &signed, now_ms());
+        let receipt = receive(self.handle, &self.cfg.keys.verifier, &signed, now_ms());
         self.ack(conn, receipt).await
     }
 
@@ -211,7 +232,7 @@ impl Session<'_> {
                 }
             }
         };
-        let signed = ack.to_signed(&self.cfg.hmac_key, &self.cfg.instance_id);
+        let signed = ack.to_signed(&self.cfg.keys.ack_key, &self.cfg.instance_id);
         *self.last_ack = Some(signed);
         self.write_last_ack(conn).await
     }
