@@ -366,20 +366,22 @@ async fn ingest(p: &Plane, spans: Vec<SpanRow>, failures: Vec<FailureEvent>) {
 /// The plane's status of the SLO once it counts `total` events from the store.
 async fn counted(p: &Plane, total: u64) -> SloStatus {
     let slo = p.slo.clone();
-    eventually_async(
-        &format!("{total} events counted from the store"),
-        Duration::from_secs(30),
-        || {
-            let slo = slo.clone();
-            async move {
-                slo.latest()
-                    .get("chat-availability")
-                    .filter(|s| s.period_events.total == total && s.source == CountSource::Store)
-                    .cloned()
-            }
-        },
-    )
-    .await
+    let last = std::sync::Mutex::new(None);
+    let got = brownout_test_support::poll(Duration::from_secs(60), || {
+        let status = slo.latest().get("chat-availability").cloned();
+        let seen = status.as_ref().map(|s| (s.period_events.total, s.source));
+        *last.lock().unwrap() = seen;
+        async move {
+            status.filter(|s| s.period_events.total == total && s.source == CountSource::Store)
+        }
+    })
+    .await;
+    got.unwrap_or_else(|| {
+        panic!(
+            "gave up waiting for {total} events counted from the store; last seen (total, source): {:?}",
+            last.lock().unwrap()
+        )
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
