@@ -97,7 +97,10 @@ pub fn command_verify(data: &[u8]) {
         assert!(signed.verify(b"another key").is_err());
         let signer = brownout_protocol::CommandSigner::Ed25519(ED.clone());
         let signed = signer.sign(&cmd);
-        assert_eq!(ed.verify(&signed).expect("own Ed25519 signature verifies"), cmd);
+        assert_eq!(
+            ed.verify(&signed).expect("own Ed25519 signature verifies"),
+            cmd
+        );
         let other = brownout_protocol::CommandSigningKey::from_seed(&[0x5b; 32]);
         assert!(
             brownout_protocol::CommandVerifier::ed25519([other.public()])

@@ -776,7 +776,10 @@ impl RawConfig {
             secret_from_env(file, env, "BROWNOUT_COMMAND_KEY", self.auth.command_key)?;
         let token_overlap = match env.var("BROWNOUT_TOKEN_OVERLAP_S") {
             Some(v) => v.trim().parse::<u64>().map_err(|e| {
-                field_err("BROWNOUT_TOKEN_OVERLAP_S", format!("{v:?} is not a number of seconds ({e})"))
+                field_err(
+                    "BROWNOUT_TOKEN_OVERLAP_S",
+                    format!("{v:?} is not a number of seconds ({e})"),
+                )
             })?,
             None => self.auth.token_overlap_s.unwrap_or(300),
         };

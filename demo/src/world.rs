@@ -198,7 +198,8 @@ impl World {
         // half and its own ack key only (docs/SECURITY.md "Command signatures").
         let signing = brownout_protocol::CommandSigningKey::generate();
         let ack_master = random_hex(32).into_bytes();
-        let plane_keys = brownout_protocol::PlaneKeys::ed25519(signing.clone(), Vec::new(), &ack_master);
+        let plane_keys =
+            brownout_protocol::PlaneKeys::ed25519(signing.clone(), Vec::new(), &ack_master);
         let engine_keys = |id: &str| brownout_protocol::EngineKeys {
             verifier: brownout_protocol::CommandVerifier::ed25519([signing.public()]),
             ack_key: brownout_protocol::command_keys::derive_ack_key(&ack_master, id),

@@ -163,7 +163,11 @@ pub struct CommandSigningKey {
 
 impl fmt::Debug for CommandSigningKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CommandSigningKey(id {}, private half redacted)", self.id)
+        write!(
+            f,
+            "CommandSigningKey(id {}, private half redacted)",
+            self.id
+        )
     }
 }
 
@@ -265,7 +269,10 @@ pub fn load_or_create_in(dir: &Path) -> Result<DataDirKeys, KeyError> {
         std::fs::write(&pubf, &pub_text).map_err(|e| io_err(&pubf, &e))?;
     }
     if !am.exists() {
-        let _ = write_private(&am, &format!("{}\n", hex::encode(rand::random::<[u8; 32]>())));
+        let _ = write_private(
+            &am,
+            &format!("{}\n", hex::encode(rand::random::<[u8; 32]>())),
+        );
     }
     let ack_master = read_secret_file(&am)?;
     Ok(DataDirKeys {
@@ -289,9 +296,12 @@ pub fn read_secret_file(path: &Path) -> Result<Vec<u8>, KeyError> {
 /// # Errors
 /// [`KeyError::Secret`] when not 32 bytes of hex.
 pub fn parse_secret(text: &str) -> Result<Vec<u8>, KeyError> {
-    hex32(text)
-        .map(|b| b.to_vec())
-        .ok_or_else(|| KeyError::Secret(format!("{}…", text.trim().chars().take(8).collect::<String>())))
+    hex32(text).map(|b| b.to_vec()).ok_or_else(|| {
+        KeyError::Secret(format!(
+            "{}…",
+            text.trim().chars().take(8).collect::<String>()
+        ))
+    })
 }
 
 /// Signs commands: the control plane's Ed25519 key, or the HMAC compatibility key.
@@ -458,7 +468,9 @@ impl CommandVerifier {
         if self.hmac.is_some() {
             return Err(VerifyError::SchemeNotAccepted("ed25519"));
         }
-        let (id, sig_hex) = rest.split_once(':').ok_or(VerifyError::MalformedSignature)?;
+        let (id, sig_hex) = rest
+            .split_once(':')
+            .ok_or(VerifyError::MalformedSignature)?;
         let bytes: [u8; 64] = hex::decode(sig_hex)
             .ok()
             .and_then(|b| b.try_into().ok())
@@ -609,7 +621,10 @@ impl EngineKeys {
     /// # Errors
     /// [`KeyError`] for a bad scheme name, a malformed key, an unreadable file, or (Ed25519) a
     /// public key found but no ack key.
-    pub fn from_env(instance: &str, hmac_key: Option<&str>) -> Result<Option<EngineKeys>, KeyError> {
+    pub fn from_env(
+        instance: &str,
+        hmac_key: Option<&str>,
+    ) -> Result<Option<EngineKeys>, KeyError> {
         EngineKeys::from_env_in(instance, hmac_key, &default_data_dir())
     }
 
@@ -722,7 +737,10 @@ mod tests {
         let k = CommandSigningKey::from_seed(SEED);
         assert_eq!(k.public().to_string(), ED_PUB.trim());
         assert_eq!(k.id(), "9c50865cf054c1c8");
-        assert_eq!(CommandSigner::Ed25519(k).sign_bytes(JSON.as_bytes()), ED_SIG.trim());
+        assert_eq!(
+            CommandSigner::Ed25519(k).sign_bytes(JSON.as_bytes()),
+            ED_SIG.trim()
+        );
         let v = CommandVerifier::ed25519([CommandPublicKey::parse(ED_PUB).unwrap()]);
         v.verify_bytes(JSON.as_bytes(), ED_SIG).unwrap();
     }
@@ -732,18 +750,28 @@ mod tests {
         let a = CommandSigningKey::from_seed(&[1; 32]);
         let b = CommandSigningKey::from_seed(&[2; 32]);
         let s = CommandSigner::Ed25519(a.clone()).sign(&cmd());
-        assert!(s.sig.starts_with(&format!("ed25519:{}:", a.id())), "{}", s.sig);
+        assert!(
+            s.sig.starts_with(&format!("ed25519:{}:", a.id())),
+            "{}",
+            s.sig
+        );
         let only_a = CommandVerifier::ed25519([a.public()]);
         assert_eq!(only_a.verify(&s).unwrap(), cmd());
         // Signed by another key: its id is not listed.
         let sb = CommandSigner::Ed25519(b.clone()).sign(&cmd());
-        assert!(matches!(only_a.verify(&sb), Err(VerifyError::UnknownKey(_))));
+        assert!(matches!(
+            only_a.verify(&sb),
+            Err(VerifyError::UnknownKey(_))
+        ));
         // Another key's signature relabelled with a listed id: refused.
         let relabelled = SignedCommand {
             json: sb.json.clone(),
             sig: sb.sig.replace(b.id(), a.id()),
         };
-        assert!(matches!(only_a.verify(&relabelled), Err(VerifyError::BadSignature)));
+        assert!(matches!(
+            only_a.verify(&relabelled),
+            Err(VerifyError::BadSignature)
+        ));
         // Both listed (rotation): both verify.
         let both = CommandVerifier::ed25519([a.public(), b.public()]);
         both.verify(&s).unwrap();
@@ -779,9 +807,17 @@ mod tests {
     #[test]
     fn malformed_signatures_are_errors() {
         let v = CommandVerifier::ed25519([CommandSigningKey::from_seed(&[1; 32]).public()]);
-        for sig in ["ed25519:", "ed25519:abc", "ed25519:abc:zz", "ed25519:abc:0011"] {
+        for sig in [
+            "ed25519:",
+            "ed25519:abc",
+            "ed25519:abc:zz",
+            "ed25519:abc:0011",
+        ] {
             assert!(
-                matches!(v.verify_bytes(b"{}", sig), Err(VerifyError::MalformedSignature)),
+                matches!(
+                    v.verify_bytes(b"{}", sig),
+                    Err(VerifyError::MalformedSignature)
+                ),
                 "{sig}"
             );
         }
@@ -790,7 +826,10 @@ mod tests {
     #[test]
     fn public_keys_parse_and_print() {
         let k = CommandSigningKey::from_seed(&[7; 32]).public();
-        let text = format!("# rotation\n{k}  # new\n{}\n", CommandSigningKey::from_seed(&[8; 32]).public());
+        let text = format!(
+            "# rotation\n{k}  # new\n{}\n",
+            CommandSigningKey::from_seed(&[8; 32]).public()
+        );
         let ks = parse_public_keys(&text).unwrap();
         assert_eq!(ks.len(), 2);
         assert_eq!(ks[0], k);
@@ -836,11 +875,17 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt as _;
-            let mode = std::fs::metadata(dir.join(SIGNING_KEY_FILE)).unwrap().permissions().mode();
+            let mode = std::fs::metadata(dir.join(SIGNING_KEY_FILE))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o077, 0, "{mode:o}");
         }
         std::fs::write(dir.join(SIGNING_KEY_FILE), "nothex").unwrap();
-        assert!(matches!(load_or_create_in(&dir), Err(KeyError::PrivateKey(_))));
+        assert!(matches!(
+            load_or_create_in(&dir),
+            Err(KeyError::PrivateKey(_))
+        ));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -199,12 +199,19 @@ async fn only_the_control_planes_private_key_commands_every_engine() {
     let signer = CommandSigner::Ed25519(plane.clone());
 
     let good = signer.sign(&command(&cl, 1, Tier::T1));
-    assert_applied(&put_and_wait(&cl, &good, 1, &acks, &both).await, "plane-signed");
+    assert_applied(
+        &put_and_wait(&cl, &good, 1, &acks, &both).await,
+        "plane-signed",
+    );
 
     // Another Ed25519 key (an attacker's, or a key no longer listed): its key id is unknown.
     let other = CommandSigningKey::generate();
     let s = CommandSigner::Ed25519(other.clone()).sign(&command(&cl, 2, Tier::T3));
-    assert_refused(&put_and_wait(&cl, &s, 2, &acks, &both).await, "unknown_key", "other key");
+    assert_refused(
+        &put_and_wait(&cl, &s, 2, &acks, &both).await,
+        "unknown_key",
+        "other key",
+    );
 
     // The same signature relabelled with the control plane's key id.
     let relabelled = SignedCommand {
@@ -219,8 +226,8 @@ async fn only_the_control_planes_private_key_commands_every_engine() {
 
     // Signed with an engine's own key (what a compromised engine holds), in the only scheme
     // that key could sign: HMAC. Refused by every engine, the signer's own included.
-    let by_engine = CommandSigner::Hmac(derive_ack_key(&master, "e1"))
-        .sign(&command(&cl, 4, Tier::T3));
+    let by_engine =
+        CommandSigner::Hmac(derive_ack_key(&master, "e1")).sign(&command(&cl, 4, Tier::T3));
     assert_refused(
         &put_and_wait(&cl, &by_engine, 4, &acks, &both).await,
         "scheme_not_accepted",
@@ -241,7 +248,10 @@ async fn only_the_control_planes_private_key_commands_every_engine() {
 
     // Plane-signed commands still flow; replaying an old one, validly signed, is refused.
     let good6 = signer.sign(&command(&cl, 6, Tier::T2));
-    assert_applied(&put_and_wait(&cl, &good6, 6, &acks, &both).await, "plane-signed again");
+    assert_applied(
+        &put_and_wait(&cl, &good6, 6, &acks, &both).await,
+        "plane-signed again",
+    );
     assert_refused(
         &put_and_wait(&cl, &good, 1, &acks, &both).await,
         "older_version",
@@ -283,10 +293,17 @@ async fn two_public_keys_keep_commands_flowing_through_a_rotation() {
     assert_applied(&put_and_wait(&cl, &s, 2, &acks, &both).await, "new key");
     // A replica still on the old key (mid-rollout) is accepted too.
     let s = CommandSigner::Ed25519(old).sign(&command(&cl, 3, Tier::T1));
-    assert_applied(&put_and_wait(&cl, &s, 3, &acks, &both).await, "old key again");
+    assert_applied(
+        &put_and_wait(&cl, &s, 3, &acks, &both).await,
+        "old key again",
+    );
     // An unlisted key is not.
     let s = CommandSigner::Ed25519(CommandSigningKey::generate()).sign(&command(&cl, 4, Tier::T3));
-    assert_refused(&put_and_wait(&cl, &s, 4, &acks, &both).await, "unknown_key", "unlisted");
+    assert_refused(
+        &put_and_wait(&cl, &s, 4, &acks, &both).await,
+        "unknown_key",
+        "unlisted",
+    );
 }
 
 /// An engine with a public key but no ack key (and nothing in its data directory) refuses to

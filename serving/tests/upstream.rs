@@ -82,9 +82,9 @@ impl Server {
                 cmd.args(["--redis-url", &redis_url(), "--cluster", s.cluster])
                     .args(["--instance-id", s.instance])
                     .env("BROWNOUT_COMMAND_KEY", KEY)
-            // The HMAC compatibility mode, chosen explicitly (serving/tests/command_keys_process.rs
-            // covers the Ed25519 default).
-            .env("BROWNOUT_COMMAND_SIGNATURE", "hmac");
+                    // The HMAC compatibility mode, chosen explicitly (serving/tests/command_keys_process.rs
+                    // covers the Ed25519 default).
+                    .env("BROWNOUT_COMMAND_SIGNATURE", "hmac");
                 s.instance.to_string()
             }
             None => format!("brownout-serve-{port}"),

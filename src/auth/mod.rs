@@ -131,9 +131,7 @@ impl Tokens {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let changed: Vec<Role> = [Role::Ingest, Role::Read, Role::Admin]
             .into_iter()
-            .filter(|r| {
-                g.current.get(*r).map(Secret::expose) != next.get(*r).map(Secret::expose)
-            })
+            .filter(|r| g.current.get(*r).map(Secret::expose) != next.get(*r).map(Secret::expose))
             .collect();
         if changed.is_empty() {
             return changed;
@@ -270,7 +268,10 @@ mod tests {
         assert!(shared.allows(Role::Ingest, "ingest-new-aaaaaaaa"));
         assert!(shared.allows(Role::Ingest, "ingest-aaaaaaaaaaaa"));
         assert!(shared.allows(Role::Admin, "admin-cccccccccccc"));
-        assert_eq!(shared.get(Role::Admin).unwrap().expose(), "admin-new-cccccccc");
+        assert_eq!(
+            shared.get(Role::Admin).unwrap().expose(),
+            "admin-new-cccccccc"
+        );
         // No overlap: the old ones are refused at once.
         let t2 = tokens();
         t2.replace(&next, std::time::Duration::ZERO);

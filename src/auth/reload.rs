@@ -39,7 +39,11 @@ fn snapshot(files: &[PathBuf]) -> Vec<Vec<u8>> {
 }
 
 /// Loads the config again and swaps its tokens in. Returns whether any token changed.
-pub fn reload_once(tokens: &Tokens, config_path: Option<&std::path::Path>, overlap: Duration) -> bool {
+pub fn reload_once(
+    tokens: &Tokens,
+    config_path: Option<&std::path::Path>,
+    overlap: Duration,
+) -> bool {
     let cfg = match Config::load(config_path).and_then(|c| c.require_tokens().map(|()| c)) {
         Ok(c) => c,
         Err(e) => {
@@ -53,7 +57,11 @@ pub fn reload_once(tokens: &Tokens, config_path: Option<&std::path::Path>, overl
         false
     } else {
         let roles: Vec<&str> = changed.iter().map(|r| r.as_str()).collect();
-        tracing::info!(?roles, overlap_s = overlap.as_secs(), "tokens reloaded; the replaced ones are accepted for the overlap");
+        tracing::info!(
+            ?roles,
+            overlap_s = overlap.as_secs(),
+            "tokens reloaded; the replaced ones are accepted for the overlap"
+        );
         true
     }
 }
@@ -98,7 +106,8 @@ pub fn spawn(
                 last = now;
                 let t = tokens.clone();
                 let p = config_path.clone();
-                let _ = tokio::task::spawn_blocking(move || reload_once(&t, p.as_deref(), overlap)).await;
+                let _ = tokio::task::spawn_blocking(move || reload_once(&t, p.as_deref(), overlap))
+                    .await;
             }
         }
     })

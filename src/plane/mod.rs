@@ -110,7 +110,10 @@ pub fn plane_keys(config: &Config) -> anyhow::Result<brownout_protocol::PlaneKey
             return Ok(brownout_protocol::PlaneKeys::hmac(k.expose().as_bytes()));
         }
         None | Some("ed25519") => {}
-        Some(other) => anyhow::bail!("{} must be `ed25519` or `hmac`, not {other:?}", ck::SIGNATURE_ENV),
+        Some(other) => anyhow::bail!(
+            "{} must be `ed25519` or `hmac`, not {other:?}",
+            ck::SIGNATURE_ENV
+        ),
     }
     let (signing, ack_master) = match var(ck::SIGNING_KEY_FILE_ENV) {
         Some(p) => {
@@ -141,7 +144,9 @@ pub fn plane_keys(config: &Config) -> anyhow::Result<brownout_protocol::PlaneKey
         also.extend(ck::parse_public_keys(&v)?);
     }
     if let Some(p) = var(ck::PUBKEY_FILE_ENV) {
-        also.extend(ck::parse_public_keys(&std::fs::read_to_string(&p).map_err(|e| anyhow::anyhow!("{p}: {e}"))?)?);
+        also.extend(ck::parse_public_keys(
+            &std::fs::read_to_string(&p).map_err(|e| anyhow::anyhow!("{p}: {e}"))?,
+        )?);
     }
     if config.command_key.is_some() {
         tracing::warn!(
@@ -149,7 +154,11 @@ pub fn plane_keys(config: &Config) -> anyhow::Result<brownout_protocol::PlaneKey
         );
     }
     tracing::info!(key_id = signing.id(), public_key = %signing.public(), "commands are signed with Ed25519");
-    Ok(brownout_protocol::PlaneKeys::ed25519(signing, also, &ack_master))
+    Ok(brownout_protocol::PlaneKeys::ed25519(
+        signing,
+        also,
+        &ack_master,
+    ))
 }
 
 impl PlaneOptions {

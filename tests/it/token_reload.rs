@@ -120,9 +120,14 @@ async fn a_changed_token_file_rotates_the_token_and_the_old_one_overlaps() {
     let s = Serve::start(&dir, 3600).await;
     assert_eq!(s.status(READ_B).await, Some(401), "B before the rotation");
     std::fs::write(&s.read_file, format!("{READ_B}\n")).unwrap();
-    s.wait_status(READ_B, 200, "new token after the file changed").await;
+    s.wait_status(READ_B, 200, "new token after the file changed")
+        .await;
     // Within the overlap the old token is still accepted: clients switch without a 401.
-    assert_eq!(s.status(READ_A).await, Some(200), "old token during the overlap");
+    assert_eq!(
+        s.status(READ_A).await,
+        Some(200),
+        "old token during the overlap"
+    );
     assert_eq!(s.status("read-token-never-issued-xxxx").await, Some(401));
     // A bad reload (token too short) changes nothing.
     std::fs::write(&s.read_file, "short\n").unwrap();
@@ -132,7 +137,11 @@ async fn a_changed_token_file_rotates_the_token_and_the_old_one_overlaps() {
         assert!(start.elapsed() < Duration::from_secs(30), "{}", s.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(s.status(READ_B).await, Some(200), "kept after a failed reload");
+    assert_eq!(
+        s.status(READ_B).await,
+        Some(200),
+        "kept after a failed reload"
+    );
     assert_eq!(s.status("short").await, Some(401));
     // Still running (SIGHUP does not end the process).
     assert!(matches!(
@@ -149,6 +158,10 @@ async fn sighup_reloads_and_without_overlap_the_old_token_is_refused() {
     std::fs::write(&s.read_file, format!("{READ_B}\n")).unwrap();
     s.hup();
     s.wait_status(READ_B, 200, "new token after SIGHUP").await;
-    assert_eq!(s.status(READ_A).await, Some(401), "no overlap: old token refused");
+    assert_eq!(
+        s.status(READ_A).await,
+        Some(401),
+        "no overlap: old token refused"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

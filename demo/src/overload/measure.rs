@@ -8,7 +8,6 @@ use brownout::loadgen::LoadReport;
 use brownout_protocol::Criticality;
 use serde::Serialize;
 
-
 use super::cli::*;
 
 /// The load shape in seconds from the start of a run.

@@ -40,7 +40,6 @@ use std::collections::BTreeMap;
 use anyhow::Context as _;
 use brownout::loadgen::Deadlines;
 
-
 /// Runs the benchmark; the last stdout line is `{"baseline": {...}, "loop_off": {...}, "loop_on": {...}}`.
 ///
 /// # Errors

@@ -1,8 +1,5 @@
 //! The results: the Markdown table, the summary JSON, the machine's load average.
 
-
-
-
 use super::cli::*;
 use super::measure::*;
 

@@ -137,7 +137,12 @@ impl SubscriberConfig {
         let keys = EngineKeys::from_env_in(instance_id, key.as_deref(), data_dir)
             .map_err(|e| SubscriberConfigError::Keys(e.to_string()))?
             .ok_or(SubscriberConfigError::MissingKey)?;
-        Ok(Some(SubscriberConfig::new(&url, &cluster, keys, instance_id)))
+        Ok(Some(SubscriberConfig::new(
+            &url,
+            &cluster,
+            keys,
+            instance_id,
+        )))
     }
 }
 
