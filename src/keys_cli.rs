@@ -5,8 +5,11 @@
 //!   `command-signing.pub` and `ack-master.key` in the data directory; prints the public key.
 //! - `brownout keys public [--dir D]`: prints the public key (what engines list in
 //!   `BROWNOUT_COMMAND_PUBKEY`).
-//! - `brownout keys ack-key --instance ID [--dir D]`: prints that instance's ack key (its
-//!   `BROWNOUT_ACK_KEY`), derived from the ack master; it seals that instance's acks only.
+//! - `brownout keys ack-key --instance ID [--dir D] [--out FILE]`: prints that instance's ack key
+//!   (its `BROWNOUT_ACK_KEY`), derived from the ack master; it seals that instance's acks only.
+//!   With `--out` the key is written to FILE (mode 0600, replaced if present) instead: what a
+//!   Kubernetes init container does for its pod, so the engine's own container never sees the
+//!   ack master (deploy/kubernetes, docs/SECURITY.md).
 
 use std::path::PathBuf;
 
@@ -31,6 +34,10 @@ enum KeysCmd {
         instance: String,
         #[command(flatten)]
         dir: DirArg,
+        /// Write the key to this file (mode 0600, replaced if present; for `BROWNOUT_ACK_KEY_FILE`)
+        /// instead of printing it.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -62,10 +69,45 @@ pub fn run(a: &KeysArgs) -> anyhow::Result<()> {
             };
             println!("{}", k.public());
         }
-        KeysCmd::AckKey { instance, dir } => {
+        KeysCmd::AckKey { instance, dir, out } => {
+            anyhow::ensure!(!instance.trim().is_empty(), "--instance must not be empty");
             let m = ck::read_secret_file(&dir.path().join(ck::ACK_MASTER_FILE))?;
-            println!("{}", hex::encode(ck::derive_ack_key(&m, instance)));
+            let key = hex::encode(ck::derive_ack_key(&m, instance));
+            match out {
+                None => println!("{key}"),
+                Some(path) => {
+                    write_key_file(path, &key)?;
+                    eprintln!("wrote the ack key of {instance} to {}", path.display());
+                }
+            }
         }
     }
     Ok(())
+}
+
+/// Writes `key` and a newline to `path` with mode 0600 (through a temporary file in the same
+/// folder, renamed over `path`: an init container that runs again leaves a whole key).
+fn write_key_file(path: &std::path::Path, key: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name()
+            .map_or_else(|| "ack.key".into(), |n| n.to_string_lossy())
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    let mut f = o
+        .open(&tmp)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", tmp.display()))?;
+    f.write_all(format!("{key}\n").as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }

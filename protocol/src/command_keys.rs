@@ -25,6 +25,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use ed25519_dalek::{Signer as _, SigningKey, Verifier as _, VerifyingKey};
 use hmac::{Hmac, Mac};
@@ -42,12 +45,22 @@ const COMMAND_DOMAIN: &[u8] = b"brownout-command-ed25519\n";
 pub const SIGNATURE_ENV: &str = "BROWNOUT_COMMAND_SIGNATURE";
 /// Environment: accepted command public keys, comma- or whitespace-separated.
 pub const PUBKEY_ENV: &str = "BROWNOUT_COMMAND_PUBKEY";
-/// Environment: a file of accepted command public keys, one a line (`#` comments).
+/// Environment: a file of accepted command public keys, one a line (`#` comments). Read again
+/// when it changes (checked at most once a second, when a command is verified) and on
+/// [`request_key_reload`] (SIGHUP); a key dropped from it stays accepted for
+/// [`PUBKEY_OVERLAP_ENV`].
 pub const PUBKEY_FILE_ENV: &str = "BROWNOUT_COMMAND_PUBKEY_FILE";
+/// Environment: seconds a public key removed from the key file stays accepted (default 300).
+pub const PUBKEY_OVERLAP_ENV: &str = "BROWNOUT_COMMAND_PUBKEY_OVERLAP_S";
+/// The default of [`PUBKEY_OVERLAP_ENV`].
+pub const DEFAULT_PUBKEY_OVERLAP: std::time::Duration = std::time::Duration::from_secs(300);
 /// Environment: the control plane's private signing key file (64 hex digits, the seed).
 pub const SIGNING_KEY_FILE_ENV: &str = "BROWNOUT_COMMAND_SIGNING_KEY_FILE";
 /// Environment: an engine's own ack key (64 hex digits), or `_FILE` naming a file holding it.
 pub const ACK_KEY_ENV: &str = "BROWNOUT_ACK_KEY";
+/// Environment: a file holding the engine's own ack key (64 hex digits), as
+/// `brownout keys ack-key --out` writes it.
+pub const ACK_KEY_FILE_ENV: &str = "BROWNOUT_ACK_KEY_FILE";
 /// Environment: the control plane's ack master key file (64 hex digits).
 pub const ACK_MASTER_FILE_ENV: &str = "BROWNOUT_ACK_MASTER_KEY_FILE";
 
@@ -389,6 +402,107 @@ impl From<CommandSigningKey> for CommandSigner {
 pub struct CommandVerifier {
     keys: BTreeMap<String, VerifyingKey>,
     hmac: Option<Vec<u8>>,
+    /// Keys from a file, read again when it changes (shared by the clones).
+    file: Option<Arc<KeyFile>>,
+}
+
+/// Bumped by [`request_key_reload`]: every key file is read again at its next use.
+static RELOAD_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Asks every [`CommandVerifier`] with a key file to read it again at its next verification
+/// (the serving tier calls this on SIGHUP).
+pub fn request_key_reload() {
+    RELOAD_GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A public-key file and what was last read from it.
+struct KeyFile {
+    path: PathBuf,
+    overlap: Duration,
+    state: Mutex<KeyFileState>,
+}
+
+struct KeyFileState {
+    checked: Instant,
+    generation: u64,
+    text: String,
+    keys: BTreeMap<String, VerifyingKey>,
+    /// Keys dropped from the file, accepted until the instant given.
+    retired: BTreeMap<String, (VerifyingKey, Instant)>,
+}
+
+/// How often a key file is compared with what was read (at most; only when a command arrives).
+const KEY_FILE_CHECK: Duration = Duration::from_secs(1);
+
+impl KeyFile {
+    /// The key `id`, after reading the file again if it is due.
+    fn get(&self, id: &str) -> Option<VerifyingKey> {
+        let mut st = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let generation = RELOAD_GENERATION.load(Ordering::Relaxed);
+        let now = Instant::now();
+        if generation != st.generation || now.duration_since(st.checked) >= KEY_FILE_CHECK {
+            st.generation = generation;
+            st.checked = now;
+            self.reread(&mut st, now);
+        }
+        st.retired.retain(|_, (_, until)| *until > now);
+        st.keys
+            .get(id)
+            .copied()
+            .or_else(|| st.retired.get(id).map(|(k, _)| *k))
+    }
+
+    fn reread(&self, st: &mut KeyFileState, now: Instant) {
+        let text = match read_small(&self.path) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "command public-key file unreadable; the keys read before stay in use");
+                return;
+            }
+        };
+        if text == st.text {
+            return;
+        }
+        let keys: BTreeMap<String, VerifyingKey> = match parse_public_keys(&text) {
+            Ok(v) => v.into_iter().map(|k| (k.id, k.key)).collect(),
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "command public-key file does not parse; the keys read before stay in use");
+                return;
+            }
+        };
+        let until = now + self.overlap;
+        for (id, k) in &st.keys {
+            if !keys.contains_key(id) {
+                st.retired.insert(id.clone(), (*k, until));
+            }
+        }
+        for id in keys.keys() {
+            st.retired.remove(id);
+        }
+        tracing::info!(
+            path = %self.path.display(),
+            key_ids = ?keys.keys().collect::<Vec<_>>(),
+            retired = ?st.retired.keys().collect::<Vec<_>>(),
+            overlap_s = self.overlap.as_secs(),
+            "command public keys reloaded"
+        );
+        st.text = text;
+        st.keys = keys;
+    }
+}
+
+/// A key file's text, at most 1 MiB.
+fn read_small(path: &Path) -> Result<String, KeyError> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path).map_err(|e| io_err(path, &e))?;
+    let mut s = String::new();
+    f.take(1 << 20)
+        .read_to_string(&mut s)
+        .map_err(|e| io_err(path, &e))?;
+    Ok(s)
 }
 
 impl fmt::Debug for CommandVerifier {
@@ -406,6 +520,7 @@ impl CommandVerifier {
         CommandVerifier {
             keys: keys.into_iter().map(|k| (k.id, k.key)).collect(),
             hmac: None,
+            file: None,
         }
     }
     /// Compatibility mode: accepts HMAC-SHA256 signatures with `key` only.
@@ -413,15 +528,60 @@ impl CommandVerifier {
         CommandVerifier {
             keys: BTreeMap::new(),
             hmac: Some(key.to_vec()),
+            file: None,
         }
+    }
+    /// Also accepts the keys of the file at `path` (one a line), read now and again whenever it
+    /// changes (compared at most once a second, when a command is verified, and at once after
+    /// [`request_key_reload`]). A key dropped from the file stays accepted for `overlap`; a file
+    /// that becomes unreadable or malformed leaves the keys read before in use.
+    ///
+    /// # Errors
+    /// The file cannot be read or does not parse now.
+    pub fn with_key_file(
+        mut self,
+        path: &Path,
+        overlap: Duration,
+    ) -> Result<CommandVerifier, KeyError> {
+        let text = read_small(path)?;
+        let keys = parse_public_keys(&text)?
+            .into_iter()
+            .map(|k| (k.id, k.key))
+            .collect();
+        self.file = Some(Arc::new(KeyFile {
+            path: path.to_path_buf(),
+            overlap,
+            state: Mutex::new(KeyFileState {
+                checked: Instant::now(),
+                generation: RELOAD_GENERATION.load(Ordering::Relaxed),
+                text,
+                keys,
+                retired: BTreeMap::new(),
+            }),
+        }));
+        Ok(self)
     }
     /// Adds an accepted public key (rotation: old and new accepted together).
     pub fn add(&mut self, k: CommandPublicKey) {
         self.keys.insert(k.id, k.key);
     }
-    /// The accepted key ids.
-    pub fn key_ids(&self) -> impl Iterator<Item = &str> {
-        self.keys.keys().map(String::as_str)
+    /// The accepted key ids: the fixed ones, then the key file's as last read (without the
+    /// retired ones still in their overlap).
+    pub fn key_ids(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.keys.keys().cloned().collect();
+        if let Some(f) = &self.file {
+            let st = f
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            v.extend(
+                st.keys
+                    .keys()
+                    .filter(|k| !self.keys.contains_key(*k))
+                    .cloned(),
+            );
+        }
+        v
     }
     pub fn is_hmac(&self) -> bool {
         self.hmac.is_some()
@@ -478,6 +638,8 @@ impl CommandVerifier {
         let key = self
             .keys
             .get(id)
+            .copied()
+            .or_else(|| self.file.as_ref().and_then(|f| f.get(id)))
             .ok_or_else(|| VerifyError::UnknownKey(id.chars().take(32).collect()))?;
         let mut msg = Vec::with_capacity(COMMAND_DOMAIN.len() + id.len() + 1 + json.len());
         msg.extend_from_slice(COMMAND_DOMAIN);
@@ -651,23 +813,35 @@ impl EngineKeys {
         if let Some(v) = var(PUBKEY_ENV) {
             keys.extend(parse_public_keys(&v)?);
         }
-        if let Some(p) = var(PUBKEY_FILE_ENV) {
-            let p = PathBuf::from(p);
-            let t = std::fs::read_to_string(&p).map_err(|e| io_err(&p, &e))?;
-            keys.extend(parse_public_keys(&t)?);
+        let key_file = var(PUBKEY_FILE_ENV).map(PathBuf::from);
+        let overlap = match var(PUBKEY_OVERLAP_ENV) {
+            None => DEFAULT_PUBKEY_OVERLAP,
+            Some(v) => Duration::from_secs(v.trim().parse().map_err(|_| {
+                KeyError::Io(
+                    PUBKEY_OVERLAP_ENV.into(),
+                    format!("not a number of seconds: {v:?}"),
+                )
+            })?),
+        };
+        let mut verifier = CommandVerifier::ed25519(Vec::new());
+        if let Some(p) = &key_file {
+            verifier = verifier.with_key_file(p, overlap)?;
         }
-        if keys.is_empty() {
+        if keys.is_empty() && key_file.is_none() {
             let p = dir.join(PUBLIC_KEY_FILE);
             if let Ok(t) = std::fs::read_to_string(&p) {
                 keys.extend(parse_public_keys(&t)?);
             }
         }
-        if keys.is_empty() {
+        if keys.is_empty() && verifier.key_ids().is_empty() {
             return Ok(None);
+        }
+        for k in keys {
+            verifier.add(k);
         }
         let ack_key = if let Some(k) = var(ACK_KEY_ENV) {
             parse_secret(&k)?
-        } else if let Some(p) = var(&format!("{ACK_KEY_ENV}_FILE")) {
+        } else if let Some(p) = var(ACK_KEY_FILE_ENV) {
             read_secret_file(Path::new(&p))?
         } else {
             let p = dir.join(ACK_MASTER_FILE);
@@ -679,10 +853,7 @@ impl EngineKeys {
             }
             derive_ack_key(&read_secret_file(&p)?, instance)
         };
-        Ok(Some(EngineKeys {
-            verifier: CommandVerifier::ed25519(keys),
-            ack_key,
-        }))
+        Ok(Some(EngineKeys { verifier, ack_key }))
     }
 }
 
@@ -731,6 +902,61 @@ mod tests {
     const SEED: &[u8; 32] = b"brownout-test-ed25519-seed-00001";
     const ED_SIG: &str = include_str!("../fixtures/command_t2.ed25519.sig");
     const ED_PUB: &str = include_str!("../fixtures/command_t2.ed25519.pub");
+
+    /// A key file rotated under a running verifier: the new key is accepted at once after a
+    /// reload request, the dropped one for the overlap only, and a broken file changes nothing.
+    #[test]
+    fn a_changed_key_file_rotates_the_accepted_keys_with_an_overlap() {
+        let dir = std::env::temp_dir().join(format!(
+            "brownout-keyfile-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("command-signing.pub");
+        let (a, b) = (CommandSigningKey::generate(), CommandSigningKey::generate());
+        let sign =
+            |k: &CommandSigningKey| CommandSigner::Ed25519(k.clone()).sign_bytes(JSON.as_bytes());
+        std::fs::write(&path, format!("# the old key\n{}\n", a.public())).unwrap();
+        let long = CommandVerifier::ed25519([])
+            .with_key_file(&path, Duration::from_secs(3600))
+            .unwrap();
+        let none = CommandVerifier::ed25519([])
+            .with_key_file(&path, Duration::ZERO)
+            .unwrap();
+        for v in [&long, &none] {
+            v.verify_bytes(JSON.as_bytes(), &sign(&a)).unwrap();
+            assert!(matches!(
+                v.verify_bytes(JSON.as_bytes(), &sign(&b)),
+                Err(VerifyError::UnknownKey(_))
+            ));
+        }
+        // The file now lists only b (a ConfigMap update): b at once, a for the overlap only.
+        std::fs::write(&path, format!("{}\n", b.public())).unwrap();
+        request_key_reload();
+        for v in [&long, &none] {
+            v.verify_bytes(JSON.as_bytes(), &sign(&b)).unwrap();
+        }
+        long.verify_bytes(JSON.as_bytes(), &sign(&a)).unwrap();
+        assert!(matches!(
+            none.verify_bytes(JSON.as_bytes(), &sign(&a)),
+            Err(VerifyError::UnknownKey(_))
+        ));
+        assert_eq!(none.key_ids(), vec![b.id().to_string()]);
+        // A clone shares the file (the subscriber clones its config).
+        let clone = none.clone();
+        clone.verify_bytes(JSON.as_bytes(), &sign(&b)).unwrap();
+        // A malformed file leaves the keys read before in use.
+        std::fs::write(&path, "ed25519:not-a-key\n").unwrap();
+        request_key_reload();
+        none.verify_bytes(JSON.as_bytes(), &sign(&b)).unwrap();
+        // Unchanged files are compared at most once a second, so without a request the change
+        // shows after that second.
+        std::fs::write(&path, format!("{}\n", a.public())).unwrap();
+        std::thread::sleep(KEY_FILE_CHECK + Duration::from_millis(50));
+        none.verify_bytes(JSON.as_bytes(), &sign(&a)).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn known_answer_ed25519_signature_matches_fixture() {

@@ -65,10 +65,30 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("tokio runtime")?;
-            let r = rt.block_on(serve::run(cli.serve, brownout_net::shutdown_signal()));
+            let r = rt.block_on(async {
+                reload_keys_on_sighup();
+                serve::run(cli.serve, brownout_net::shutdown_signal()).await
+            });
             // Whatever still runs on the runtime (a probe, a reconnect) is not waited for.
             rt.shutdown_timeout(std::time::Duration::from_secs(1));
             r
         }
+    }
+}
+
+/// SIGHUP: read the command public-key file (`BROWNOUT_COMMAND_PUBKEY_FILE`) again at the next
+/// command, without waiting for the once-a-second change check (docs/SECURITY.md).
+fn reload_keys_on_sighup() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::hangup()) {
+        Ok(mut hup) => {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP: the command public keys are read again");
+                    brownout_protocol::command_keys::request_key_reload();
+                }
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "no SIGHUP handler: key files reload on change only"),
     }
 }

@@ -51,6 +51,22 @@ impl Server {
     /// Starts an engine that accepts `pubkeys` (comma-separated) and seals acks with `ack_key`.
     /// The data directory is an empty one of its own, so nothing is found there.
     async fn start(cluster: &str, instance: &str, pubkeys: &str, ack_key: &[u8]) -> Server {
+        Server::start_with(
+            cluster,
+            instance,
+            &[("BROWNOUT_COMMAND_PUBKEY", pubkeys)],
+            ack_key,
+        )
+        .await
+    }
+
+    /// [`Server::start`] with the key variables given (set after the defaults are cleared).
+    async fn start_with(
+        cluster: &str,
+        instance: &str,
+        env: &[(&str, &str)],
+        ack_key: &[u8],
+    ) -> Server {
         let port = free_port();
         let log = std::env::temp_dir().join(format!("{cluster}-{instance}.log"));
         let data = std::env::temp_dir().join(format!("{cluster}-{instance}-data"));
@@ -60,12 +76,14 @@ impl Server {
             .args(["--port", &port.to_string()])
             .args(["--redis-url", &redis_url(), "--cluster", cluster])
             .args(["--instance-id", instance])
-            .env("BROWNOUT_COMMAND_PUBKEY", pubkeys)
             .env("BROWNOUT_ACK_KEY", hex::encode(ack_key))
             .env("BROWNOUT_DATA_DIR", &data)
             .env_remove("BROWNOUT_COMMAND_KEY")
             .env_remove("BROWNOUT_COMMAND_SIGNATURE")
+            .env_remove("BROWNOUT_COMMAND_PUBKEY")
             .env_remove("BROWNOUT_COMMAND_PUBKEY_FILE")
+            .env_remove("BROWNOUT_COMMAND_PUBKEY_OVERLAP_S")
+            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("BROWNOUT_CONTROL_PLANE")
@@ -304,6 +322,59 @@ async fn two_public_keys_keep_commands_flowing_through_a_rotation() {
         "unknown_key",
         "unlisted",
     );
+}
+
+/// A running engine's key file is rotated (as a ConfigMap update or an operator's edit does)
+/// and the engine gets SIGHUP: the new key's commands apply, the dropped key's are refused
+/// (no overlap configured here), with no restart.
+#[tokio::test]
+async fn a_rotated_key_file_is_picked_up_by_a_running_engine() {
+    let cl = unique("ck-keyfile-");
+    let old = CommandSigningKey::generate();
+    let new = CommandSigningKey::generate();
+    let master = rand::random::<[u8; 32]>().to_vec();
+    let acks = AckKeys::Derived(master.clone());
+    let file = std::env::temp_dir().join(format!("{cl}.pub"));
+    std::fs::write(&file, format!("{}\n", old.public())).unwrap();
+    let path = file.display().to_string();
+    let e = Server::start_with(
+        &cl,
+        "k1",
+        &[
+            ("BROWNOUT_COMMAND_PUBKEY_FILE", path.as_str()),
+            ("BROWNOUT_COMMAND_PUBKEY_OVERLAP_S", "0"),
+        ],
+        &derive_ack_key(&master, "k1"),
+    )
+    .await;
+    let one = [&e];
+    let s = CommandSigner::Ed25519(old.clone()).sign(&command(&cl, 1, Tier::T1));
+    assert_applied(&put_and_wait(&cl, &s, 1, &acks, &one).await, "old key");
+    let s = CommandSigner::Ed25519(new.clone()).sign(&command(&cl, 2, Tier::T2));
+    assert_refused(
+        &put_and_wait(&cl, &s, 2, &acks, &one).await,
+        "unknown_key",
+        "new key before the rotation",
+    );
+    // The file now lists the new key only; SIGHUP asks for it to be read at once.
+    std::fs::write(&file, format!("# rotated\n{}\n", new.public())).unwrap();
+    let hup = Proc::new("kill")
+        .args(["-HUP", &e.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let s = CommandSigner::Ed25519(new).sign(&command(&cl, 3, Tier::T2));
+    assert_applied(
+        &put_and_wait(&cl, &s, 3, &acks, &one).await,
+        "new key after the rotation",
+    );
+    let s = CommandSigner::Ed25519(old).sign(&command(&cl, 4, Tier::T3));
+    assert_refused(
+        &put_and_wait(&cl, &s, 4, &acks, &one).await,
+        "unknown_key",
+        "the dropped key",
+    );
+    let _ = std::fs::remove_file(&file);
 }
 
 /// An engine with a public key but no ack key (and nothing in its data directory) refuses to

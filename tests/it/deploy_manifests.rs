@@ -51,11 +51,11 @@ const FOR_THE_RUNTIME: [&str; 2] = ["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAP
 const NEEDS_NO_RESTRICTOR: &str =
     "# render: kubectl kustomize --load-restrictor LoadRestrictionsNone";
 
-fn k8s_dir() -> PathBuf {
+pub(crate) fn k8s_dir() -> PathBuf {
     repo_root().join("deploy/kubernetes")
 }
 
-fn binary(name: &str) -> PathBuf {
+pub(crate) fn binary(name: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_BIN_EXE_brownout"))
         .parent()
         .expect("bin dir")
@@ -127,14 +127,14 @@ fn render(dir: &Path) -> String {
     String::from_utf8(out.stdout).expect("utf-8")
 }
 
-fn docs(text: &str) -> Vec<Value> {
+pub(crate) fn docs(text: &str) -> Vec<Value> {
     serde_yaml::Deserializer::from_str(text)
         .map(|d| Value::deserialize(d).expect("rendered YAML parses"))
         .filter(|v| !v.is_null())
         .collect()
 }
 
-fn name_of(d: &Value) -> String {
+pub(crate) fn name_of(d: &Value) -> String {
     format!(
         "{}/{}",
         d["kind"].as_str().unwrap_or("?"),
@@ -142,7 +142,7 @@ fn name_of(d: &Value) -> String {
     )
 }
 
-fn strs(v: &Value) -> Vec<String> {
+pub(crate) fn strs(v: &Value) -> Vec<String> {
     v.as_sequence()
         .map(|s| {
             s.iter()
@@ -152,7 +152,7 @@ fn strs(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn seq(v: &Value) -> &[Value] {
+pub(crate) fn seq(v: &Value) -> &[Value] {
     v.as_sequence().map_or(&[], |s| s.as_slice())
 }
 
@@ -385,12 +385,12 @@ fn expanded_vars(words: &[String], open: &str, close: &str) -> BTreeSet<String> 
 
 // ---- the rendered manifests --------------------------------------------------------------
 
-struct Overlay {
-    name: String,
-    docs: Vec<Value>,
+pub(crate) struct Overlay {
+    pub(crate) name: String,
+    pub(crate) docs: Vec<Value>,
 }
 
-fn rendered() -> Vec<Overlay> {
+pub(crate) fn rendered() -> Vec<Overlay> {
     kubectl_with_kustomize_v5();
     kustomizations()
         .iter()
@@ -402,7 +402,7 @@ fn rendered() -> Vec<Overlay> {
 }
 
 /// (where, pod template metadata, pod spec) of every workload.
-fn pod_templates(docs: &[Value]) -> Vec<(String, &Value, &Value)> {
+pub(crate) fn pod_templates(docs: &[Value]) -> Vec<(String, &Value, &Value)> {
     let mut v = Vec::new();
     for d in docs {
         let t = match d["kind"].as_str() {
@@ -418,13 +418,13 @@ fn pod_templates(docs: &[Value]) -> Vec<(String, &Value, &Value)> {
     v
 }
 
-fn containers(pod: &Value) -> impl Iterator<Item = &Value> {
+pub(crate) fn containers(pod: &Value) -> impl Iterator<Item = &Value> {
     seq(&pod["initContainers"])
         .iter()
         .chain(seq(&pod["containers"]))
 }
 
-fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+pub(crate) fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
     docs.iter()
         .find(|d| d["kind"].as_str() == Some(kind) && d["metadata"]["name"].as_str() == Some(name))
 }
@@ -901,9 +901,9 @@ fn check_overlay(o: &Overlay, b: &mut Binaries) -> (Vec<String>, BTreeSet<Route>
 }
 
 /// A process of ours, killed (by its PID) when dropped; its output goes to `log`.
-struct Running {
-    child: Child,
-    log: PathBuf,
+pub(crate) struct Running {
+    pub(crate) child: Child,
+    pub(crate) log: PathBuf,
 }
 
 impl Drop for Running {
@@ -985,7 +985,6 @@ fn start_for(route: &Route, tmp: &Path) -> (Running, u16) {
                     format!("deploy-test-{t}-token-0123456789"),
                 );
             }
-            cmd.env("BROWNOUT_COMMAND_KEY", "deploy-test-command-key-0123456789");
         }
         "brownout-serve" if !route.args.is_empty() => {
             let dead = free_port();
@@ -1348,6 +1347,23 @@ fn deploy_systemd_units_verify_and_name_only_what_the_binaries_have() {
         )
         .unwrap();
         std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Other commands of the unit (ExecReload's kill): the host's own, into the root.
+        for (k, v) in &a {
+            let Some(cmd) = v.split_whitespace().next() else {
+                continue;
+            };
+            if k.starts_with("Exec") && k != "ExecStart" && cmd.starts_with('/') {
+                let host = Path::new(cmd);
+                assert!(
+                    host.exists(),
+                    "{}: {k} runs {cmd}, which this host lacks",
+                    u.display()
+                );
+                let dst = r.join(cmd.trim_start_matches('/'));
+                std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+                std::fs::copy(host, &dst).unwrap();
+            }
+        }
         let mut env = BTreeMap::new();
         for (k, v) in &a {
             if k == "Environment" {

@@ -16,6 +16,7 @@ mod degrade_policy;
 mod degrade_protocol_doc;
 mod degrade_self_latch;
 mod degrade_stopbleed;
+mod deploy_keys;
 mod deploy_manifests;
 mod drills;
 mod error_contract;
