@@ -10,6 +10,9 @@
 //! # its OTLP endpoint and the accepted counter is read from its /metrics
 //! target/release/examples/ingest_bench --external http://127.0.0.1:8080/metrics --endpoint http://127.0.0.1:4317 --token "$INGEST_TOKEN" --seconds 30
 //! # both: bench/clickhouse-cluster-serve.sh (one node vs the 2-shard cluster, one session)
+//! # TLS on the OTLP listeners (`server.tls_*`, a CA and a certificate made here with rcgen; the
+//! # exporters trust that CA), against the same run without: alternate the two
+//! target/release/examples/ingest_bench --store sqlite --seconds 20 --tls on|off [--transport http]
 //! ```
 //!
 //! The parent runs the control plane in-process (real sockets, the chosen store), starts itself
@@ -167,6 +170,11 @@ fn load(args: &[String]) -> anyhow::Result<()> {
     let seconds: f64 = arg(args, "--seconds", "30").parse()?;
     let threads: usize = arg(args, "--threads", "2").parse()?;
     let rate: f64 = arg(args, "--rate", "0").parse()?; // spans/s over all threads; 0 = flat out
+    // `--ca FILE`: the endpoint is https and its certificate is one of this CA's.
+    let ca = match arg(args, "--ca", "").as_str() {
+        "" => None,
+        path => Some(std::fs::read(path).with_context(|| format!("--ca {path}"))?),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -178,18 +186,43 @@ fn load(args: &[String]) -> anyhow::Result<()> {
             "grpc" => {
                 let mut md = tonic::metadata::MetadataMap::new();
                 md.insert("authorization", format!("Bearer {token}").parse()?);
-                opentelemetry_otlp::SpanExporter::builder()
+                let mut b = opentelemetry_otlp::SpanExporter::builder()
                     .with_tonic()
                     .with_endpoint(&endpoint)
-                    .with_metadata(md)
-                    .build()?
+                    .with_metadata(md);
+                if let Some(ca) = &ca {
+                    b = b.with_tls_config(
+                        tonic::transport::ClientTlsConfig::new()
+                            .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                            .domain_name("localhost"),
+                    );
+                }
+                b.build()?
             }
-            _ => opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary)
-                .with_endpoint(format!("{endpoint}/v1/traces"))
-                .with_headers([("authorization".to_string(), format!("Bearer {token}"))].into())
-                .build()?,
+            _ => {
+                let mut b = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_endpoint(format!("{endpoint}/v1/traces"))
+                    .with_headers(
+                        [("authorization".to_string(), format!("Bearer {token}"))].into(),
+                    );
+                if let Some(ca) = &ca {
+                    // The SDK's own blocking reqwest client, trusting the bench's CA.
+                    let client = std::thread::scope(|s| {
+                        s.spawn(|| {
+                            reqwest::blocking::Client::builder()
+                                .add_root_certificate(reqwest::Certificate::from_pem(ca)?)
+                                .timeout(Duration::from_secs(10))
+                                .build()
+                        })
+                        .join()
+                        .expect("client builder thread")
+                    })?;
+                    b = b.with_http_client(client);
+                }
+                b.build()?
+            }
         };
         let bsp = BatchSpanProcessor::builder(exporter)
             .with_batch_config(
@@ -292,6 +325,37 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
         "insert" => config.ingest.clickhouse_ack = brownout::config::ClickHouseAck::Insert,
         other => anyhow::bail!("--clickhouse-ack {other:?}: spool or insert"),
     }
+    // `--tls on`: the OTLP listeners speak TLS (`server.tls_*`) with a certificate for
+    // localhost/127.0.0.1 from a CA made here, which the exporters trust (`--ca`).
+    let tls = arg(args, "--tls", "off");
+    let ca_file = dir.path().join("bench-ca.pem");
+    match tls.as_str() {
+        "off" => {}
+        "on" => {
+            let mut p = rcgen::CertificateParams::new(Vec::<String>::new())?;
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            p.distinguished_name
+                .push(rcgen::DnType::CommonName, "ingest bench CA");
+            let ca = rcgen::CertifiedIssuer::self_signed(p, rcgen::KeyPair::generate()?)?;
+            let key = rcgen::KeyPair::generate()?;
+            let leaf = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])?
+                .signed_by(&key, &ca)?;
+            let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+            std::fs::write(&cert_file, leaf.pem())?;
+            std::fs::write(&key_file, key.serialize_pem())?;
+            std::fs::write(&ca_file, ca.pem())?;
+            let t = brownout_net::Tls::load(brownout_net::TlsFiles {
+                cert: cert_file,
+                key: key_file,
+                client_ca: None,
+            })?;
+            config.tls = Some(brownout::config::ListenerTls {
+                web: std::sync::Arc::clone(&t),
+                ingest: t,
+            });
+        }
+        other => anyhow::bail!("--tls {other:?}: on or off"),
+    }
     let prefix = format!("bench{}_", uuid::Uuid::new_v4().simple());
     if store == "clickhouse" {
         let url =
@@ -333,14 +397,19 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
     }
     let run = app.spawn(Listeners::loopback().await?, axum::Router::new());
     let state = run.state.clone();
+    let scheme = if tls == "on" { "https" } else { "http" };
     let endpoint = if transport == "grpc" {
-        format!("http://{}", run.otlp_grpc_addr)
+        format!("{scheme}://{}", run.otlp_grpc_addr)
     } else {
-        format!("http://{}", run.otlp_http_addr)
+        format!("{scheme}://{}", run.otlp_http_addr)
     };
 
     let exe = std::env::current_exe()?;
-    let child = tokio::process::Command::new(exe)
+    let mut load_cmd = tokio::process::Command::new(exe);
+    if tls == "on" {
+        load_cmd.arg("--ca").arg(&ca_file);
+    }
+    let child = load_cmd
         .args([
             "--load",
             "--transport",
@@ -362,7 +431,7 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
     let out = tokio::spawn(child.wait_with_output());
 
     println!(
-        "store={store} transport={transport} threads={threads} rate={rate} seconds={seconds} sli={sli} batch_max_delay_ms={} clickhouse_ack={:?} (load pid {child_pid})",
+        "store={store} transport={transport} tls={tls} threads={threads} rate={rate} seconds={seconds} sli={sli} batch_max_delay_ms={} clickhouse_ack={:?} (load pid {child_pid})",
         state.config.ingest.batch_max_delay.as_millis(),
         state.config.ingest.clickhouse_ack
     );
@@ -430,7 +499,7 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
     let min = steady.iter().copied().min().unwrap_or(0);
     println!();
     println!(
-        "summary: store={store} transport={transport} created={created} accepted={accepted} stored={stored} \
+        "summary: store={store} transport={transport} tls={tls} created={created} accepted={accepted} stored={stored} \
          sdk_dropped_or_failed={} lost_after_accept={} load_s={load_secs:.1} drain_s={drain_secs:.1} \
          mean_spans_per_s={mean:.0} min_spans_per_s={min} end_to_end_spans_per_s={:.0} peak_rss_mib={} rss_mib_series={rss_series:?}",
         created.saturating_sub(accepted),
