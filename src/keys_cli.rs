@@ -88,7 +88,6 @@ pub fn run(a: &KeysArgs) -> anyhow::Result<()> {
 /// Writes `key` and a newline to `path` with mode 0600 (through a temporary file in the same
 /// folder, renamed over `path`: an init container that runs again leaves a whole key).
 fn write_key_file(path: &std::path::Path, key: &str) -> anyhow::Result<()> {
-    use std::io::Write as _;
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -100,14 +99,6 @@ fn write_key_file(path: &std::path::Path, key: &str) -> anyhow::Result<()> {
             .map_or_else(|| "ack.key".into(), |n| n.to_string_lossy())
     ));
     let _ = std::fs::remove_file(&tmp);
-    let mut o = std::fs::OpenOptions::new();
-    o.write(true).create_new(true);
-    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
-    let mut f = o
-        .open(&tmp)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", tmp.display()))?;
-    f.write_all(format!("{key}\n").as_bytes())
-        .and_then(|()| f.sync_all())
-        .map_err(|e| anyhow::anyhow!("{}: {e}", tmp.display()))?;
+    ck::write_private(&tmp, &format!("{key}\n"))?;
     std::fs::rename(&tmp, path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }

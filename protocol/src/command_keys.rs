@@ -235,7 +235,11 @@ fn hmac_derive(key: &[u8], label: &[u8]) -> Vec<u8> {
     m.finalize().into_bytes().to_vec()
 }
 
-fn write_private(path: &Path, text: &str) -> Result<(), KeyError> {
+/// Writes `text` to a new file `path` with mode 0600 and syncs it; fails if `path` exists.
+///
+/// # Errors
+/// [`KeyError::Io`] when the file exists or cannot be written.
+pub fn write_private(path: &Path, text: &str) -> Result<(), KeyError> {
     use std::io::Write as _;
     let mut o = std::fs::OpenOptions::new();
     o.write(true).create_new(true);
