@@ -16,6 +16,15 @@
 //!
 //! Behind TLS the bytes on the socket are ciphertext: the scan runs above the TLS layer
 //! ([`crate::Watched`]), and the TLS handshake itself counts as "not yet a request head".
+//!
+//! An HTTP/1 keep-alive connection is proven again for each request: once the server has
+//! written a (final, not `1xx`) response and the client sends its first byte after it, the
+//! connection is unproven again — back in the registry, as its newest member — until that next
+//! head is whole ([`HeadWatch::wrote`]). So a client that sends one whole request and then
+//! trickles the next head on the same connection is evicted like any other trickler. (An HTTP/1
+//! connection idle after a response stays proven until hyper's header-read timeout closes it; a
+//! pipelined request whose bytes arrived before the previous response was written is counted
+//! with that request.) HTTP/2 connections stay proven after their first `HEADERS` frame.
 
 use super::*;
 
@@ -29,7 +38,8 @@ pub(crate) struct Registry {
 /// One admitted connection's place in its listener.
 #[derive(Debug)]
 pub struct Slot {
-    id: u64,
+    /// Its key in the registry while unproven (a new one each time it is unproven again).
+    id: AtomicU64,
     registry: Weak<Registry>,
     /// The listener slot; taken by the connection that evicts this one.
     permit: Mutex<Option<OwnedSemaphorePermit>>,
@@ -44,7 +54,7 @@ impl Registry {
     pub(crate) fn admit(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Arc<Slot> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let slot = Arc::new(Slot {
-            id,
+            id: AtomicU64::new(id),
             registry: Arc::downgrade(self),
             permit: Mutex::new(Some(permit)),
             evicted: AtomicBool::new(false),
@@ -87,10 +97,29 @@ impl Slot {
             && let Some(r) = self.registry.upgrade()
             && let Ok(mut m) = r.unproven.lock()
         {
-            m.remove(&self.id);
+            m.remove(&self.id.load(Ordering::Acquire));
         }
         if let Ok(mut w) = self.waker.lock() {
             *w = None;
+        }
+    }
+
+    /// A proven connection started another request head: it is unproven again, the newest in
+    /// its registry (so the last to be evicted of those waiting).
+    pub(crate) fn unprove(self: &Arc<Self>) {
+        if self.evicted.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(r) = self.registry.upgrade() else {
+            return;
+        };
+        let Ok(mut m) = r.unproven.lock() else {
+            return;
+        };
+        if self.proven.swap(false, Ordering::AcqRel) {
+            let id = r.next.fetch_add(1, Ordering::Relaxed);
+            self.id.store(id, Ordering::Release);
+            m.insert(id, Arc::clone(self));
         }
     }
 
@@ -117,7 +146,7 @@ impl Slot {
             && let Some(r) = self.registry.upgrade()
             && let Ok(mut m) = r.unproven.lock()
         {
-            m.remove(&self.id);
+            m.remove(&self.id.load(Ordering::Acquire));
         }
     }
 }
@@ -230,11 +259,19 @@ impl HeadScan {
     }
 }
 
-/// The scan of one connection, proving its slot when the head is complete.
+/// The scan of one connection, proving its slot when the head is complete (and, for HTTP/1,
+/// unproving it when the client starts the next request after a response).
 #[derive(Debug)]
 pub(crate) struct HeadWatch {
     slot: Arc<Slot>,
     scan: HeadScan,
+    /// `Some(true)` once the first bytes are not the HTTP/2 preface, `Some(false)` once they
+    /// are; `None` while they could still be.
+    http1: Option<bool>,
+    /// How much of the preface the first bytes matched.
+    preface_seen: usize,
+    /// A final response was written since that head: the client's next byte starts a new one.
+    responded: bool,
 }
 
 impl HeadWatch {
@@ -242,14 +279,56 @@ impl HeadWatch {
         HeadWatch {
             slot,
             scan: HeadScan::default(),
+            http1: None,
+            preface_seen: 0,
+            responded: false,
         }
     }
 
+    /// Bytes the client sent.
     pub(crate) fn feed(&mut self, b: &[u8]) {
+        if b.is_empty() {
+            return;
+        }
+        if self.responded {
+            // The next request on a keep-alive connection: unproven until its head is whole.
+            self.responded = false;
+            self.scan = HeadScan::H1(0);
+            self.slot.unprove();
+        }
+        if self.http1.is_none() {
+            let rest = &PREFACE[self.preface_seen..];
+            let n = b.len().min(rest.len());
+            if b[..n] != rest[..n] {
+                self.http1 = Some(true);
+            } else {
+                self.preface_seen += n;
+                if self.preface_seen == PREFACE.len() {
+                    self.http1 = Some(false);
+                }
+            }
+        }
         if self.scan != HeadScan::Done && self.scan.feed(b) {
             self.slot.prove();
         }
     }
+
+    /// Bytes the server wrote (the first buffer of a write). After an HTTP/1 head, a write that
+    /// is not an interim `1xx` response (`100 Continue`) is the answer to it.
+    pub(crate) fn wrote(&mut self, first: &[u8]) {
+        if self.http1 == Some(true)
+            && self.scan == HeadScan::Done
+            && !first.is_empty()
+            && !interim(first)
+        {
+            self.responded = true;
+        }
+    }
+}
+
+/// Whether a write starts an HTTP/1 `1xx` status line.
+fn interim(b: &[u8]) -> bool {
+    b.len() > 9 && b.starts_with(b"HTTP/1.") && b[9] == b'1'
 }
 
 #[cfg(test)]
@@ -309,6 +388,56 @@ mod tests {
         assert!(
             whole(b"PRI * HTTP/2.0\r\n\r\nXX"),
             "an HTTP/1 head that ended early"
+        );
+    }
+
+    /// The watch of an HTTP/1 connection: proven by a whole head; a `100 Continue` leaves it
+    /// proven while the body comes; after the final answer the next byte unproves it until
+    /// that head is whole. HTTP/2 stays proven.
+    #[test]
+    fn a_keep_alive_head_after_an_answer_is_unproven_until_whole() {
+        let sem = Arc::new(tokio::sync::Semaphore::new(2));
+        let reg = Arc::new(Registry::default());
+        let slot = reg.admit(Arc::clone(&sem).try_acquire_owned().unwrap());
+        let mut w = HeadWatch::new(slot);
+        assert_eq!(reg.unproven(), 1);
+        w.feed(b"POST / HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n");
+        assert_eq!(reg.unproven(), 0);
+        w.wrote(b"HTTP/1.1 100 Continue\r\n\r\n");
+        w.feed(b"hi");
+        assert_eq!(
+            reg.unproven(),
+            0,
+            "a body after 100 Continue is the same request"
+        );
+        w.wrote(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
+        assert_eq!(reg.unproven(), 0, "idle after the answer: still proven");
+        w.feed(b"GET / HT");
+        assert_eq!(reg.unproven(), 1, "the next head is not whole yet");
+        w.feed(b"TP/1.1\r\n\r\n");
+        assert_eq!(reg.unproven(), 0);
+        // The unproven-again connection is evictable, and newest of all.
+        let other = reg.admit(Arc::clone(&sem).try_acquire_owned().unwrap());
+        w.wrote(b"HTTP/1.1 200 OK\r\n\r\n");
+        w.feed(b"G");
+        assert_eq!(reg.unproven(), 2);
+        assert!(reg.evict_oldest().is_some());
+        assert!(
+            other.evicted.load(Ordering::Acquire),
+            "the older one goes first"
+        );
+
+        let h2 = reg.admit(Arc::clone(&sem).try_acquire_owned().unwrap());
+        let mut w2 = HeadWatch::new(h2);
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend_from_slice(&[0, 0, 0, HEADERS, END_HEADERS, 0, 0, 0, 1]);
+        w2.feed(&bytes);
+        w2.wrote(b"\0\0\0\x01\x04\0\0\0\x01");
+        w2.feed(&[0, 0, 0, HEADERS, 0, 0, 0, 0, 3]);
+        assert_eq!(
+            reg.unproven(),
+            1,
+            "only the HTTP/1 one; HTTP/2 stays proven"
         );
     }
 }

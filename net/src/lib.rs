@@ -449,7 +449,13 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r
+            && let Some(w) = self.watch.0.as_mut()
+        {
+            w.wrote(&buf[..n]);
+        }
+        r
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.io).poll_flush(cx)
@@ -462,11 +468,24 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r
+            && let Some(w) = self.watch.0.as_mut()
+        {
+            w.wrote(first_written(bufs, n));
+        }
+        r
     }
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
     }
+}
+
+/// The start of what a vectored write of `n` bytes wrote: its first non-empty buffer, cut to `n`.
+fn first_written<'a>(bufs: &'a [std::io::IoSlice<'_>], n: usize) -> &'a [u8] {
+    bufs.iter()
+        .find(|b| !b.is_empty())
+        .map_or(&[][..], |b| &b[..b.len().min(n)])
 }
 
 fn idle_error() -> std::io::Error {
@@ -528,6 +547,9 @@ impl AsyncWrite for CappedStream {
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
                     self.progressed();
+                    if let Some(w) = self.watch.as_mut() {
+                        w.wrote(&buf[..n]);
+                    }
                 }
                 Poll::Ready(Ok(n))
             }
@@ -553,6 +575,9 @@ impl AsyncWrite for CappedStream {
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
                     self.progressed();
+                    if let Some(w) = self.watch.as_mut() {
+                        w.wrote(first_written(bufs, n));
+                    }
                 }
                 Poll::Ready(Ok(n))
             }
@@ -914,6 +939,82 @@ mod evict_tests {
             r.starts_with("HTTP/1.1 200") && r.ends_with("slow ok"),
             "{r}"
         );
+        drop(tricklers);
+        let _ = stop_tx.send(());
+        server.await.unwrap().unwrap();
+    }
+
+    /// A client that sends one whole request, reads its answer and then trickles the next head
+    /// on the same keep-alive connection is unproven again, and evicted like other tricklers;
+    /// one that sends its next request whole is answered on the same connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_keep_alive_connection_trickling_its_next_head_is_evicted() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = ConnLimits {
+            max: 4,
+            per_ip: 4,
+            header_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
+        };
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let listener = CappedListener::new(l, limits, OverCap::Http503);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_http(listener, app, async move {
+            let _ = stop_rx.await;
+        }));
+        async fn one_answer(c: &mut TcpStream) -> String {
+            let mut got = Vec::new();
+            let mut b = [0u8; 256];
+            while !String::from_utf8_lossy(&got).ends_with("ok") {
+                let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut b))
+                    .await
+                    .expect("an answer within 5 s")
+                    .unwrap();
+                assert!(n > 0, "closed before answering");
+                got.extend_from_slice(&b[..n]);
+            }
+            String::from_utf8_lossy(&got).into_owned()
+        }
+        // A keep-alive client that behaves: two whole requests on one connection.
+        let mut good = connect([127, 0, 0, 1], addr).await;
+        for _ in 0..2 {
+            good.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .unwrap();
+            assert!(one_answer(&mut good).await.starts_with("HTTP/1.1 200"));
+        }
+        drop(good);
+        // The attacker: one whole request, its answer, then a trickled second head.
+        let mut sly = connect([127, 0, 0, 2], addr).await;
+        sly.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(one_answer(&mut sly).await.starts_with("HTTP/1.1 200"));
+        sly.write_all(b"GET / HTTP/1.1\r\nhost").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Three plain tricklers fill the listener; the sly one is the oldest unproven.
+        let mut tricklers = Vec::new();
+        for _ in 0..3 {
+            let mut c = connect([127, 0, 0, 3], addr).await;
+            c.write_all(b"POST / HTTP/1.1\r\n").await.unwrap();
+            tricklers.push(c);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // A whole request gets in, taking the sly connection's slot.
+        let r = post([127, 0, 0, 4], addr, "/").await;
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        let mut b = [0u8; 64];
+        let r = tokio::time::timeout(Duration::from_secs(2), sly.read(&mut b)).await;
+        assert!(
+            matches!(r, Ok(Ok(0) | Err(_))),
+            "the keep-alive trickler was not evicted: {r:?}"
+        );
+        // The tricklers that came after it are still open (nothing else was needed).
+        for c in &mut tricklers {
+            let r = tokio::time::timeout(Duration::from_millis(200), c.read(&mut b)).await;
+            assert!(r.is_err(), "a newer trickler was evicted first: {r:?}");
+        }
         drop(tricklers);
         let _ = stop_tx.send(());
         server.await.unwrap().unwrap();
