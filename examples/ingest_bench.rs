@@ -370,6 +370,7 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
             cluster: std::env::var("CLICKHOUSE_CLUSTER")
                 .ok()
                 .filter(|c| !c.is_empty()),
+            tls: None,
         });
     }
     let tokens = Tokens::random();

@@ -90,6 +90,7 @@ async fn main() -> anyhow::Result<()> {
                 password: None,
                 table_prefix: format!("bench{}_", uuid::Uuid::new_v4().simple()),
                 cluster: std::env::var("CLICKHOUSE_CLUSTER").ok(),
+                tls: None,
             }));
             s.migrate().await?;
             ch = Some(s.clone());

@@ -19,6 +19,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod tls;
+pub use tls::ListenerTls;
+use tls::{clickhouse_tls, listener_tls};
+
 /// Why a configuration was refused. The message always says where.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -117,6 +121,11 @@ pub struct RawStorage {
     pub clickhouse_user: Option<String>,
     pub clickhouse_password: Option<String>,
     pub clickhouse_cluster: Option<String>,
+    /// `https://` ClickHouse: PEM CA bundle to verify it with (a private CA), and a client
+    /// certificate and key for mutual TLS.
+    pub clickhouse_ca_file: Option<PathBuf>,
+    pub clickhouse_client_cert_file: Option<PathBuf>,
+    pub clickhouse_client_key_file: Option<PathBuf>,
     pub table_prefix: Option<String>,
     pub retention_days: Option<u32>,
     pub write_timeout_ms: Option<u64>,
@@ -254,6 +263,9 @@ pub struct ClickHouseConfig {
     /// local tables created `ON CLUSTER` plus `Distributed` tables that every read and write
     /// goes through (docs/SCALING.md "ClickHouse cluster"). `None`: one node, `MergeTree`.
     pub cluster: Option<String>,
+    /// The client TLS configuration for an `https://` URL with `storage.clickhouse_ca_file` or a
+    /// client certificate; `None`: the clickhouse crate's own (Mozilla roots, no client cert).
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 #[derive(Debug, Clone)]
@@ -626,7 +638,21 @@ impl RawConfig {
                         ),
                     ));
                 }
+                let tls = clickhouse_tls(
+                    &url,
+                    env.var("CLICKHOUSE_CA_FILE")
+                        .map(PathBuf::from)
+                        .or(self.storage.clickhouse_ca_file),
+                    env.var("CLICKHOUSE_CLIENT_CERT_FILE")
+                        .map(PathBuf::from)
+                        .or(self.storage.clickhouse_client_cert_file),
+                    env.var("CLICKHOUSE_CLIENT_KEY_FILE")
+                        .map(PathBuf::from)
+                        .or(self.storage.clickhouse_client_key_file),
+                    &field_err,
+                )?;
                 Some(ClickHouseConfig {
+                    tls,
                     url,
                     database,
                     user: self.storage.clickhouse_user,
@@ -927,63 +953,6 @@ impl RawConfig {
             trace_url,
         })
     }
-}
-
-/// The listeners' TLS (`server.tls_cert_file`, `server.tls_key_file`, `server.tls_client_ca_file`):
-/// the 8080 UI/API/ingest listener serves the certificate to any client; the OTLP listeners
-/// (4318, 4317) also require a client certificate of `tls_client_ca_file` when it is set.
-#[derive(Debug, Clone)]
-pub struct ListenerTls {
-    /// For `server.http_addr` (browsers: no client certificate asked for).
-    pub web: std::sync::Arc<brownout_net::Tls>,
-    /// For `server.otlp_http_addr` and `server.otlp_grpc_addr`.
-    pub ingest: std::sync::Arc<brownout_net::Tls>,
-}
-
-fn listener_tls(
-    cert: Option<PathBuf>,
-    key: Option<PathBuf>,
-    client_ca: Option<PathBuf>,
-    field_err: &dyn Fn(&str, String) -> ConfigError,
-) -> Result<Option<ListenerTls>, ConfigError> {
-    let (cert, key) = match (cert, key) {
-        (None, None) => {
-            if client_ca.is_some() {
-                return Err(field_err(
-                    "server.tls_client_ca_file",
-                    "needs server.tls_cert_file and server.tls_key_file".into(),
-                ));
-            }
-            return Ok(None);
-        }
-        (Some(c), Some(k)) => (c, k),
-        (Some(_), None) => {
-            return Err(field_err(
-                "server.tls_key_file",
-                "missing: server.tls_cert_file needs its key".into(),
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(field_err(
-                "server.tls_cert_file",
-                "missing: server.tls_key_file needs its certificate".into(),
-            ));
-        }
-    };
-    let load = |client_ca: Option<PathBuf>, field: &str| {
-        brownout_net::Tls::load(brownout_net::TlsFiles {
-            cert: cert.clone(),
-            key: key.clone(),
-            client_ca,
-        })
-        .map_err(|e| field_err(field, e.to_string()))
-    };
-    let web = load(None, "server.tls_cert_file")?;
-    let ingest = match client_ca {
-        None => std::sync::Arc::clone(&web),
-        Some(ca) => load(Some(ca), "server.tls_client_ca_file")?,
-    };
-    Ok(Some(ListenerTls { web, ingest }))
 }
 
 #[cfg(test)]

@@ -53,7 +53,7 @@ mod tls;
 #[cfg(all(feature = "tls", feature = "tonic"))]
 pub use tls::incoming_tls;
 #[cfg(feature = "tls")]
-pub use tls::{Tls, TlsFiles};
+pub use tls::{Tls, TlsFiles, client_config};
 
 /// The limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

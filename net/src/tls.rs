@@ -171,6 +171,58 @@ impl Tls {
     }
 }
 
+/// A client's TLS configuration, for the connections brownout makes itself (ClickHouse over
+/// `https://`): the server is verified against the PEM bundle `ca` (a private CA: only those)
+/// or, without one, against the Mozilla roots (`webpki-roots`); `client` is a PEM certificate
+/// chain and its key for mutual TLS. No ALPN is set (an HTTP client's connector sets its own).
+///
+/// # Errors
+/// A file that cannot be read or holds no certificate or key; a key that does not match.
+pub fn client_config(
+    ca: Option<&Path>,
+    client: Option<(&Path, &Path)>,
+) -> std::io::Result<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(ca) => {
+            for c in CertificateDer::pem_file_iter(ca).map_err(|e| read_err("CA file", ca, e))? {
+                let c = c.map_err(|e| read_err("CA file", ca, e))?;
+                roots.add(c).map_err(|e| read_err("CA file", ca, e))?;
+            }
+            if roots.is_empty() {
+                return Err(read_err("CA file", ca, "no CERTIFICATE in it"));
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(std::io::Error::other)?
+        .with_root_certificates(roots);
+    Ok(match client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+                .map_err(|e| read_err("client certificate file", cert, e))?
+                .collect::<Result<_, _>>()
+                .map_err(|e| read_err("client certificate file", cert, e))?;
+            if chain.is_empty() {
+                return Err(read_err(
+                    "client certificate file",
+                    cert,
+                    "no CERTIFICATE in it",
+                ));
+            }
+            let k = PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| read_err("client key file", key, e))?;
+            builder
+                .with_client_auth_cert(chain, k)
+                .map_err(|e| read_err("client certificate and key", cert, e))?
+        }
+    })
+}
+
 #[cfg(feature = "tonic")]
 impl tonic::transport::server::Connected
     for Watched<tokio_rustls::server::TlsStream<CappedStream>>

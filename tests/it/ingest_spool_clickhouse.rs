@@ -156,6 +156,7 @@ fn config(dir: &std::path::Path, ch_url: &str, prefix: &str, spool_max: u64) -> 
         password: None,
         table_prefix: prefix.into(),
         cluster: None,
+        tls: None,
     });
     c.ingest.batch_max_delay = Duration::from_millis(20);
     c.ingest.batch_max_rows = std::num::NonZeroUsize::new(500).unwrap();
@@ -552,6 +553,7 @@ pub(crate) async fn clickhouse_for_test(
         password: None,
         table_prefix: format!("{tag}{}_", uuid::Uuid::new_v4().simple()),
         cluster: None,
+        tls: None,
     };
     (cfg, own)
 }

@@ -45,6 +45,7 @@ mod slo_persist;
 mod slo_share;
 mod slo_spec;
 mod store_behaviour;
+mod store_clickhouse_tls;
 mod store_cluster;
 mod store_logs;
 mod store_sli;

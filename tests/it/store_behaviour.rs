@@ -54,6 +54,7 @@ async fn clickhouse() -> Backend {
         password: None,
         table_prefix: format!("t{}_", uuid::Uuid::new_v4().simple()),
         cluster: None,
+        tls: None,
     };
     let s = Arc::new(ClickHouseStore::new(&cfg));
     if let Err(e) = s.ping().await {
@@ -704,6 +705,7 @@ async fn an_older_clickhouse_table_gains_the_deliberate_columns() {
         password: None,
         table_prefix: prefix.clone(),
         cluster: None,
+        tls: None,
     };
     let s = Arc::new(ClickHouseStore::new(&cfg));
     s.migrate().await.unwrap();

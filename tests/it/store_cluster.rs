@@ -97,6 +97,7 @@ pub(crate) fn store_on(node: &str, prefix: &str) -> ClickHouseStore {
         password: None,
         table_prefix: prefix.to_string(),
         cluster: Some(ClickHouseCluster::NAME.into()),
+        tls: None,
     })
 }
 

@@ -31,6 +31,7 @@ async fn clickhouse() -> Arc<ClickHouseStore> {
         password: None,
         table_prefix: format!("t{}_", uuid::Uuid::new_v4().simple()),
         cluster: None,
+        tls: None,
     };
     let s = Arc::new(ClickHouseStore::new(&cfg));
     if let Err(e) = s.ping().await {
@@ -326,6 +327,7 @@ async fn clickhouse_cluster_log_search_reads_every_shard_once() {
             password: None,
             table_prefix: prefix.clone(),
             cluster: Some(ClickHouseCluster::NAME.into()),
+            tls: None,
         })
     };
     let (n1, n2) = (cluster.nodes[0].clone(), cluster.nodes[1].clone());

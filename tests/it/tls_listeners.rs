@@ -17,10 +17,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const INGEST: &str = "ingest-token-tls-aaaaaaaaaa";
 
-struct Ca(CertifiedIssuer<'static, KeyPair>);
+pub(crate) struct Ca(pub(crate) CertifiedIssuer<'static, KeyPair>);
 
 impl Ca {
-    fn new(name: &str) -> Ca {
+    pub(crate) fn new(name: &str) -> Ca {
         let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
         p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         p.distinguished_name
@@ -29,7 +29,7 @@ impl Ca {
     }
 
     /// (certificate PEM, key PEM) for the names.
-    fn leaf(&self, names: &[&str]) -> (String, String) {
+    pub(crate) fn leaf(&self, names: &[&str]) -> (String, String) {
         let key = KeyPair::generate().unwrap();
         let c = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
             .unwrap()
