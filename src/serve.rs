@@ -19,7 +19,14 @@ pub struct ServeArgs {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::load(args.config.as_deref())?;
     let overlap = config.token_overlap;
-    let plane = crate::plane::Plane::from_config(config).await?;
+    let key_overlap = crate::plane::key_reload::overlap_from_env()?;
+    let plane = crate::plane::Plane::from_config(config.clone()).await?;
+    let key_reload = crate::plane::key_reload::spawn(
+        plane.degrade.clone(),
+        config,
+        key_overlap,
+        std::time::Duration::from_secs(1),
+    );
     let reload = crate::auth::reload::spawn(
         plane.running.state.tokens.clone(),
         args.config.clone(),
@@ -28,6 +35,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     shutdown_signal().await;
     reload.abort();
+    key_reload.abort();
     plane.stop().await
 }
 

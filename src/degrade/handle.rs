@@ -30,6 +30,8 @@ pub struct DegradeConfig {
     pub replica_id: String,
     /// What commands are signed with (the Ed25519 private key, or the HMAC compatibility key),
     /// what stored commands and acks are verified with, and the seal of the operator override.
+    /// These are the keys at start; a reload hands new ones to the running controller with
+    /// [`DegradeHandle::replace_keys`].
     pub keys: brownout_protocol::PlaneKeys,
     pub policy: Policy,
     /// Leader lease period: a dead leader is replaced within it.
@@ -162,6 +164,8 @@ struct Inner {
     agents: std::sync::OnceLock<Arc<crate::agents::AgentGuards>>,
     /// Wakes the controller loop for an evaluation and publish now (operator actions).
     wake: tokio::sync::Notify,
+    /// Keys from a reload, and how long the replaced ones stay accepted.
+    key_reload: tokio::sync::watch::Sender<Option<(brownout_protocol::PlaneKeys, Duration)>>,
 }
 
 /// Shared handle on the degradation component. Cheap to clone.
@@ -211,6 +215,7 @@ impl DegradeHandle {
                 hook: Mutex::new(None),
                 agents: std::sync::OnceLock::new(),
                 wake: tokio::sync::Notify::new(),
+                key_reload: tokio::sync::watch::channel(None).0,
             }),
         })
     }
@@ -224,6 +229,22 @@ impl DegradeHandle {
 
     pub fn config(&self) -> &DegradeConfig {
         &self.inner.cfg
+    }
+
+    /// Hands reloaded keys to the running controller (a rotation of the signing key or the ack
+    /// master): commands are signed with `keys` from its next round; what the replaced keys
+    /// sealed (the operator override, instance actions) and the acks engines made under the
+    /// old ack master are still accepted for `overlap`, and stored commands signed with the
+    /// old key still verify.
+    pub fn replace_keys(&self, keys: brownout_protocol::PlaneKeys, overlap: Duration) {
+        self.inner.key_reload.send_replace(Some((keys, overlap)));
+    }
+
+    /// Key reloads from now on ([`DegradeHandle::replace_keys`]).
+    pub(super) fn key_reloads(
+        &self,
+    ) -> tokio::sync::watch::Receiver<Option<(brownout_protocol::PlaneKeys, Duration)>> {
+        self.inner.key_reload.subscribe()
     }
 
     pub fn metrics(&self) -> &DegradeMetrics {

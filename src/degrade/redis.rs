@@ -167,6 +167,8 @@ pub struct RedisBus {
     hmac_key: Vec<u8>,
     /// Verifies the serving tier's acks (per-engine keys, or the compatibility key).
     ack_keys: brownout_protocol::AckKeys,
+    /// The seal and ack keys a key reload replaced, still accepted until their deadline.
+    previous: Option<PreviousKeys>,
     acquire: Script,
     refresh: Script,
     release: Script,
@@ -176,6 +178,15 @@ pub struct RedisBus {
     /// The highest override version this replica has written or read: anything older is
     /// refused, even if the counter in Redis were reset.
     override_seen: u64,
+}
+
+/// Keys replaced by a reload ([`RedisBus::set_keys`]): what was sealed or acked with them is
+/// still read until `until`.
+#[derive(Clone)]
+struct PreviousKeys {
+    seal: Vec<u8>,
+    acks: brownout_protocol::AckKeys,
+    until: std::time::Instant,
 }
 
 impl std::fmt::Debug for RedisBus {
@@ -226,6 +237,7 @@ impl RedisBus {
             op_timeout,
             hmac_key: pk.seal_key,
             ack_keys: pk.acks,
+            previous: None,
             acquire: Script::new(ACQUIRE),
             refresh: Script::new(REFRESH),
             release: Script::new(RELEASE),
@@ -234,6 +246,44 @@ impl RedisBus {
             override_put: Script::new(OVERRIDE_PUT),
             override_seen: 0,
         })
+    }
+
+    /// Seals and verifies with `current` from now on; what `previous` sealed (overrides) or
+    /// what engines acked under its ack keys is still accepted until the deadline given with it.
+    pub fn set_keys(
+        &mut self,
+        current: &brownout_protocol::PlaneKeys,
+        previous: Option<(&brownout_protocol::PlaneKeys, std::time::Instant)>,
+    ) {
+        self.hmac_key = current.seal_key.clone();
+        self.ack_keys = current.acks.clone();
+        self.previous = previous.map(|(p, until)| PreviousKeys {
+            seal: p.seal_key.clone(),
+            acks: p.acks.clone(),
+            until,
+        });
+    }
+
+    /// The replaced keys, while their overlap lasts.
+    fn previous(&self) -> Option<&PreviousKeys> {
+        self.previous
+            .as_ref()
+            .filter(|p| std::time::Instant::now() < p.until)
+    }
+
+    /// Unseals with the current seal key, else with the replaced one during its overlap.
+    fn unseal<'a>(
+        &self,
+        domain: &str,
+        v: &'a str,
+    ) -> Result<&'a str, brownout_protocol::UnsealError> {
+        match brownout_protocol::unseal(&self.hmac_key, domain, v) {
+            Err(e) => match self.previous() {
+                Some(p) => brownout_protocol::unseal(&p.seal, domain, v).map_err(|_| e),
+                None => Err(e),
+            },
+            ok => ok,
+        }
     }
 
     pub fn keys(&self) -> &RedisKeys {
@@ -399,7 +449,15 @@ impl RedisBus {
         let m: BTreeMap<String, String> = timed(self.op_timeout, self.conn.hgetall(k)).await?;
         Ok(m.into_iter()
             .map(|(inst, v)| {
-                let e = match Ack::parse_signed(&v, &self.ack_keys.key_for(&inst), &inst) {
+                let parsed = match Ack::parse_signed(&v, &self.ack_keys.key_for(&inst), &inst) {
+                    Err(AckVerifyError::Signature(e)) => match self.previous() {
+                        Some(p) => Ack::parse_signed(&v, &p.acks.key_for(&inst), &inst)
+                            .map_err(|_| AckVerifyError::Signature(e)),
+                        None => Err(AckVerifyError::Signature(e)),
+                    },
+                    other => other,
+                };
+                let e = match parsed {
                     Ok(a) => AckEntry::Ok(a),
                     Err(AckVerifyError::Malformed(_)) => AckEntry::Malformed(v),
                     Err(AckVerifyError::Signature(e)) => AckEntry::Unverified {
@@ -479,7 +537,7 @@ impl RedisBus {
             return Ok(SharedOverride::Absent);
         };
         let key = self.keys.operator_override();
-        let sealed = match brownout_protocol::unseal(&self.hmac_key, &self.override_domain(), &v) {
+        let sealed = match self.unseal(&self.override_domain(), &v) {
             Ok(json) => match serde_json::from_str::<SealedOverride>(json) {
                 Ok(s) => s,
                 Err(e) => {
@@ -550,7 +608,7 @@ impl RedisBus {
         let k = self.keys.instance_overrides();
         let v: Option<String> = timed(self.op_timeout, self.conn.get(k)).await?;
         let Some(v) = v else { return Ok(None) };
-        match brownout_protocol::unseal(&self.hmac_key, &self.instance_overrides_domain(), &v) {
+        match self.unseal(&self.instance_overrides_domain(), &v) {
             Ok(json) => Ok(serde_json::from_str(json).ok()),
             Err(e) => {
                 tracing::warn!(error = %e, key = %self.keys.instance_overrides(), "degrade: ignoring instance actions not sealed with the command key");

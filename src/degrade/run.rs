@@ -42,7 +42,8 @@ pub async fn run_controller(
     transport: Transport,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RedisBusError> {
-    let cfg = handle.config().clone();
+    let mut cfg = handle.config().clone();
+    let mut key_reloads = handle.key_reloads();
     brownout_protocol::RedisKeys::new(&cfg.cluster)?;
     let mut controller = Controller::new(cfg.policy.clone());
     let mut tick = tokio::time::interval(cfg.policy.evaluate_interval);
@@ -73,6 +74,13 @@ pub async fn run_controller(
             }
             // An operator instance action: decide and publish now, not at the next interval.
             () = handle.woken() => {}
+            Ok(()) = key_reloads.changed() => {
+                let reloaded = key_reloads.borrow_and_update().clone();
+                if let Some((keys, overlap)) = reloaded {
+                    redis.rotate_keys(&mut cfg, keys, overlap);
+                }
+                continue;
+            }
         }
         let now = now_ms();
         let mut decision = controller.step(&handle.inputs(now));
@@ -176,6 +184,10 @@ struct Publisher {
     max_epoch_seen: u64,
     next_version: u64,
     last: Option<LastPublish>,
+    /// The keys a reload replaced, and until when they are still accepted.
+    previous_keys: Option<(brownout_protocol::PlaneKeys, std::time::Instant)>,
+    /// The keys of the last reload (`None`: the handle's, from the start).
+    keys: Option<brownout_protocol::PlaneKeys>,
 }
 
 impl Default for Publisher {
@@ -186,11 +198,38 @@ impl Default for Publisher {
             max_epoch_seen: 0,
             next_version: 1,
             last: None,
+            previous_keys: None,
+            keys: None,
         }
     }
 }
 
 impl Publisher {
+    /// Signs with `keys` from now on. The replaced public key keeps verifying stored commands,
+    /// and the replaced seal and ack keys stay accepted for `overlap` (also by a bus
+    /// connected later).
+    fn rotate_keys(
+        &mut self,
+        cfg: &mut DegradeConfig,
+        mut keys: brownout_protocol::PlaneKeys,
+        overlap: std::time::Duration,
+    ) {
+        if let brownout_protocol::CommandSigner::Ed25519(old) = &cfg.keys.signer {
+            keys.verifier.add(old.public());
+        }
+        let old = std::mem::replace(&mut cfg.keys, keys);
+        let until = std::time::Instant::now() + overlap;
+        if let Some(b) = self.bus.as_mut() {
+            b.set_keys(&cfg.keys, Some((&old, until)));
+        }
+        self.keys = Some(cfg.keys.clone());
+        tracing::info!(
+            overlap_s = overlap.as_secs(),
+            "degrade: command keys reloaded; the replaced ones are accepted for the overlap"
+        );
+        self.previous_keys = Some((old, until));
+    }
+
     /// Connects when not connected; false (said in the log) when Redis does not answer.
     async fn connect(&mut self, url: &str, cfg: &DegradeConfig) -> bool {
         if self.bus.is_some() {
@@ -205,7 +244,10 @@ impl Publisher {
         )
         .await
         {
-            Ok(b) => {
+            Ok(mut b) => {
+                if let Some((old, until)) = &self.previous_keys {
+                    b.set_keys(&cfg.keys, Some((old, *until)));
+                }
                 self.bus = Some(b);
                 true
             }
@@ -322,6 +364,7 @@ impl Publisher {
                 }
             }
         }
+        let keys = self.keys.as_ref().unwrap_or(&cfg.keys);
         // Keep or take the leader lease. Refreshed every round (one cheap script): this is also
         // how a Redis that restarted empty is noticed within one interval.
         if let Some(e) = self.epoch
@@ -340,7 +383,7 @@ impl Publisher {
                 self.max_epoch_seen = self.max_epoch_seen.max(e);
                 // Continue from the tier in force rather than dropping it on failover.
                 if let Some(stored) = b.stored().await?
-                    && let Ok(cmd) = cfg.keys.verifier.verify_for(&stored, &cfg.cluster)
+                    && let Ok(cmd) = keys.verifier.verify_for(&stored, &cfg.cluster)
                 {
                     self.next_version = self.next_version.max(cmd.version + 1);
                     if cmd.tier > controller.tier() && !cmd.is_expired(now) {
@@ -352,7 +395,7 @@ impl Publisher {
             } else {
                 // Follower: show the leader's command and acks.
                 if let Some(stored) = b.stored().await?
-                    && let Ok(cmd) = cfg.keys.verifier.verify_for(&stored, &cfg.cluster)
+                    && let Ok(cmd) = keys.verifier.verify_for(&stored, &cfg.cluster)
                 {
                     self.max_epoch_seen = self.max_epoch_seen.max(cmd.epoch);
                     self.next_version = self.next_version.max(cmd.version + 1);
@@ -367,7 +410,7 @@ impl Publisher {
             let d = decision.clone();
             let cluster = cfg.cluster.clone();
             let out = match b
-                .publish(e, self.next_version, &cfg.keys.signer, |v| {
+                .publish(e, self.next_version, &keys.signer, |v| {
                     build_command(&d, agents, &cluster, e, v, now, lease_ms)
                 })
                 .await

@@ -30,6 +30,7 @@
 
 pub mod app;
 pub mod feeders;
+pub mod key_reload;
 pub mod miner_state;
 
 use std::sync::{Arc, Mutex};

@@ -10,6 +10,7 @@ mod alerts_rules;
 mod architecture;
 mod dashboards_valid;
 mod degrade_capacity;
+mod degrade_key_rotation;
 mod degrade_override;
 mod degrade_override_now;
 mod degrade_policy;
