@@ -740,6 +740,12 @@ mod tests {
         doubled: AtomicUsize,
         /// What [`Store::set_writer`] was last told.
         writer: Mutex<Option<(String, Duration)>>,
+        /// Writes the SLI rows apart ([`Store::splits_sli`]), like ClickHouse.
+        split: bool,
+        /// (batch id, mode) of each SLI-only write, in call order.
+        sli_writes: Mutex<Vec<Vec<(u64, WriteMode)>>>,
+        /// This many SLI-only writes fail.
+        fail_sli: AtomicUsize,
     }
 
     impl Slow {
@@ -760,7 +766,21 @@ mod tests {
                 merged: Mutex::new(Vec::new()),
                 doubled: AtomicUsize::new(0),
                 writer: Mutex::new(None),
+                split: false,
+                sli_writes: Mutex::new(Vec::new()),
+                fail_sli: AtomicUsize::new(0),
             }
+        }
+        /// [`Slow::clickhouse_like`] that writes SLI rows apart; its first `fail_sli` SLI-only
+        /// writes fail.
+        fn clickhouse_split(fail_sli: usize) -> Arc<Slow> {
+            let s = Slow {
+                backend: "clickhouse",
+                split: true,
+                fail_sli: AtomicUsize::new(fail_sli),
+                ..Slow::base(0, 2, 0)
+            };
+            Arc::new(s)
         }
         /// A ClickHouse-like store (acknowledged from the spool) whose writes wait for
         /// [`Slow::open_gate`] and whose first `lose` merged writes lose their answer.
@@ -853,6 +873,32 @@ mod tests {
         }
         fn write_concurrency(&self) -> usize {
             self.concurrency
+        }
+        fn splits_sli(&self) -> bool {
+            self.split
+        }
+        fn write_parts(
+            &self,
+            batches: Vec<(Arc<Batch>, WriteMode)>,
+            parts: crate::store::Parts,
+        ) -> StoreFuture<'_, ()> {
+            if parts != crate::store::Parts::SliOnly {
+                return self.write_merged(batches);
+            }
+            Box::pin(async move {
+                self.sli_writes
+                    .lock()
+                    .unwrap()
+                    .push(batches.iter().map(|(b, m)| (b.id, *m)).collect());
+                if self
+                    .fail_sli
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
+                    .is_ok()
+                {
+                    return Err(StoreError::BadQuery("sli insert failed".into()));
+                }
+                Ok(())
+            })
         }
         fn set_writer(&self, writer_id: &str, settle_within: Duration) {
             *self.writer.lock().unwrap() = Some((writer_id.to_string(), settle_within));
@@ -951,6 +997,104 @@ mod tests {
                 .collect(),
             ..Batch::default()
         }
+    }
+
+    /// A batch with `n` snapshot rows and one SLI row.
+    fn rows_with_sli(n: usize) -> Batch {
+        Batch {
+            sli: vec![crate::store::SliRow {
+                slo: "chat".into(),
+                minute_ms: 60_000,
+                counts: crate::store::SliCounts {
+                    good: 1,
+                    total: 1,
+                    ..Default::default()
+                },
+            }],
+            ..rows(n)
+        }
+    }
+
+    /// With a store that writes SLI rows apart, the SLI rows of many shipped groups go in a
+    /// few inserts (at most 16 groups each), every batch's once; the cursor moves past a record
+    /// only once its SLI rows are in.
+    #[tokio::test]
+    async fn sli_rows_of_consecutive_groups_go_in_one_insert_and_hold_the_cursor() {
+        let store = Slow::clickhouse_split(0);
+        let (p, task, stop, dir) = start(Arc::clone(&store));
+        for _ in 0..40 {
+            p.submit(rows_with_sli(1), 1000).await.unwrap();
+        }
+        wait_for(|| {
+            store
+                .sli_writes
+                .lock()
+                .unwrap()
+                .iter()
+                .map(Vec::len)
+                .sum::<usize>()
+                == 40
+        })
+        .await;
+        let groups = store.merged.lock().unwrap().len();
+        let sli = store.sli_writes.lock().unwrap().clone();
+        eprintln!("{} SLI inserts for {groups} shipped groups", sli.len());
+        let mut ids: Vec<u64> = sli.iter().flatten().map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 40, "every batch's SLI rows, once: {sli:?}");
+        assert!(
+            sli.len() < groups || groups == 1,
+            "{} SLI inserts for {groups} shipped groups",
+            sli.len()
+        );
+        stop.send(true).unwrap();
+        task.finish().await;
+        let s = Spool::open(&dir.path().join("spool"), 1 << 30, 64 << 20).unwrap();
+        assert!(
+            s.is_empty(),
+            "the cursor moved past everything once its SLI rows were in"
+        );
+    }
+
+    /// A failed SLI insert is retried with the check (it may have landed), and until it lands
+    /// the cursor stays before its records: a restart would ship them again, checked.
+    #[tokio::test]
+    async fn a_failed_sli_insert_is_retried_with_the_check_and_holds_the_cursor() {
+        let store = Slow::clickhouse_split(usize::MAX);
+        let (p, task, stop, dir) = start(Arc::clone(&store));
+        for _ in 0..3 {
+            p.submit(rows_with_sli(1), 1000).await.unwrap();
+        }
+        wait_for(|| store.sli_writes.lock().unwrap().len() >= 2).await;
+        assert_eq!(
+            store.writes().iter().map(|w| w.1).sum::<usize>(),
+            3,
+            "the other rows are stored"
+        );
+        let pending = Spool::open(&dir.path().join("spool"), 1 << 30, 64 << 20)
+            .unwrap()
+            .pending_bytes();
+        assert!(pending > 0, "the cursor waits for the SLI rows");
+        store.fail_sli.store(0, Ordering::SeqCst);
+        let tried = store.sli_writes.lock().unwrap().len();
+        wait_for(|| store.sli_writes.lock().unwrap().len() > tried).await;
+        let sli = store.sli_writes.lock().unwrap().clone();
+        let first: Vec<u64> = sli[0].iter().map(|(id, _)| *id).collect();
+        // Every retry carries the same records, checked.
+        for retry in &sli[1..] {
+            let ids: Vec<u64> = retry.iter().map(|(id, _)| *id).collect();
+            assert_eq!(ids, first, "{sli:?}");
+            assert!(
+                retry.iter().all(|(_, m)| *m == WriteMode::Replay),
+                "{sli:?}"
+            );
+        }
+        assert_eq!(store.doubled.load(Ordering::SeqCst), 0);
+        stop.send(true).unwrap();
+        task.finish().await;
+        let s = Spool::open(&dir.path().join("spool"), 1 << 30, 64 << 20).unwrap();
+        assert!(s.is_empty());
     }
 
     /// The store is told the spool's writer id (the same after a restart on the same spool),

@@ -7,7 +7,8 @@
 //!                                              spool.append (one fsync per group) → answers (200 now)
 //!                                              memory given back; (position, batch) ──> shipper
 //! shipper: consecutive records from the cursor, ≤ batch_max_rows rows ──> one INSERT per table
-//!          (two merged inserts in flight); ok → cursor moves past them (in order)
+//!          (two merged inserts in flight); ok → cursor moves past them (in order; with
+//!          ClickHouse once the SLI rows of up to 16 such groups are in, in one insert)
 //!          failed / timed out → those records are retried with the replay check
 //! ```
 //!
@@ -20,6 +21,14 @@
 //!   otherwise the shipper reads the record back from the spool). The shipper merges
 //!   consecutive records into one write ([`Store::write_merged`]: one INSERT per table) and,
 //!   when ClickHouse answers, moves the spool's cursor past them.
+//! - **SLI rows of several groups in one insert.** With ClickHouse ([`Store::splits_sli`]) a
+//!   group's insert leaves out its SLI rows ([`crate::store::Parts::WithoutSli`]); those of
+//!   consecutive groups go in one insert ([`crate::store::Parts::SliOnly`]) once 16 groups
+//!   wait, 1 s after the first, or 50 ms after the last when no other follows (and at
+//!   shutdown). The cursor moves past those records only when that insert lands, so after a
+//!   crash they are replayed with the check, and each table keeps exactly one copy. Each SLI
+//!   insert writes two parts (`sli_rows` and the summing view's): once a second under a
+//!   steady load instead of once per group.
 //! - **Exactly once.** Every row carries its batch id and index. A record whose insert may have
 //!   landed — the records from the cursor on at startup (the process may have died after the
 //!   insert and before the cursor moved), and those of an insert that failed or timed out — is
@@ -44,13 +53,21 @@ use super::write::{
     timed_store_write,
 };
 use crate::metrics::Metrics;
-use crate::store::{Batch, Store, WriteMode};
+use crate::store::{Batch, Parts, Store, WriteMode};
 
 /// At most this many spool records in one merged insert (bounds the replay check's id list).
 const MAX_MERGE_RECORDS: usize = 1000;
 /// Merged inserts in flight at once: one is serialized and sent while ClickHouse writes the
 /// other's parts.
 const SHIP_DEPTH: usize = 2;
+/// With a store that writes SLI rows apart ([`Store::splits_sli`]): the SLI rows of at most
+/// this many consecutive groups go in one insert…
+const SLI_MAX_GROUPS: usize = 16;
+/// …written at most this long after the first of them was shipped, or this long after the
+/// last one when no other group follows. The cursor moves past those records only once their
+/// SLI rows are in.
+const SLI_MAX_WAIT: Duration = Duration::from_secs(1);
+const SLI_IDLE: Duration = Duration::from_millis(50);
 
 /// What the writer and the shipper share.
 pub(super) struct Shared {
@@ -299,6 +316,10 @@ impl Shipper {
         let mut retry_at: Option<tokio::time::Instant> = None;
         let mut closed = false;
         let mut watching = true;
+        // Shipped records whose SLI rows wait for one insert with those of the next groups
+        // (only when the store splits them); the cursor stays before them until it lands.
+        let split = self.store.splits_sli();
+        let mut sli = SliWait::default();
         loop {
             if *shutdown.borrow() {
                 break;
@@ -311,6 +332,40 @@ impl Shipper {
             let ready = retry_at.is_none_or(|t| tokio::time::Instant::now() >= t);
             if ready {
                 retry_at = None;
+            }
+            // The SLI rows of the shipped groups: when enough wait, when the first has waited
+            // long enough, or when no group was shipped for a moment.
+            if ready && sli.due() {
+                let records = std::mem::take(&mut sli.records);
+                let group: Vec<(Arc<Batch>, WriteMode)> = records
+                    .iter()
+                    .filter(|r| !r.batch.sli.is_empty())
+                    .map(|r| (Arc::clone(&r.batch), r.mode))
+                    .collect();
+                let ok = ship(
+                    Arc::clone(&self.store),
+                    group,
+                    Parts::SliOnly,
+                    self.write_timeout,
+                    self.shared.metrics.clone(),
+                )
+                .await;
+                if ok {
+                    self.commit(records).await;
+                    sli = SliWait::default();
+                } else {
+                    // They may have landed: checked when written again, after a pause that
+                    // also holds back new groups (the cursor cannot pass these records).
+                    sli.records = records;
+                    for r in &mut sli.records {
+                        r.mode = WriteMode::Replay;
+                    }
+                    self.shared.store_up.store(false, Ordering::Relaxed);
+                    self.shared.publish();
+                    retry_at = Some(tokio::time::Instant::now() + backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
             }
             while ready && flights.len() < SHIP_DEPTH && sent < queue.len() {
                 let n = self.take_group(&queue, sent);
@@ -325,21 +380,27 @@ impl Shipper {
                 let flight: Flight = tokio::spawn(ship(
                     Arc::clone(&self.store),
                     group,
+                    if split { Parts::WithoutSli } else { Parts::All },
                     self.write_timeout,
                     self.shared.metrics.clone(),
                 ));
                 flights.push_back(async move { (n, flight.await.unwrap_or(false)) });
             }
-            if closed && queue.is_empty() && flights.is_empty() {
+            if closed && queue.is_empty() && flights.is_empty() && sli.records.is_empty() {
                 break;
             }
             tokio::select! {
                 r = shutdown.changed(), if watching => watching = r.is_ok(),
                 Some((n, ok)) = flights.next(), if !flights.is_empty() => {
                     if ok {
-                        self.shipped(&mut queue, n).await;
+                        let done = self.drain(&mut queue, n);
                         sent -= n;
                         backoff = Duration::from_millis(200);
+                        if split {
+                            sli.push(done);
+                        } else {
+                            self.commit(done).await;
+                        }
                     } else {
                         // Its rows may be partly stored, and so may those of the inserts
                         // behind it: all are retried with the check, after a pause.
@@ -367,6 +428,7 @@ impl Shipper {
                     }
                 }
                 () = sleep_until_opt(retry_at) => {}
+                () = sleep_until_opt(sli.deadline()), if retry_at.is_none() => {}
             }
         }
         // Shutdown: the inserts in flight finish (each within the write timeout) and move the
@@ -374,9 +436,33 @@ impl Shipper {
         let mut gap = false;
         while let Some((n, ok)) = flights.next().await {
             if ok && !gap {
-                self.shipped(&mut queue, n).await;
+                let done = self.drain(&mut queue, n);
+                if split {
+                    sli.push(done);
+                } else {
+                    self.commit(done).await;
+                }
             } else {
                 gap = true;
+            }
+        }
+        if !sli.records.is_empty() {
+            let records = std::mem::take(&mut sli.records);
+            let group: Vec<(Arc<Batch>, WriteMode)> = records
+                .iter()
+                .filter(|r| !r.batch.sli.is_empty())
+                .map(|r| (Arc::clone(&r.batch), r.mode))
+                .collect();
+            if ship(
+                Arc::clone(&self.store),
+                group,
+                Parts::SliOnly,
+                self.write_timeout,
+                self.shared.metrics.clone(),
+            )
+            .await
+            {
+                self.commit(records).await;
             }
         }
         tracing::info!(
@@ -508,11 +594,18 @@ impl Shipper {
         self.shared.metrics.ingest.spool_corrupt_records_total.inc();
     }
 
-    /// The first `n` records are stored: move the cursor past them and forget them.
-    async fn shipped(&self, queue: &mut VecDeque<Ready>, n: usize) {
+    /// The first `n` records were shipped: out of the queue.
+    fn drain(&self, queue: &mut VecDeque<Ready>, n: usize) -> Vec<Ready> {
+        queue.drain(..n).collect()
+    }
+
+    /// These records (the oldest not yet committed, in order) are stored: move the cursor past
+    /// them and forget them.
+    async fn commit(&self, records: Vec<Ready>) {
+        let n = records.len();
         let mut end = None;
         let mut freed = 0;
-        for r in queue.drain(..n) {
+        for r in records {
             end = Some(r.end);
             freed += r.cached;
         }
@@ -535,20 +628,57 @@ impl Shipper {
     }
 }
 
-/// One merged insert, with the store's timeout; true when the store took it.
+/// Shipped records whose SLI rows are not written yet ([`SLI_MAX_GROUPS`], [`SLI_MAX_WAIT`],
+/// [`SLI_IDLE`]).
+#[derive(Default)]
+struct SliWait {
+    records: Vec<Ready>,
+    groups: usize,
+    /// When the first and the last of these groups were shipped.
+    since: Option<(tokio::time::Instant, tokio::time::Instant)>,
+}
+
+impl SliWait {
+    fn push(&mut self, done: Vec<Ready>) {
+        self.records.extend(done);
+        self.groups += 1;
+        let now = tokio::time::Instant::now();
+        self.since = Some(self.since.map_or((now, now), |(first, _)| (first, now)));
+    }
+
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.since
+            .map(|(first, last)| (first + SLI_MAX_WAIT).min(last + SLI_IDLE))
+    }
+
+    /// Whether their insert is due now.
+    fn due(&self) -> bool {
+        !self.records.is_empty()
+            && (self.groups >= SLI_MAX_GROUPS
+                || self
+                    .deadline()
+                    .is_some_and(|d| tokio::time::Instant::now() >= d))
+    }
+}
+
+/// One merged insert of `parts`, with the store's timeout; true when the store took it.
 async fn ship(
     store: Arc<dyn Store>,
     group: Vec<(Arc<Batch>, WriteMode)>,
+    parts: Parts,
     write_timeout: Duration,
     metrics: Metrics,
 ) -> bool {
     if group.is_empty() {
         return true;
     }
-    let rows: usize = group.iter().map(|(b, _)| b.num_rows()).sum();
+    let rows: usize = match parts {
+        Parts::SliOnly => group.iter().map(|(b, _)| b.sli.len()).sum(),
+        _ => group.iter().map(|(b, _)| b.num_rows()).sum(),
+    };
     let backend = store.backend();
     timed_store_write(
-        store.write_merged(group),
+        store.write_parts(group, parts),
         backend,
         rows,
         "shipping retried with the replay check",

@@ -44,9 +44,9 @@ use clickhouse::{Client, Row};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Batch, CountQuery, Doc, FailureCursor, FailureQuery, FailureRow, RequestCount, RowCounts,
-    SliBucket, SliCounts, SpanRow, Store, StoreError, StoreFuture, WriteMode, doc_version_us,
-    sqlite::page,
+    Batch, CountQuery, Doc, FailureCursor, FailureQuery, FailureRow, Parts, RequestCount,
+    RowCounts, SliBucket, SliCounts, SpanRow, Store, StoreError, StoreFuture, WriteMode,
+    doc_version_us, sqlite::page,
 };
 use crate::config::ClickHouseConfig;
 
@@ -597,7 +597,7 @@ impl ClickHouseStore {
     }
 
     async fn write(&self, b: &Batch, mode: WriteMode) -> Result<(), StoreError> {
-        self.write_many(&[(b, mode)]).await
+        self.write_many(&[(b, mode)], Parts::All).await
     }
 
     /// Which `(batch_id, seq)` of the batches `ids` table `t` already holds: one query for all
@@ -628,8 +628,18 @@ impl ClickHouseStore {
     /// single one: for the batches in [`WriteMode::Replay`] (their earlier write may have
     /// landed) one query per table asks which of their rows are there, and only the rest are
     /// inserted; [`WriteMode::Fresh`] batches are not checked.
-    async fn write_many(&self, items: &[(&Batch, WriteMode)]) -> Result<(), StoreError> {
+    /// `parts` chooses the tables ([`Parts`]).
+    async fn write_many(
+        &self,
+        items: &[(&Batch, WriteMode)],
+        parts: Parts,
+    ) -> Result<(), StoreError> {
         self.ensure_migrated().await?;
+        let (main, sli) = match parts {
+            Parts::All => (true, true),
+            Parts::WithoutSli => (true, false),
+            Parts::SliOnly => (false, true),
+        };
         if items
             .iter()
             .any(|(b, m)| *m == WriteMode::Replay && !b.is_empty())
@@ -637,6 +647,14 @@ impl ClickHouseStore {
             // An earlier insert of these rows may still be running: its rows would not be
             // seen by the check below, and would land next to the ones inserted again.
             self.settle().await?;
+        }
+        if !main {
+            let present = self
+                .present_many(&self.sli_rows, &replay_ids(items, sli_count))
+                .await?;
+            return self
+                .insert_rows(&self.sli_rows, sli_rows(items, &present))
+                .await;
         }
         let spans = async {
             let present = self
@@ -683,6 +701,9 @@ impl ClickHouseStore {
             self.insert_rows(&self.snapshots, snaps.into_iter()).await
         };
         let sli = async {
+            if !sli {
+                return Ok(());
+            }
             let present = self
                 .present_many(&self.sli_rows, &replay_ids(items, sli_count))
                 .await?;
@@ -1035,7 +1056,24 @@ impl Store for ClickHouseStore {
         Box::pin(async move {
             let items: Vec<(&Batch, WriteMode)> =
                 batches.iter().map(|(b, m)| (b.as_ref(), *m)).collect();
-            self.write_many(&items).await
+            self.write_many(&items, Parts::All).await
+        })
+    }
+
+    /// The shipper writes the SLI rows of several groups in one insert.
+    fn splits_sli(&self) -> bool {
+        true
+    }
+
+    fn write_parts(
+        &self,
+        batches: Vec<(Arc<Batch>, WriteMode)>,
+        parts: Parts,
+    ) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let items: Vec<(&Batch, WriteMode)> =
+                batches.iter().map(|(b, m)| (b.as_ref(), *m)).collect();
+            self.write_many(&items, parts).await
         })
     }
 

@@ -340,6 +340,17 @@ pub struct RowCounts {
     pub snapshots: u64,
 }
 
+/// Which tables a [`Store::write_parts`] covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parts {
+    /// Every table ([`Store::write_merged`]).
+    All,
+    /// All but the SLI rows ([`Batch::sli`]).
+    WithoutSli,
+    /// Only the SLI rows.
+    SliOnly,
+}
+
 /// The storage boundary. Implementations are cheap to share (`Arc<dyn Store>`).
 pub trait Store: Send + Sync + 'static {
     /// `"clickhouse"` or `"sqlite"`.
@@ -372,6 +383,28 @@ pub trait Store: Send + Sync + 'static {
             }
             Ok(())
         })
+    }
+
+    /// Whether [`Store::write_parts`] writes the SLI rows apart from the rest: then the ingest
+    /// shipper writes the other tables of each merged group at once and the SLI rows of
+    /// several consecutive groups in one later insert (ClickHouse: one part, and one part of
+    /// the summing view, per second instead of per group). The default: no.
+    fn splits_sli(&self) -> bool {
+        false
+    }
+
+    /// [`Store::write_merged`] of some tables only ([`Parts`]). The default (a store that does
+    /// not split, [`Store::splits_sli`] false) writes everything with
+    /// [`Parts::All`] and [`Parts::WithoutSli`], and nothing with [`Parts::SliOnly`].
+    fn write_parts(
+        &self,
+        batches: Vec<(Arc<Batch>, WriteMode)>,
+        parts: Parts,
+    ) -> StoreFuture<'_, ()> {
+        match parts {
+            Parts::SliOnly => Box::pin(async { Ok(()) }),
+            Parts::All | Parts::WithoutSli => self.write_merged(batches),
+        }
     }
 
     /// Names the writer of this store's inserts (the spool's [`crate::ingest::spool::Spool::writer_id`],
