@@ -33,8 +33,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use brownout_protocol::{Category, FailureEvent};
 
-pub use api::{SharedEngine, router};
-pub use engine::{EngineConfig, Pattern, PatternEngine, PatternId};
+pub use api::router;
+pub use engine::{EngineConfig, Pattern, PatternEngine, PatternId, SharedEngine};
 pub use miner::{MinerConfig, MinerState, MinerStateStore, TemplateId, TemplateMiner};
 
 /// Command-line arguments of `brownout patterns`.
