@@ -11,8 +11,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-pub use super::engine::SharedEngine;
 use super::engine::Pattern;
+pub use super::engine::SharedEngine;
 use super::feed::SloBadSource;
 use crate::error::{ApiError, Query, parse_time};
 

@@ -16,7 +16,8 @@ use brownout_protocol::{Category, FailureEvent};
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{ClusterConfig, ClusterItem, cluster};
-use super::miner::{MinerConfig, MinerError, MinerState, TemplateId, TemplateMiner, stable_hash};
+use super::hash::stable_hash;
+use super::miner::{MinerConfig, MinerError, MinerState, TemplateId, TemplateMiner};
 use super::trace::{MinerInput, miner_input};
 
 /// What the miner mines for `ev` ([`miner_input`]): keyed by its `error_type` (else the type

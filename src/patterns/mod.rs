@@ -21,6 +21,7 @@ pub mod bench;
 pub mod cluster;
 pub mod engine;
 pub mod feed;
+pub mod hash;
 pub mod mask;
 pub mod miner;
 pub mod share;
