@@ -6,18 +6,15 @@
 //! (the engine has no clock), `since` to 24 h before `until`. Bad input is a 400 with a stable
 //! `code` and a message naming the parameter. Auth and mounting are the caller's.
 
-use std::sync::{Arc, Mutex};
-
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use super::engine::{Pattern, PatternEngine};
+use super::engine::Pattern;
+pub use super::engine::SharedEngine;
+use super::feed::SloBadSource;
 use crate::error::{ApiError, Query, parse_time};
-
-/// The engine as shared between ingest (observe) and the API (query).
-pub type SharedEngine = Arc<Mutex<PatternEngine>>;
 
 #[derive(Debug, Deserialize)]
 struct PatternsQuery {
@@ -52,13 +49,13 @@ pub fn router(engine: SharedEngine) -> Router {
 
 /// The patterns router ranking by real impact: each pattern's share of the window's SLO-bad
 /// events, from the stored SLI buckets.
-pub fn router_with_slo_bad(engine: SharedEngine, source: super::feed::SloBadSource) -> Router {
+pub fn router_with_slo_bad(engine: SharedEngine, source: SloBadSource) -> Router {
     Router::new()
         .route("/api/v1/patterns", get(list))
         .with_state((engine, Some(source)))
 }
 
-type ApiState = (SharedEngine, Option<super::feed::SloBadSource>);
+type ApiState = (SharedEngine, Option<SloBadSource>);
 
 async fn list(
     State((engine, source)): State<ApiState>,

@@ -22,8 +22,8 @@ use linfa_clustering::Dbscan;
 use linfa_nn::{CommonNearestNeighbour, distance::L2Dist};
 use ndarray::Array2;
 
+use super::hash::stable_hash;
 use super::mask::WILDCARD;
-use super::miner::stable_hash;
 
 const TEXT_DIMS: usize = 512;
 const CATEGORY_DIMS: usize = 16;

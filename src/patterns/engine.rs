@@ -16,7 +16,8 @@ use brownout_protocol::{Category, FailureEvent};
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{ClusterConfig, ClusterItem, cluster};
-use super::miner::{MinerConfig, MinerError, MinerState, TemplateId, TemplateMiner, stable_hash};
+use super::hash::stable_hash;
+use super::miner::{MinerConfig, MinerError, MinerState, TemplateId, TemplateMiner};
 use super::trace::{MinerInput, miner_input};
 
 /// What the miner mines for `ev` ([`miner_input`]): keyed by its `error_type` (else the type
@@ -159,17 +160,8 @@ pub struct Pattern {
     pub is_new: bool,
 }
 
-/// One SLO's bad events in a window (from the stored SLI buckets): the denominator of a
-/// pattern's impact on it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SloBad {
-    pub slo: String,
-    /// The SLO's service and feature selector: a template's failures count for the SLO when
-    /// its service is this one and (with a feature) it was seen on that feature.
-    pub service: String,
-    pub feature: Option<String>,
-    pub bad: u64,
-}
+/// One SLO's bad events in a window: defined beside the SLI buckets it is read from.
+pub use crate::slo::persist::SloBad;
 
 /// A pattern's share of one SLO's bad events in the window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -180,6 +172,9 @@ pub struct SloImpact {
     /// Failures of the pattern counted for the SLO.
     pub events: u64,
 }
+
+/// The engine as shared between ingest (observe) and the API (query).
+pub type SharedEngine = std::sync::Arc<std::sync::Mutex<PatternEngine>>;
 
 /// The engine. Not `Sync` by itself: share it as `Arc<Mutex<PatternEngine>>`.
 #[derive(Debug)]

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::api::SharedEngine;
-use super::engine::Pattern;
+use super::engine::{Pattern, SharedEngine};
 
 /// The window the published patterns cover, ending at their computation.
 pub const WINDOW_MS: u64 = 24 * 3_600_000;

@@ -21,6 +21,7 @@ pub mod bench;
 pub mod cluster;
 pub mod engine;
 pub mod feed;
+pub mod hash;
 pub mod mask;
 pub mod miner;
 pub mod share;
@@ -33,8 +34,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use brownout_protocol::{Category, FailureEvent};
 
-pub use api::{SharedEngine, router};
-pub use engine::{EngineConfig, Pattern, PatternEngine, PatternId};
+pub use api::router;
+pub use engine::{EngineConfig, Pattern, PatternEngine, PatternId, SharedEngine};
 pub use miner::{MinerConfig, MinerState, MinerStateStore, TemplateId, TemplateMiner};
 
 /// Command-line arguments of `brownout patterns`.

@@ -49,7 +49,7 @@ use std::time::Duration;
 use brownout_protocol::{Category, Criticality, FailureEvent, RedisKeys};
 use serde::{Deserialize, Serialize};
 
-use super::api::SharedEngine;
+use super::engine::SharedEngine;
 use super::engine::{EngineConfig, PatternEngine};
 use super::miner::{MAX_LINE_BYTES, MinerState};
 use crate::stream_outbox::{ReadRules, StreamOutbox, StreamSpec};

@@ -12,7 +12,7 @@
 //! - [`Joiner`]: joins the physical lines of a raw log into events, a traceback or stack trace
 //!   (and its `Caused by:` / `During handling …` chain) being one event.
 
-use super::miner::stable_hash;
+use super::hash::stable_hash;
 
 /// Name endings that exception and error types use across languages (Python, Java, .NET, Go,
 /// JavaScript): `ValueError`, `IOException`, `SystemExit`, `KeyboardInterrupt`,

@@ -330,9 +330,22 @@ pub async fn run(
     }
 }
 
+/// One SLO's bad events in a window (from the stored SLI buckets): the denominator of a
+/// failure pattern's impact on it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SloBad {
+    pub slo: String,
+    /// The SLO's service and feature selector: a template's failures count for the SLO when
+    /// its service is this one and (with a feature) it was seen on that feature.
+    pub service: String,
+    pub feature: Option<String>,
+    pub bad: u64,
+}
+
 /// Each SLO's real bad events (failures; refusals on purpose are not bad) in
 /// `[since_ms, until_ms)`, from the stored SLI buckets (minute-aligned): what a failure
-/// pattern's impact is measured against ([`crate::patterns::engine::PatternEngine::patterns_by_slo_impact`]).
+/// pattern's impact is measured against (`PatternEngine::patterns_by_slo_impact` in
+/// `patterns::engine`).
 /// `None` when no SLO has any stored count in the window (no SLO saw traffic, or the data was
 /// stored before the buckets existed): the caller ranks by the share of failures then.
 ///
@@ -343,7 +356,7 @@ pub async fn slo_bad_events(
     specs: &[SloSpec],
     since_ms: u64,
     until_ms: u64,
-) -> Result<Option<Vec<crate::patterns::engine::SloBad>>, crate::store::StoreError> {
+) -> Result<Option<Vec<SloBad>>, crate::store::StoreError> {
     let from = since_ms - since_ms % 60_000;
     let span = until_ms.saturating_sub(from).max(1).div_ceil(60_000) * 60_000;
     let rows = timed(store.sli_buckets(from, until_ms, span)).await?;
@@ -356,7 +369,7 @@ pub async fn slo_bad_events(
     Ok(Some(
         specs
             .iter()
-            .map(|s| crate::patterns::engine::SloBad {
+            .map(|s| SloBad {
                 slo: s.name.clone(),
                 service: s.service.clone(),
                 feature: s.selector.feature.clone(),
