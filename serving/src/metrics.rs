@@ -8,6 +8,17 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+/// The engine's critical reserve now: its size and how much of it critical requests hold
+/// (`Scheduler::reserve_stats`, also `crate::scheduler::ReserveStats`; gauges in
+/// [`Metrics::set_engine_limits`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReserveStats {
+    pub seqs: usize,
+    pub seqs_used: usize,
+    pub blocks: usize,
+    pub blocks_used: usize,
+}
+
 // Buckets are vLLM's (`vllm/v1/metrics/loggers.py`, `PrometheusStatLogger`), so that
 // `histogram_quantile` over a fleet mixing vLLM and brownout-serve adds like buckets.
 
@@ -653,7 +664,7 @@ impl Metrics {
     pub fn set_engine_limits(
         &self,
         max_num_seqs: usize,
-        r: &crate::scheduler::batch::ReserveStats,
+        r: &ReserveStats,
     ) {
         let l = self.l();
         let set = |g: &IntGaugeVec, v: usize| g.with_label_values(&l).set(v as i64);

@@ -29,14 +29,11 @@ const KNOWN_CIRCLES: &[&str] = &[
     "brownout src: api <-> ingest",
     "brownout src: auth <-> error",
     "brownout src: patterns <-> slo",
-    "brownout-serving serving/src: api <-> serve <-> upstream",
-    "brownout-serving serving/src: metrics <-> model <-> scheduler",
     // Between files of one folder.
     "brownout src/patterns: api <-> feed",
     "brownout src/patterns: mask <-> miner <-> trace",
     "brownout src/report: model <-> svg",
     "brownout src/slo: openslo <-> raw <-> sloth <-> spec",
-    "brownout-serving serving/src/model/cpu: matrix <-> quant <-> repacked",
 ];
 
 fn root() -> PathBuf {
