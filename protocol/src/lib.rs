@@ -11,7 +11,8 @@
 //! - [`keys`]: the Redis key names of one cluster (all share the hash tag `{cluster}`) and the
 //!   ack format written to the acks hash;
 //! - [`failure`]: the failure event (NDJSON ingest and OTLP-derived) and category inference;
-//! - [`snapshot`]: the gpu-agent snapshot (GPUs and engines, KV fragmentation ratios).
+//! - [`snapshot`]: the gpu-agent snapshot (GPUs and engines, KV fragmentation ratios);
+//! - [`wire`]: names both sides spell the same: span attributes, HTTP headers, metric names.
 //!
 //! It has no IO and no async: everything here is a value, a parser or a pure function. The
 //! optional `redis` feature adds [`redis_conn`], which builds a Redis client from a URL and the
@@ -24,6 +25,7 @@ pub mod failure;
 pub mod keys;
 pub mod signing;
 pub mod snapshot;
+pub mod wire;
 
 #[cfg(feature = "redis")]
 pub mod redis_conn;
