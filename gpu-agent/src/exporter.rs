@@ -648,9 +648,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/v1/snapshot", get(snapshot))
-        .fallback(|| async {
-            error(StatusCode::NOT_FOUND, "not_found", "no such route")
-        })
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
             error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -715,8 +713,16 @@ mod tests {
         let client = reqwest::Client::new();
         let cases = [
             (client.get(format!("{url}/nope")), 404, "not_found"),
-            (client.post(format!("{url}/metrics")), 405, "method_not_allowed"),
-            (client.get(format!("{url}/v1/snapshot")), 503, "no_snapshot_yet"),
+            (
+                client.post(format!("{url}/metrics")),
+                405,
+                "method_not_allowed",
+            ),
+            (
+                client.get(format!("{url}/v1/snapshot")),
+                503,
+                "no_snapshot_yet",
+            ),
         ];
         for (req, status, code) in cases {
             let r = req.send().await.unwrap();

@@ -128,7 +128,10 @@ mod tests {
             header::UPSTREAM_MODEL,
         ] {
             // Lower case: `HeaderName::from_static` panics on anything else.
-            assert!(h.starts_with("x-brownout-") && h == h.to_ascii_lowercase(), "{h}");
+            assert!(
+                h.starts_with("x-brownout-") && h == h.to_ascii_lowercase(),
+                "{h}"
+            );
         }
     }
 }

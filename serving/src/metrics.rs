@@ -662,11 +662,7 @@ impl Metrics {
     }
 
     /// The engine's `max_num_seqs` in force and its critical reserve.
-    pub fn set_engine_limits(
-        &self,
-        max_num_seqs: usize,
-        r: &ReserveStats,
-    ) {
+    pub fn set_engine_limits(&self, max_num_seqs: usize, r: &ReserveStats) {
         let l = self.l();
         let set = |g: &IntGaugeVec, v: usize| g.with_label_values(&l).set(v as i64);
         set(&self.max_num_seqs, max_num_seqs);

@@ -201,10 +201,7 @@ impl Telemetry {
         attrs.push(KeyValue::new(attr::OUTCOME, r.outcome.clone()));
         attrs.push(KeyValue::new(attr::DELIBERATE, r.deliberate));
         attrs.push(KeyValue::new(attr::COMMAND_EPOCH, r.command.0 as i64));
-        attrs.push(KeyValue::new(
-            attr::COMMAND_VERSION,
-            r.command.1 as i64,
-        ));
+        attrs.push(KeyValue::new(attr::COMMAND_VERSION, r.command.1 as i64));
         if let Some(c) = &r.conversation {
             attrs.push(KeyValue::new(attr::CONVERSATION, c.clone()));
         }

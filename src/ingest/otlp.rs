@@ -10,8 +10,8 @@
 //! - A span or record with an invalid id (trace id not 16 bytes, span id not 8) is rejected
 //!   and counted for OTLP's `partial_success`.
 
-use brownout_protocol::{Criticality, FailureEvent};
 use brownout_protocol::wire::attr;
+use brownout_protocol::{Criticality, FailureEvent};
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};

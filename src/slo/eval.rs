@@ -13,8 +13,8 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use brownout_protocol::{Criticality, FailureEvent};
 use brownout_protocol::wire::attr;
+use brownout_protocol::{Criticality, FailureEvent};
 
 use super::alert::{AlertMachine, AlertState};
 use super::budget::{self, Counts, PairKind, Severity, WindowPair};

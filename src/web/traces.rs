@@ -13,8 +13,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde::Serialize;
 use brownout_protocol::wire::attr;
+use serde::Serialize;
 
 use crate::store::logs::severity_name;
 use crate::store::{LogHit, SpanRow};
@@ -40,10 +40,7 @@ pub const KEY_ATTRIBUTES: &[(&str, &[&str])] = &[
             "brownout.gpu_queue_wait_ms",
         ],
     ),
-    (
-        "TTFT",
-        &[attr::TTFT_S, "gen_ai.server.time_to_first_token"],
-    ),
+    ("TTFT", &[attr::TTFT_S, "gen_ai.server.time_to_first_token"]),
     ("tokens in", &["gen_ai.usage.input_tokens"]),
     ("tokens out", &["gen_ai.usage.output_tokens"]),
     ("tool", crate::agents::semconv::TOOL_NAME),

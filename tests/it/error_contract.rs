@@ -291,6 +291,9 @@ async fn the_error_body_is_the_protocols_error_body_byte_for_byte() {
         let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
         assert_eq!(std::str::from_utf8(&body).unwrap(), want, "{e}");
         let back: ErrorBody = serde_json::from_slice(&body).unwrap();
-        assert_eq!((back.error.code.as_str(), back.error.message), (e.code, e.message));
+        assert_eq!(
+            (back.error.code.as_str(), back.error.message),
+            (e.code, e.message)
+        );
     }
 }

@@ -8,9 +8,9 @@
 
 use std::collections::HashMap;
 
+use brownout_protocol::wire::metric;
 use prometheus_parse::{Scrape, Value};
 use serde::Deserialize;
-use brownout_protocol::wire::metric;
 
 use super::histogram::Histogram;
 
@@ -177,7 +177,8 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
             }
             continue;
         }
-        if name == metric::REQUEST_QUEUE_TIME_SECONDS || name == metric::E2E_REQUEST_LATENCY_SECONDS {
+        if name == metric::REQUEST_QUEUE_TIME_SECONDS || name == metric::E2E_REQUEST_LATENCY_SECONDS
+        {
             if let Value::Histogram(buckets) = &sample.value {
                 let dst = if name == metric::REQUEST_QUEUE_TIME_SECONDS {
                     &mut queue_pairs

@@ -12,8 +12,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
-use brownout_protocol::{Category, Criticality};
 use brownout_protocol::wire;
+use brownout_protocol::{Category, Criticality};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;

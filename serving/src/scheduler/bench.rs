@@ -11,8 +11,8 @@ use super::engine::{EngineConfig, EngineRequest, ModelBackend, SeqEvent, spawn_e
 use super::sampling::SamplingParams;
 use crate::metrics::Metrics;
 use crate::model::{
-    BENCH_BLOCK, BenchReport, BenchRow, ChatMessage, Device, LoadedModel, ModelError,
-    ModelRunner, Route, SeqChunk, bench_blocks, bench_model_with_progress, median,
+    BENCH_BLOCK, BenchReport, BenchRow, ChatMessage, Device, LoadedModel, ModelError, ModelRunner,
+    Route, SeqChunk, bench_blocks, bench_model_with_progress, median,
 };
 
 /// What [`bench_spec`] measures.

@@ -17,9 +17,7 @@ pub use batch::{
     AdmissionError, FinishReason, NewSeq, ReserveStats, ScheduledChunk, Scheduler, SchedulerConfig,
     SchedulingPolicy, StepPlan,
 };
-pub use bench::{
-    BenchSpec, CapacitySpec, OVERLOAD_CALLS_PER_FLOW, bench_spec, capacity,
-};
+pub use bench::{BenchSpec, CapacitySpec, OVERLOAD_CALLS_PER_FLOW, bench_spec, capacity};
 pub use sampling::{Sampler, SamplingParams};
 
 #[cfg(test)]
