@@ -13,6 +13,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use brownout_protocol::ErrorBody;
 
 use crate::cycle::{CycleReport, Shared};
 use crate::engine::ScrapeErrorKind;
@@ -639,13 +640,28 @@ impl Shared {
     }
 }
 
-/// `GET /metrics`, `GET /healthz`, `GET /v1/snapshot` (the latest snapshot as JSON).
+/// `GET /metrics`, `GET /healthz`, `GET /v1/snapshot` (the latest snapshot as JSON). Errors
+/// answer the control plane's JSON error body ([`ErrorBody`]): 404 `not_found` on an unknown
+/// path, 405 `method_not_allowed` on a known path with another method.
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/v1/snapshot", get(snapshot))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
+        })
         .with_state(shared)
+}
+
+/// An error answer: `status` with `{"error": {"code", "message"}}`.
+fn error(status: StatusCode, code: &str, message: &str) -> Response {
+    (status, axum::Json(ErrorBody::new(code, message))).into_response()
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
@@ -663,6 +679,66 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
 async fn snapshot(State(shared): State<Arc<Shared>>) -> Response {
     match shared.latest() {
         Some(r) => axum::Json(r.snapshot.clone()).into_response(),
-        None => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"code": "no_snapshot_yet", "message": "the first cycle has not finished"}))).into_response(),
+        None => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_snapshot_yet",
+            "the first cycle has not finished",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serves `router` on a free port; the base URL.
+    async fn serve(shared: Arc<Shared>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router(shared)).await });
+        url
+    }
+
+    #[tokio::test]
+    async fn errors_answer_the_control_planes_json_error_body() {
+        let shared = Arc::new(Shared {
+            host: "h".into(),
+            probe_kind: ProbeKind::Simulated,
+            vram_watermark_ratio: 0.9,
+            latest: tokio::sync::watch::channel(None).0,
+            queue: None,
+        });
+        let url = serve(shared).await;
+        crate::ensure_crypto_provider();
+        let client = reqwest::Client::new();
+        let cases = [
+            (client.get(format!("{url}/nope")), 404, "not_found"),
+            (
+                client.post(format!("{url}/metrics")),
+                405,
+                "method_not_allowed",
+            ),
+            (
+                client.get(format!("{url}/v1/snapshot")),
+                503,
+                "no_snapshot_yet",
+            ),
+        ];
+        for (req, status, code) in cases {
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status().as_u16(), status, "{code}");
+            assert!(
+                r.headers()["content-type"]
+                    .to_str()
+                    .unwrap()
+                    .starts_with("application/json"),
+                "{code}"
+            );
+            let text = r.text().await.unwrap();
+            let body: ErrorBody = serde_json::from_str(&text).unwrap();
+            assert_eq!(body.error.code, code);
+            // Byte for byte the protocol's body (the control plane's, tests/it/error_body.rs).
+            assert_eq!(text, ErrorBody::new(code, &body.error.message).to_json());
+        }
     }
 }

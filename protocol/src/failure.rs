@@ -299,7 +299,7 @@ impl FailureEvent {
     /// `brownout.deliberate`) is `"true"`. Such an event is a degradation outcome, not a failure:
     /// control planes count it neither as an SLO error nor as a failure pattern.
     pub fn is_deliberate(&self) -> bool {
-        [DELIBERATE_ATTR, "brownout.deliberate"]
+        [DELIBERATE_ATTR, crate::wire::attr::DELIBERATE]
             .iter()
             .any(|k| self.attributes.get(*k).is_some_and(|v| v == "true"))
     }

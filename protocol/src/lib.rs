@@ -10,8 +10,10 @@
 //!   domain-separated seals for the other values kept in Redis (acks, the operator override);
 //! - [`keys`]: the Redis key names of one cluster (all share the hash tag `{cluster}`) and the
 //!   ack format written to the acks hash;
+//! - [`error_body`]: the JSON error body of the control plane's and the gpu-agent's HTTP APIs;
 //! - [`failure`]: the failure event (NDJSON ingest and OTLP-derived) and category inference;
-//! - [`snapshot`]: the gpu-agent snapshot (GPUs and engines, KV fragmentation ratios).
+//! - [`snapshot`]: the gpu-agent snapshot (GPUs and engines, KV fragmentation ratios);
+//! - [`wire`]: names both sides spell the same: span attributes, HTTP headers, metric names.
 //!
 //! It has no IO and no async: everything here is a value, a parser or a pure function. The
 //! optional `redis` feature adds [`redis_conn`], which builds a Redis client from a URL and the
@@ -20,10 +22,12 @@
 
 pub mod command;
 pub mod command_keys;
+pub mod error_body;
 pub mod failure;
 pub mod keys;
 pub mod signing;
 pub mod snapshot;
+pub mod wire;
 
 #[cfg(feature = "redis")]
 pub mod redis_conn;
@@ -43,6 +47,7 @@ pub use command_keys::{
     AckKeys, CommandPublicKey, CommandSigner, CommandSigningKey, CommandVerifier, EngineKeys,
     KeyError, PlaneKeys,
 };
+pub use error_body::{ErrorBody, ErrorDetail};
 pub use failure::{Category, FailureEvent, FailureParseError};
 pub use keys::{
     Ack, AckParseError, AckVerifyError, CLUSTER_ENV, ClusterNameError, DEFAULT_CLUSTER, RedisKeys,

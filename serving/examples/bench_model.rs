@@ -6,7 +6,8 @@
 //! kernel-only matmul figures; `BENCH_CAPACITY_SECS=30` adds the capacity per route (calls/s,
 //! flows/s). The same as `brownout-serve bench model`.
 
-use brownout_serving::model::{BenchSpec, Device, Route, bench_matmul, bench_spec};
+use brownout_serving::model::{Device, Route, bench_matmul};
+use brownout_serving::scheduler::{BenchSpec, bench_spec};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();

@@ -3,10 +3,22 @@
 //! shedding, features). One [`Metrics`] per engine, registered in its own [`Registry`].
 
 use brownout_protocol::KvStats;
+use brownout_protocol::wire::metric;
 use prometheus::{
     CounterVec, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
+
+/// The engine's critical reserve now: its size and how much of it critical requests hold
+/// (`Scheduler::reserve_stats`, also `crate::scheduler::ReserveStats`; gauges in
+/// [`Metrics::set_engine_limits`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReserveStats {
+    pub seqs: usize,
+    pub seqs_used: usize,
+    pub blocks: usize,
+    pub blocks_used: usize,
+}
 
 // Buckets are vLLM's (`vllm/v1/metrics/loggers.py`, `PrometheusStatLogger`), so that
 // `histogram_quantile` over a fleet mixing vLLM and brownout-serve adds like buckets.
@@ -180,26 +192,26 @@ impl Metrics {
         let metrics = Metrics {
             model_name: model_name.to_string(),
             kv_cache_usage_perc: gauge(
-                "vllm:kv_cache_usage_perc",
+                metric::KV_CACHE_USAGE_PERC,
                 "KV-cache usage. 1 means 100 percent usage.",
                 m,
             ),
             num_requests_running: gauge(
-                "vllm:num_requests_running",
+                metric::NUM_REQUESTS_RUNNING,
                 "Number of requests in model execution batches.",
                 m,
             ),
             num_requests_waiting: gauge(
-                "vllm:num_requests_waiting",
+                metric::NUM_REQUESTS_WAITING,
                 "Number of requests waiting to be processed.",
                 m,
             ),
             num_preemptions: counter(
-                "vllm:num_preemptions_total",
+                metric::NUM_PREEMPTIONS_TOTAL,
                 "Cumulative number of preemption from the engine.",
             ),
             ttft: hist(
-                "vllm:time_to_first_token_seconds",
+                metric::TIME_TO_FIRST_TOKEN_SECONDS,
                 "Histogram of time to first token in seconds.",
                 TTFT_BUCKETS,
             ),
@@ -209,12 +221,12 @@ impl Metrics {
                 ITL_BUCKETS,
             ),
             e2e: hist(
-                "vllm:e2e_request_latency_seconds",
+                metric::E2E_REQUEST_LATENCY_SECONDS,
                 "Histogram of e2e request latency in seconds.",
                 REQUEST_LATENCY_BUCKETS,
             ),
             queue_time: hist(
-                "vllm:request_queue_time_seconds",
+                metric::REQUEST_QUEUE_TIME_SECONDS,
                 "Histogram of time spent in WAITING phase for request.",
                 REQUEST_LATENCY_BUCKETS,
             ),
@@ -247,7 +259,7 @@ impl Metrics {
                 &r,
                 IntCounterVec::new(
                     Opts::new(
-                        "vllm:request_success_total",
+                        metric::REQUEST_SUCCESS_TOTAL,
                         "Count of successfully processed requests.",
                     ),
                     &["model_name", "finished_reason"],
@@ -259,7 +271,7 @@ impl Metrics {
                 "Number of prefill tokens processed.",
             ),
             generation_tokens: counter(
-                "vllm:generation_tokens_total",
+                metric::GENERATION_TOKENS_TOTAL,
                 "Number of generation tokens processed.",
             ),
             prefix_cache_queries: counter(
@@ -274,7 +286,7 @@ impl Metrics {
                 &r,
                 IntGaugeVec::new(
                     Opts::new(
-                        "brownout_kv_blocks_usable",
+                        metric::KV_BLOCKS_USABLE,
                         "Usable KV blocks in the pool.",
                     ),
                     m,
@@ -284,33 +296,33 @@ impl Metrics {
             kv_blocks_used: reg(
                 &r,
                 IntGaugeVec::new(
-                    Opts::new("brownout_kv_blocks_used", "KV blocks held by sequences."),
+                    Opts::new(metric::KV_BLOCKS_USED, "KV blocks held by sequences."),
                     m,
                 )
                 .expect("valid"),
             ),
             kv_internal_fragmentation: gauge(
-                "brownout_kv_internal_fragmentation_ratio",
+                metric::KV_INTERNAL_FRAGMENTATION_RATIO,
                 "Empty slots in each sequence's last KV block over used block capacity.",
                 m,
             ),
             kv_reserved_unused: gauge(
-                "brownout_kv_reserved_unused_ratio",
+                metric::KV_RESERVED_UNUSED_RATIO,
                 "Whole KV blocks allocated ahead of tokens over used block capacity.",
                 m,
             ),
             kv_token_occupancy: gauge(
-                "brownout_kv_token_occupancy_ratio",
+                metric::KV_TOKEN_OCCUPANCY_RATIO,
                 "Token slots holding tokens over used block capacity.",
                 m,
             ),
             kv_external_fragmentation: gauge(
-                "brownout_kv_external_fragmentation_ratio",
+                metric::KV_EXTERNAL_FRAGMENTATION_RATIO,
                 "1 - largest free run of KV blocks / free blocks (0 for paging).",
                 m,
             ),
             serving_tier: gauge(
-                "brownout_serving_tier",
+                metric::SERVING_TIER,
                 "Degradation tier in force (0-3).",
                 m,
             ),
@@ -340,7 +352,7 @@ impl Metrics {
                 &r,
                 IntCounterVec::new(
                     Opts::new(
-                        "brownout_serving_requests_total",
+                        metric::SERVING_REQUESTS_TOTAL,
                         "Answered requests by outcome (a finish reason, error, or a deliberate \
                          refusal: shed, feature_disabled, tool_disabled, drained, user_cap, \
                          loop_abort, throttled), feature (x-brownout-feature, `other` past 64 \
@@ -432,7 +444,7 @@ impl Metrics {
                 &r,
                 IntCounterVec::new(
                     Opts::new(
-                        "brownout_serving_arrivals_total",
+                        metric::SERVING_ARRIVALS_TOTAL,
                         "Requests that reached the admission gate, counted on arrival (admitted \
                          or refused), by attempt: `first`, or `retry` when the client's \
                          x-brownout-attempt header is above 1.",
@@ -445,7 +457,7 @@ impl Metrics {
                 &r,
                 IntCounterVec::new(
                     Opts::new(
-                        "brownout_serving_abandoned_requests_total",
+                        metric::SERVING_ABANDONED_REQUESTS_TOTAL,
                         "Requests whose client went away before they finished (cancelled in the engine).",
                     ),
                     m,
@@ -456,7 +468,7 @@ impl Metrics {
                 &r,
                 IntCounterVec::new(
                     Opts::new(
-                        "brownout_serving_abandoned_tokens_total",
+                        metric::SERVING_ABANDONED_TOKENS_TOTAL,
                         "Tokens generated for requests whose client went away (wasted work).",
                     ),
                     m,
@@ -650,11 +662,7 @@ impl Metrics {
     }
 
     /// The engine's `max_num_seqs` in force and its critical reserve.
-    pub fn set_engine_limits(
-        &self,
-        max_num_seqs: usize,
-        r: &crate::scheduler::batch::ReserveStats,
-    ) {
+    pub fn set_engine_limits(&self, max_num_seqs: usize, r: &ReserveStats) {
         let l = self.l();
         let set = |g: &IntGaugeVec, v: usize| g.with_label_values(&l).set(v as i64);
         set(&self.max_num_seqs, max_num_seqs);

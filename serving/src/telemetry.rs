@@ -14,6 +14,7 @@ use opentelemetry::KeyValue;
 use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _, TracerProvider as _};
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 
+use brownout_protocol::wire::attr;
 use brownout_protocol::{Category, Criticality, FailureEvent};
 use tokio::sync::mpsc;
 
@@ -183,29 +184,26 @@ impl Telemetry {
             .unwrap_or(end);
         let mut attrs = vec![
             KeyValue::new("gen_ai.request.model", r.model.clone()),
-            KeyValue::new("brownout.request_id", r.request_id.clone()),
-            KeyValue::new("brownout.route", r.route),
-            KeyValue::new("brownout.criticality", r.criticality.as_str()),
-            KeyValue::new("brownout.feature", r.feature.clone()),
-            KeyValue::new("brownout.tier", i64::from(r.tier)),
+            KeyValue::new(attr::REQUEST_ID, r.request_id.clone()),
+            KeyValue::new(attr::ROUTE, r.route),
+            KeyValue::new(attr::CRITICALITY, r.criticality.as_str()),
+            KeyValue::new(attr::FEATURE, r.feature.clone()),
+            KeyValue::new(attr::TIER, i64::from(r.tier)),
             KeyValue::new("gen_ai.usage.input_tokens", r.prompt_tokens as i64),
             KeyValue::new("gen_ai.usage.output_tokens", r.completion_tokens as i64),
-            KeyValue::new("brownout.queue_time_s", r.queue_s),
-            KeyValue::new("brownout.ttft_s", r.ttft_s),
-            KeyValue::new("brownout.num_preemptions", i64::from(r.num_preemptions)),
+            KeyValue::new(attr::QUEUE_TIME_S, r.queue_s),
+            KeyValue::new(attr::TTFT_S, r.ttft_s),
+            KeyValue::new(attr::NUM_PREEMPTIONS, i64::from(r.num_preemptions)),
         ];
         if let Some(f) = &r.finish_reason {
             attrs.push(KeyValue::new("gen_ai.response.finish_reasons", f.clone()));
         }
-        attrs.push(KeyValue::new("brownout.outcome", r.outcome.clone()));
-        attrs.push(KeyValue::new("brownout.deliberate", r.deliberate));
-        attrs.push(KeyValue::new("brownout.command_epoch", r.command.0 as i64));
-        attrs.push(KeyValue::new(
-            "brownout.command_version",
-            r.command.1 as i64,
-        ));
+        attrs.push(KeyValue::new(attr::OUTCOME, r.outcome.clone()));
+        attrs.push(KeyValue::new(attr::DELIBERATE, r.deliberate));
+        attrs.push(KeyValue::new(attr::COMMAND_EPOCH, r.command.0 as i64));
+        attrs.push(KeyValue::new(attr::COMMAND_VERSION, r.command.1 as i64));
         if let Some(c) = &r.conversation {
-            attrs.push(KeyValue::new("brownout.conversation", c.clone()));
+            attrs.push(KeyValue::new(attr::CONVERSATION, c.clone()));
         }
         if let Some((c, _)) = &r.failure {
             attrs.push(KeyValue::new("error.type", c.as_str()));

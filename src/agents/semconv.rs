@@ -29,7 +29,7 @@ pub const TOOL_NAME: &[&str] = &["gen_ai.tool.name", "brownout.tool.name", "brow
 pub const TOOL_ARGS: &[&str] = &["gen_ai.tool.call.arguments", "brownout.tool.arguments"];
 pub const CONVERSATION: &[&str] = &[
     "gen_ai.conversation.id",
-    "brownout.conversation",
+    brownout_protocol::wire::attr::CONVERSATION,
     "brownout.conversation_id",
 ];
 pub const TOOL_CLASS: &[&str] = &["brownout.tool.class"];

@@ -68,7 +68,7 @@ pub async fn engine_kill(
     });
     let resp = c
         .post(format!("{}/v1/chat/completions", trim(engine_url)))
-        .header("x-brownout-criticality", "critical")
+        .header(brownout_protocol::wire::header::CRITICALITY, "critical")
         .json(&body)
         .send()
         .await;

@@ -10,6 +10,7 @@
 //! - A span or record with an invalid id (trace id not 16 bytes, span id not 8) is rejected
 //!   and counted for OTLP's `partial_success`.
 
+use brownout_protocol::wire::attr;
 use brownout_protocol::{Criticality, FailureEvent};
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -257,13 +258,13 @@ pub fn convert_traces(req: &ExportTraceServiceRequest) -> Converted {
                     };
                 let mut attributes: Vec<(String, String)> = pairs(&s.attributes, &mut t);
                 let name = clip(&s.name, MAX_NAME_BYTES, &mut t.names);
-                let mut feature = find(&attributes, &["feature", "brownout.feature"])
-                    .or_else(|| find(&resource, &["feature", "brownout.feature"]))
+                let mut feature = find(&attributes, &["feature", attr::FEATURE])
+                    .or_else(|| find(&resource, &["feature", attr::FEATURE]))
                     .unwrap_or("")
                     .to_string();
                 t.names += u64::from(cut(&mut feature, MAX_NAME_BYTES));
-                let criticality = find(&attributes, &["criticality", "brownout.criticality"])
-                    .or_else(|| find(&resource, &["criticality", "brownout.criticality"]))
+                let criticality = find(&attributes, &["criticality", attr::CRITICALITY])
+                    .or_else(|| find(&resource, &["criticality", attr::CRITICALITY]))
                     .and_then(Criticality::parse)
                     .unwrap_or_default()
                     .as_str()

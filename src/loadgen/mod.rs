@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use brownout_protocol::Criticality;
+use brownout_protocol::wire::header;
 use futures::StreamExt as _;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -521,11 +522,11 @@ async fn one_call(
     };
     let req = client
         .post(format!("{target}/v1/chat/completions"))
-        .header("x-brownout-criticality", a.kind.criticality().as_str())
-        .header("x-brownout-feature", a.kind.feature())
+        .header(header::CRITICALITY, a.kind.criticality().as_str())
+        .header(header::FEATURE, a.kind.feature())
         .header("x-brownout-client", a.client.as_str())
-        .header("x-brownout-user", format!("user-{:016x}", a.jitter_seed))
-        .header("x-brownout-attempt", try_no.to_string())
+        .header(header::USER, format!("user-{:016x}", a.jitter_seed))
+        .header(header::ATTEMPT, try_no.to_string())
         .json(&body);
     let resp = match tokio::time::timeout_at(cut, req.send()).await {
         Err(_) => return abandoned(None, 0),

@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
+use brownout_protocol::wire::attr;
 use brownout_protocol::{Criticality, FailureEvent};
 
 use super::alert::{AlertMachine, AlertState};
@@ -64,7 +65,7 @@ impl<'a> Observation<'a> {
         let kind_attr = ev
             .attributes
             .get("kind")
-            .or_else(|| ev.attributes.get("brownout.kind"));
+            .or_else(|| ev.attributes.get(attr::KIND));
         let kind =
             if kind_attr.is_some_and(|k| k == "agent_task") || ev.error_type.starts_with("Agent") {
                 EventKind::AgentTask
@@ -102,23 +103,23 @@ impl<'a> Observation<'a> {
             v.and_then(|v| v.parse::<f64>().ok())
                 .filter(|d| d.is_finite() && *d >= 0.0)
         };
-        let ttft_ms = number(get("brownout.ttft_s", "ttft_s"))
+        let ttft_ms = number(get(attr::TTFT_S, "ttft_s"))
             .map(|s| s * 1000.0)
-            .or_else(|| number(get("brownout.ttft_ms", "ttft_ms")));
+            .or_else(|| number(get(attr::TTFT_MS, "ttft_ms")));
         Observation {
             ts_ms,
-            kind: if get("brownout.kind", "kind") == Some("agent_task") {
+            kind: if get(attr::KIND, "kind") == Some("agent_task") {
                 EventKind::AgentTask
             } else {
                 EventKind::Request
             },
             service,
-            feature: get("brownout.feature", "feature").unwrap_or(""),
-            criticality: get("brownout.criticality", "criticality")
+            feature: get(attr::FEATURE, "feature").unwrap_or(""),
+            criticality: get(attr::CRITICALITY, "criticality")
                 .and_then(Criticality::parse)
                 .unwrap_or_default(),
             ok: !is_error,
-            deliberate: get("brownout.deliberate", "deliberate") == Some("true"),
+            deliberate: get(attr::DELIBERATE, "deliberate") == Some("true"),
             latency_ms: Some(duration_ms).filter(|d| d.is_finite() && *d >= 0.0),
             ttft_ms,
         }

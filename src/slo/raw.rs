@@ -389,14 +389,14 @@ pub mod metrics {
     /// (the finish reason — `stop`, `length`, `abort` — or `error`; only `error` is bad). Refused
     /// requests (shed, feature disabled) are not in it: the serving tier counts them in
     /// `brownout_serving_shed_total` and `brownout_serving_feature_disabled_total`.
-    pub const REQUESTS: &str = "brownout_serving_requests_total";
+    pub const REQUESTS: &str = brownout_protocol::wire::metric::SERVING_REQUESTS_TOTAL;
     /// Counter of agent tasks with labels `service`, `feature`, `criticality`, `outcome`
     /// (`ok`, `error`).
     pub const AGENT_TASKS: &str = "brownout_agent_tasks_total";
     /// vLLM's TTFT histogram (seconds).
-    pub const TTFT: &str = "vllm:time_to_first_token_seconds";
+    pub const TTFT: &str = brownout_protocol::wire::metric::TIME_TO_FIRST_TOKEN_SECONDS;
     /// vLLM's end-to-end latency histogram (seconds).
-    pub const E2E: &str = "vllm:e2e_request_latency_seconds";
+    pub const E2E: &str = brownout_protocol::wire::metric::E2E_REQUEST_LATENCY_SECONDS;
 }
 
 /// A PromQL string literal.

@@ -13,6 +13,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use brownout_protocol::wire::attr;
 use serde::Serialize;
 
 use crate::store::logs::severity_name;
@@ -34,15 +35,12 @@ pub const KEY_ATTRIBUTES: &[(&str, &[&str])] = &[
     (
         "queue wait",
         &[
-            "brownout.queue_time_s",
+            attr::QUEUE_TIME_S,
             "gpu.queue_wait_ms",
             "brownout.gpu_queue_wait_ms",
         ],
     ),
-    (
-        "TTFT",
-        &["brownout.ttft_s", "gen_ai.server.time_to_first_token"],
-    ),
+    ("TTFT", &[attr::TTFT_S, "gen_ai.server.time_to_first_token"]),
     ("tokens in", &["gen_ai.usage.input_tokens"]),
     ("tokens out", &["gen_ai.usage.output_tokens"]),
     ("tool", crate::agents::semconv::TOOL_NAME),

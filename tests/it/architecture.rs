@@ -28,12 +28,9 @@ const KNOWN_CIRCLES: &[&str] = &[
     "brownout src: agents <-> degrade <-> web",
     "brownout src: api <-> ingest",
     "brownout src: auth <-> error",
-    "brownout-serving serving/src: api <-> serve <-> upstream",
-    "brownout-serving serving/src: metrics <-> model <-> scheduler",
     // Between files of one folder.
     "brownout src/report: model <-> svg",
     "brownout src/slo: openslo <-> raw <-> sloth <-> spec",
-    "brownout-serving serving/src/model/cpu: matrix <-> quant <-> repacked",
 ];
 
 fn root() -> PathBuf {

@@ -271,3 +271,29 @@ async fn every_router_answers_4xx_in_the_one_json_shape() {
     plane.stop().await.unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The control plane keeps its own `ApiError`, and the gpu-agent answers with the protocol's
+/// `ErrorBody`: both must write the same bytes, so one client parser reads either.
+#[tokio::test]
+async fn the_error_body_is_the_protocols_error_body_byte_for_byte() {
+    use axum::response::IntoResponse as _;
+    use brownout::error::ApiError;
+    use brownout_protocol::ErrorBody;
+    for e in [
+        ApiError::no_route(),
+        ApiError::method_not_allowed(),
+        ApiError::bad_request("bad_parameter", "since=\"yesterday\" is not a time \\ ü"),
+        ApiError::unavailable("store_unavailable", "the store cannot answer right now", 5),
+    ] {
+        let want = ErrorBody::new(e.code, e.message.clone()).to_json();
+        let r = e.clone().into_response();
+        assert_eq!(r.status(), e.status);
+        let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        assert_eq!(std::str::from_utf8(&body).unwrap(), want, "{e}");
+        let back: ErrorBody = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (back.error.code.as_str(), back.error.message),
+            (e.code, e.message)
+        );
+    }
+}

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use brownout::loadgen::LoadReport;
 use brownout_protocol::Criticality;
+use brownout_protocol::wire::metric;
 use serde::Serialize;
 
 use super::cli::*;
@@ -260,10 +261,10 @@ pub fn parse_counters(text: &str) -> EngineCounters {
             continue;
         };
         match name {
-            "vllm:generation_tokens_total" => c.generated += v,
+            metric::GENERATION_TOKENS_TOTAL => c.generated += v,
             "vllm:e2e_request_latency_seconds_count" => c.completed += v,
-            "brownout_serving_abandoned_requests_total" => c.abandoned_requests += v,
-            "brownout_serving_abandoned_tokens_total" => c.abandoned_tokens += v,
+            metric::SERVING_ABANDONED_REQUESTS_TOTAL => c.abandoned_requests += v,
+            metric::SERVING_ABANDONED_TOKENS_TOTAL => c.abandoned_tokens += v,
             _ => {}
         }
     }

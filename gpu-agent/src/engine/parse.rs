@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use brownout_protocol::wire::metric;
 use prometheus_parse::{Scrape, Value};
 use serde::Deserialize;
 
@@ -170,15 +171,16 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
             seen_engine_series = true;
             out.bundled = true;
         }
-        if name == "vllm:time_to_first_token_seconds" {
+        if name == metric::TIME_TO_FIRST_TOKEN_SECONDS {
             if let Value::Histogram(buckets) = &sample.value {
                 ttft_pairs.extend(buckets.iter().map(|b| (b.less_than, b.count)));
             }
             continue;
         }
-        if name == "vllm:request_queue_time_seconds" || name == "vllm:e2e_request_latency_seconds" {
+        if name == metric::REQUEST_QUEUE_TIME_SECONDS || name == metric::E2E_REQUEST_LATENCY_SECONDS
+        {
             if let Value::Histogram(buckets) = &sample.value {
-                let dst = if name == "vllm:request_queue_time_seconds" {
+                let dst = if name == metric::REQUEST_QUEUE_TIME_SECONDS {
                     &mut queue_pairs
                 } else {
                     &mut e2e_pairs
@@ -187,7 +189,7 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
             }
             continue;
         }
-        if name == "brownout_serving_arrivals_total" {
+        if name == metric::SERVING_ARRIVALS_TOTAL {
             if let Some(v) = value_of(&sample.value) {
                 arrived.add(v);
                 if sample.labels.get("attempt").is_none_or(|a| a == "first") {
@@ -199,7 +201,7 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
             }
             continue;
         }
-        if name == "brownout_serving_requests_total" {
+        if name == metric::SERVING_REQUESTS_TOTAL {
             if let Some(v) = value_of(&sample.value) {
                 answered.add(v);
             }
@@ -226,20 +228,20 @@ pub fn parse_metrics(body: &str) -> Result<EngineMetrics, ParseError> {
             continue;
         };
         let acc = match name.as_str() {
-            "vllm:kv_cache_usage_perc" => &mut kv_new,
+            metric::KV_CACHE_USAGE_PERC => &mut kv_new,
             "vllm:gpu_cache_usage_perc" => &mut kv_old,
-            "vllm:num_requests_running" => &mut running,
-            "vllm:num_requests_waiting" => &mut waiting,
-            "vllm:num_preemptions_total" => &mut preempt,
+            metric::NUM_REQUESTS_RUNNING => &mut running,
+            metric::NUM_REQUESTS_WAITING => &mut waiting,
+            metric::NUM_PREEMPTIONS_TOTAL => &mut preempt,
             // `_usable` since brownout-serve stopped naming a gauge like a counter; the old
             // name is still read from older engines.
-            "brownout_kv_blocks_usable" | "brownout_kv_blocks_total" => &mut blocks_total,
-            "brownout_kv_blocks_used" => &mut blocks_used,
-            "brownout_kv_internal_fragmentation_ratio" => &mut internal,
-            "brownout_kv_reserved_unused_ratio" => &mut reserved,
-            "brownout_kv_token_occupancy_ratio" => &mut occupancy,
-            "brownout_kv_external_fragmentation_ratio" => &mut external,
-            "brownout_serving_tier" => &mut tier,
+            metric::KV_BLOCKS_USABLE | "brownout_kv_blocks_total" => &mut blocks_total,
+            metric::KV_BLOCKS_USED => &mut blocks_used,
+            metric::KV_INTERNAL_FRAGMENTATION_RATIO => &mut internal,
+            metric::KV_RESERVED_UNUSED_RATIO => &mut reserved,
+            metric::KV_TOKEN_OCCUPANCY_RATIO => &mut occupancy,
+            metric::KV_EXTERNAL_FRAGMENTATION_RATIO => &mut external,
+            metric::SERVING_TIER => &mut tier,
             _ => continue,
         };
         acc.add(v);

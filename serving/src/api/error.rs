@@ -4,6 +4,7 @@
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use brownout_protocol::wire;
 use serde_json::json;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -80,7 +81,7 @@ impl IntoResponse for ApiError {
         }
         if let Some(o) = self.outcome {
             r.headers_mut()
-                .insert("x-brownout-outcome", HeaderValue::from_static(o));
+                .insert(wire::header::OUTCOME, HeaderValue::from_static(o));
         }
         r
     }

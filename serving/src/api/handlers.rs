@@ -12,6 +12,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
+use brownout_protocol::wire;
 use brownout_protocol::{Category, Criticality};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -548,7 +549,7 @@ async fn collect_response(
     };
     let mut r = Json(body).into_response();
     r.headers_mut().insert(
-        "x-brownout-route",
+        wire::header::ROUTE,
         header::HeaderValue::from_static(ctx.route.as_str()),
     );
     Ok(r)
@@ -660,7 +661,7 @@ fn stream_response(
         .keep_alive(KeepAlive::default())
         .into_response();
     r.headers_mut().insert(
-        "x-brownout-route",
+        wire::header::ROUTE,
         header::HeaderValue::from_static(route.as_str()),
     );
     r

@@ -18,10 +18,26 @@
 //!
 //! So trickling connections from one address hold at most the per-address cap, each for at most
 //! the header timeout, and other clients keep being served (`tests/api.rs`).
+//!
+//! [`serve`] / [`serve_tls`] run an app behind the drain ([`super::drain`]) on that listener:
+//! every mode (`serve/`), [`super::run_server`] and the in-process servers (`demo/`).
 
 pub use brownout_net::{
     CappedListener, ConnLimits, OverCap, Tls, TlsFiles, serve_http, serve_https,
 };
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use tokio::net::TcpListener;
+
+use super::drain::{Drain, DrainReport};
+
+/// After the drain, how long the listener waits for the connections to close before it
+/// returns anyway.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// The 503 body over the connection cap, in the OpenAI error shape.
 pub const BUSY_BODY: &str = r#"{"error":{"message":"the server is at its connection limit; retry later","type":"server_error","param":null,"code":"too_many_connections"}}"#;
@@ -29,6 +45,66 @@ pub const BUSY_BODY: &str = r#"{"error":{"message":"the server is at its connect
 /// `listener` capped at `limits`, answering over them with [`BUSY_BODY`].
 pub fn capped(listener: tokio::net::TcpListener, limits: ConnLimits) -> CappedListener {
     CappedListener::new(listener, limits, OverCap::Http503).busy_body(BUSY_BODY)
+}
+
+/// Serves `app` behind the drain on the capped `listener` until `shutdown`, then drains
+/// ([`Drain::run`]: the listener keeps answering meanwhile), closes the listener, and waits up to
+/// [`CLOSE_WAIT`] for the connections to end. Every mode and the in-process servers (`demo/`)
+/// come through here.
+///
+/// # Errors
+/// Socket errors from the server.
+pub async fn serve(
+    app: Router,
+    listener: TcpListener,
+    limits: ConnLimits,
+    drain: Arc<Drain>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<DrainReport> {
+    serve_tls(app, listener, limits, None, drain, shutdown).await
+}
+
+/// [`serve`] over TLS when `tls` is `Some` (`--ssl-certfile` and friends).
+///
+/// # Errors
+/// Socket errors from the server.
+pub async fn serve_tls(
+    app: Router,
+    listener: TcpListener,
+    limits: ConnLimits,
+    tls: Option<Arc<Tls>>,
+    drain: Arc<Drain>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<DrainReport> {
+    let app = super::drain::layer(app, drain.clone());
+    let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(serve_https(
+        capped(listener, limits),
+        tls,
+        app,
+        async move {
+            let _ = close_rx.await;
+        },
+    ));
+    tokio::pin!(shutdown);
+    tokio::select! {
+        () = &mut shutdown => {}
+        r = &mut server => {
+            // The server ended by itself (it does not today: accept errors are retried).
+            r.map_err(std::io::Error::other)??;
+            return Ok(DrainReport::default());
+        }
+    }
+    let report = drain.run().await;
+    let _ = close_tx.send(());
+    match tokio::time::timeout(CLOSE_WAIT, &mut server).await {
+        Ok(r) => r.map_err(std::io::Error::other)??,
+        Err(_) => {
+            tracing::warn!("connections still open after the drain; closing anyway");
+            server.abort();
+        }
+    }
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! per-user cap; docs/ARCHITECTURE.md §3, docs/REQUIREMENTS.md R4, R5). The engine applies `max_num_seqs` (the instance entry's, else
 //! `limits.max_num_seqs`) and the critical reserve.
 
+pub mod drain;
 pub mod error;
 pub mod handlers;
 pub mod listen;

@@ -271,7 +271,7 @@ async fn warm_up(state: &AppState) -> anyhow::Result<()> {
 
 /// Serves `router(state)` (merged with `extra`, e.g. the control plane's `/v1/features`) on
 /// `listener` until `shutdown` resolves, then drains (new generation requests 503
-/// `instance_draining`, in-flight ones get 10 s; [`crate::serve::drain`]). The connection limits
+/// `instance_draining`, in-flight ones get 10 s; [`super::drain`]). The connection limits
 /// are [`ConnLimits::default`].
 ///
 /// # Errors
@@ -303,16 +303,16 @@ pub async fn run_server_with<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    let drain = crate::serve::Drain::new(
+    let drain = super::drain::Drain::new(
         state.control().instance_id(),
         Duration::from_secs(10),
-        crate::serve::DRAIN_RETRY_AFTER_S,
+        super::drain::DRAIN_RETRY_AFTER_S,
     );
     let mut app = super::router(state);
     if let Some(extra) = extra {
         app = app.merge(extra);
     }
-    crate::serve::serve(app, listener, limits, drain, shutdown)
+    super::listen::serve(app, listener, limits, drain, shutdown)
         .await
         .map(|_| ())
 }

@@ -14,15 +14,16 @@
 
 use axum::http::HeaderMap;
 use brownout_protocol::Criticality;
+use brownout_protocol::wire::header;
 
 use super::users::MAX_USER_ID_BYTES;
 
-pub const CRITICALITY_HEADER: &str = "x-brownout-criticality";
-pub const FEATURE_HEADER: &str = "x-brownout-feature";
-pub const USER_HEADER: &str = "x-brownout-user";
-pub const CONVERSATION_HEADER: &str = "x-brownout-conversation";
+pub const CRITICALITY_HEADER: &str = header::CRITICALITY;
+pub const FEATURE_HEADER: &str = header::FEATURE;
+pub const USER_HEADER: &str = header::USER;
+pub const CONVERSATION_HEADER: &str = header::CONVERSATION;
 pub const TRACEPARENT_HEADER: &str = "traceparent";
-pub const ATTEMPT_HEADER: &str = "x-brownout-attempt";
+pub const ATTEMPT_HEADER: &str = header::ATTEMPT;
 
 pub const MAX_FEATURE_BYTES: usize = 128;
 pub const MAX_CONVERSATION_BYTES: usize = 128;

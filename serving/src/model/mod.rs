@@ -28,8 +28,8 @@ pub mod tiny;
 pub mod tokenizer;
 
 pub use bench::{
-    BENCH_BLOCK, BenchReport, BenchRow, BenchSpec, bench_blocks, bench_matmul, bench_model,
-    bench_model_with_progress, bench_spec, cpu_seconds, resident_bytes,
+    BENCH_BLOCK, BenchReport, BenchRow, bench_blocks, bench_matmul, bench_model,
+    bench_model_with_progress, cpu_seconds, median, resident_bytes,
 };
 pub use chat::{ChatMessage, DEFAULT_SYSTEM_PROMPT};
 pub use fetch::{MODEL_FILE, fetch_model, model_dir};

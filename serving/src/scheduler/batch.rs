@@ -99,14 +99,8 @@ impl Default for SchedulerConfig {
     }
 }
 
-/// The critical reserve now: its size and how much of it critical requests hold.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct ReserveStats {
-    pub seqs: usize,
-    pub seqs_used: usize,
-    pub blocks: usize,
-    pub blocks_used: usize,
-}
+/// Defined in `metrics.rs` (which reads it into gauges and must not import the scheduler).
+pub use crate::metrics::ReserveStats;
 
 /// Distinct KV blocks held by non-critical sequences (a prefix block shared by several counts
 /// once), rebuilt at every step.

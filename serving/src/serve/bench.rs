@@ -256,7 +256,8 @@ fn bench_gate(a: &BenchGateArgs) -> anyhow::Result<()> {
 }
 
 fn bench_model(a: &BenchModelArgs) -> anyhow::Result<()> {
-    use crate::model::{BenchSpec, Route, bench_spec};
+    use crate::model::Route;
+    use crate::scheduler::{BenchSpec, bench_spec};
     let routes = a
         .routes
         .iter()

@@ -16,7 +16,6 @@
 
 pub mod auth;
 pub mod bench;
-pub mod drain;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -34,16 +33,11 @@ use crate::gate::{GateConfig, RouteChoice};
 use crate::kvcache::AllocMode;
 use crate::scheduler::engine::EngineHandle;
 use crate::telemetry::{Telemetry, TelemetryConfig};
+// The drain and the listener path live in api/ (api/server.rs serves through them too); kept
+// here under their old paths.
+pub use crate::api::drain::{self, DRAIN_RETRY_AFTER_S, Drain, DrainReport, Phase};
+pub use crate::api::listen::{serve, serve_tls};
 pub use auth::ApiKeys;
-pub use drain::{Drain, DrainReport, Phase};
-
-/// `Retry-After` of a request refused while the instance drains: another instance can take it
-/// at once.
-pub const DRAIN_RETRY_AFTER_S: u64 = 1;
-
-/// After the drain, how long the listener waits for the connections to close before it
-/// returns anyway.
-const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// The serve command's flags (`brownout-serve [FLAGS]`).
 #[derive(Args, Debug, Clone)]
@@ -440,64 +434,4 @@ async fn engine_idle(e: &EngineHandle) -> String {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// Serves `app` behind the drain on the capped `listener` until `shutdown`, then drains
-/// ([`Drain::run`]: the listener keeps answering meanwhile), closes the listener, and waits up to
-/// [`CLOSE_WAIT`] for the connections to end. Every mode and the in-process servers (`demo/`)
-/// come through here.
-///
-/// # Errors
-/// Socket errors from the server.
-pub async fn serve(
-    app: Router,
-    listener: TcpListener,
-    limits: ConnLimits,
-    drain: Arc<Drain>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<DrainReport> {
-    serve_tls(app, listener, limits, None, drain, shutdown).await
-}
-
-/// [`serve`] over TLS when `tls` is `Some` (`--ssl-certfile` and friends).
-///
-/// # Errors
-/// Socket errors from the server.
-pub async fn serve_tls(
-    app: Router,
-    listener: TcpListener,
-    limits: ConnLimits,
-    tls: Option<Arc<api::listen::Tls>>,
-    drain: Arc<Drain>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<DrainReport> {
-    let app = drain::layer(app, drain.clone());
-    let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(api::listen::serve_https(
-        api::listen::capped(listener, limits),
-        tls,
-        app,
-        async move {
-            let _ = close_rx.await;
-        },
-    ));
-    tokio::pin!(shutdown);
-    tokio::select! {
-        () = &mut shutdown => {}
-        r = &mut server => {
-            // The server ended by itself (it does not today: accept errors are retried).
-            r.map_err(std::io::Error::other)??;
-            return Ok(DrainReport::default());
-        }
-    }
-    let report = drain.run().await;
-    let _ = close_tx.send(());
-    match tokio::time::timeout(CLOSE_WAIT, &mut server).await {
-        Ok(r) => r.map_err(std::io::Error::other)??,
-        Err(_) => {
-            tracing::warn!("connections still open after the drain; closing anyway");
-            server.abort();
-        }
-    }
-    Ok(report)
 }

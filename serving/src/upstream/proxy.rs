@@ -10,6 +10,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use brownout_protocol::wire;
 use brownout_protocol::{Category, Criticality};
 use futures::StreamExt;
 use serde::Deserialize;
@@ -336,9 +337,9 @@ async fn handle(
 
 fn route_headers(r: &mut Response, ctx: &Ctx) {
     r.headers_mut()
-        .insert("x-brownout-route", HeaderValue::from_static(ctx.route));
+        .insert(wire::header::ROUTE, HeaderValue::from_static(ctx.route));
     if let Ok(v) = HeaderValue::from_str(&ctx.model) {
-        r.headers_mut().insert("x-brownout-upstream-model", v);
+        r.headers_mut().insert(wire::header::UPSTREAM_MODEL, v);
     }
 }
 

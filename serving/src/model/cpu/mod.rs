@@ -13,7 +13,8 @@
 //!  tiled.rs       the f32 kernels kept to measure against: gemm crate, tiled, simple
 //!  repacked.rs    the integer kernel (default) over weights repacked at load: AVX-512 VNNI,
 //!                 AVX2 or scalar, 16-row panels, activations quantised once per call
-//!  quant.rs       Q8Act; the older integer kernel over GGUF blocks (BROWNOUT_QUANT=tiles)
+//!  q8act.rs       Q8Act: activations quantised to 8 bits per block (both integer kernels)
+//!  quant.rs       the older integer kernel over GGUF blocks (BROWNOUT_QUANT=tiles)
 //!  simd.rs        helpers shared by the kernels
 //! ```
 //!
@@ -36,6 +37,7 @@
 mod isa;
 mod matrix;
 mod packed;
+mod q8act;
 mod quant;
 mod repacked;
 mod simd;
@@ -47,7 +49,8 @@ use rayon::prelude::*;
 pub use isa::{Cap, Features, Isa, QuantPath};
 pub use matrix::{MatData, Matrix, PANEL, Prepared};
 pub use packed::{pack_tokens, packed_matmul, packed_matmul_on};
-pub use quant::{Q8Act, quant_matmul_on};
+pub use q8act::Q8Act;
+pub use quant::quant_matmul_on;
 pub use repacked::{RP, Repacked, repacked_matmul_on};
 pub use tiled::{gemm_f32, matmul_f32_shape};
 pub use weight_buf::WeightBuf;

@@ -31,7 +31,7 @@
 use rayon::prelude::*;
 
 use super::isa::QuantPath;
-use super::quant::Q8Act;
+use super::q8act::Q8Act;
 use super::simd::OutPtr;
 use crate::model::gguf::GgmlType;
 use crate::model::quant::QK;

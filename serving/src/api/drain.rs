@@ -33,6 +33,10 @@ use tokio::sync::{Notify, watch};
 
 use crate::api::ApiError;
 
+/// `Retry-After` of a request refused while the instance drains: another instance can take it
+/// at once.
+pub const DRAIN_RETRY_AFTER_S: u64 = 1;
+
 /// Where the instance is in its shutdown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
