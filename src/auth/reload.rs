@@ -66,6 +66,45 @@ pub fn reload_once(
     }
 }
 
+/// What a reload task waits on: SIGHUP (Unix) or the next poll.
+pub struct HupOrTick {
+    #[cfg(unix)]
+    hup: Option<tokio::signal::unix::Signal>,
+    tick: tokio::time::Interval,
+}
+
+impl HupOrTick {
+    /// Listens for SIGHUP (if the handler can be installed) and ticks every `poll`.
+    pub fn new(poll: Duration) -> HupOrTick {
+        let mut tick = tokio::time::interval(poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        HupOrTick {
+            #[cfg(unix)]
+            hup: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
+            tick,
+        }
+    }
+
+    /// Waits for the next SIGHUP or tick; true for a SIGHUP.
+    pub async fn next(&mut self) -> bool {
+        #[cfg(unix)]
+        let hup_fut = async {
+            match self.hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hup_fut = std::future::pending::<()>();
+        tokio::select! {
+            () = hup_fut => true,
+            _ = self.tick.tick() => false,
+        }
+    }
+}
+
 /// Starts the reload task: SIGHUP (Unix) or a watched file's change seen by a poll every `poll`.
 pub fn spawn(
     tokens: Arc<Tokens>,
@@ -76,26 +115,9 @@ pub fn spawn(
     tokio::spawn(async move {
         let files = watched(config_path.as_ref());
         let mut last = snapshot(&files);
-        #[cfg(unix)]
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-        let mut tick = tokio::time::interval(poll);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut wake = HupOrTick::new(poll);
         loop {
-            #[cfg(unix)]
-            let hup_fut = async {
-                match hup.as_mut() {
-                    Some(h) => {
-                        h.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            #[cfg(not(unix))]
-            let hup_fut = std::future::pending::<()>();
-            let signalled = tokio::select! {
-                () = hup_fut => true,
-                _ = tick.tick() => false,
-            };
+            let signalled = wake.next().await;
             let now = tokio::task::spawn_blocking({
                 let files = files.clone();
                 move || snapshot(&files)

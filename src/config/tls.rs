@@ -23,29 +23,20 @@ pub(super) fn listener_tls(
     client_ca: Option<PathBuf>,
     field_err: &dyn Fn(&str, String) -> ConfigError,
 ) -> Result<Option<ListenerTls>, ConfigError> {
-    let (cert, key) = match (cert, key) {
-        (None, None) => {
-            if client_ca.is_some() {
-                return Err(field_err(
-                    "server.tls_client_ca_file",
-                    "needs server.tls_cert_file and server.tls_key_file".into(),
-                ));
-            }
-            return Ok(None);
-        }
-        (Some(c), Some(k)) => (c, k),
-        (Some(_), None) => {
+    let Some((cert, key)) = pair(
+        cert,
+        key,
+        ("server.tls_cert_file", "server.tls_key_file"),
+        field_err,
+    )?
+    else {
+        if client_ca.is_some() {
             return Err(field_err(
-                "server.tls_key_file",
-                "missing: server.tls_cert_file needs its key".into(),
+                "server.tls_client_ca_file",
+                "needs server.tls_cert_file and server.tls_key_file".into(),
             ));
         }
-        (None, Some(_)) => {
-            return Err(field_err(
-                "server.tls_cert_file",
-                "missing: server.tls_key_file needs its certificate".into(),
-            ));
-        }
+        return Ok(None);
     };
     let load = |client_ca: Option<PathBuf>, field: &str| {
         brownout_net::Tls::load(brownout_net::TlsFiles {
@@ -73,22 +64,15 @@ pub(super) fn clickhouse_tls(
     key: Option<PathBuf>,
     field_err: &dyn Fn(&str, String) -> ConfigError,
 ) -> Result<Option<Arc<rustls::ClientConfig>>, ConfigError> {
-    let client = match (cert, key) {
-        (None, None) => None,
-        (Some(c), Some(k)) => Some((c, k)),
-        (Some(_), None) => {
-            return Err(field_err(
-                "storage.clickhouse_client_key_file",
-                "missing: a client certificate needs its key".into(),
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(field_err(
-                "storage.clickhouse_client_cert_file",
-                "missing: a client key needs its certificate".into(),
-            ));
-        }
-    };
+    let client = pair(
+        cert,
+        key,
+        (
+            "storage.clickhouse_client_cert_file",
+            "storage.clickhouse_client_key_file",
+        ),
+        field_err,
+    )?;
     if ca.is_none() && client.is_none() {
         return Ok(None);
     }
@@ -109,4 +93,25 @@ pub(super) fn clickhouse_tls(
     )
     .map(|c| Some(Arc::new(c)))
     .map_err(|e| field_err(field, e.to_string()))
+}
+
+/// A certificate and its key: both, or neither (`fields`: their names, for the error).
+fn pair(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    (cert_field, key_field): (&str, &str),
+    field_err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<Option<(PathBuf, PathBuf)>, ConfigError> {
+    match (cert, key) {
+        (None, None) => Ok(None),
+        (Some(c), Some(k)) => Ok(Some((c, k))),
+        (Some(_), None) => Err(field_err(
+            key_field,
+            format!("missing: {cert_field} needs its key"),
+        )),
+        (None, Some(_)) => Err(field_err(
+            cert_field,
+            format!("missing: {key_field} needs its certificate"),
+        )),
+    }
 }

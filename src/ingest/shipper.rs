@@ -337,20 +337,7 @@ impl Shipper {
             // long enough, or when no group was shipped for a moment.
             if ready && sli.due() {
                 let records = std::mem::take(&mut sli.records);
-                let group: Vec<(Arc<Batch>, WriteMode)> = records
-                    .iter()
-                    .filter(|r| !r.batch.sli.is_empty())
-                    .map(|r| (Arc::clone(&r.batch), r.mode))
-                    .collect();
-                let ok = ship(
-                    Arc::clone(&self.store),
-                    group,
-                    Parts::SliOnly,
-                    self.write_timeout,
-                    self.shared.metrics.clone(),
-                )
-                .await;
-                if ok {
+                if self.ship_sli(&records).await {
                     self.commit(records).await;
                     sli = SliWait::default();
                 } else {
@@ -448,20 +435,7 @@ impl Shipper {
         }
         if !sli.records.is_empty() {
             let records = std::mem::take(&mut sli.records);
-            let group: Vec<(Arc<Batch>, WriteMode)> = records
-                .iter()
-                .filter(|r| !r.batch.sli.is_empty())
-                .map(|r| (Arc::clone(&r.batch), r.mode))
-                .collect();
-            if ship(
-                Arc::clone(&self.store),
-                group,
-                Parts::SliOnly,
-                self.write_timeout,
-                self.shared.metrics.clone(),
-            )
-            .await
-            {
+            if self.ship_sli(&records).await {
                 self.commit(records).await;
             }
         }
@@ -592,6 +566,23 @@ impl Shipper {
 
     fn corrupt(&self) {
         self.shared.metrics.ingest.spool_corrupt_records_total.inc();
+    }
+
+    /// One insert of these shipped records' SLI rows; true when the store took it.
+    async fn ship_sli(&self, records: &[Ready]) -> bool {
+        let group: Vec<(Arc<Batch>, WriteMode)> = records
+            .iter()
+            .filter(|r| !r.batch.sli.is_empty())
+            .map(|r| (Arc::clone(&r.batch), r.mode))
+            .collect();
+        ship(
+            Arc::clone(&self.store),
+            group,
+            Parts::SliOnly,
+            self.write_timeout,
+            self.shared.metrics.clone(),
+        )
+        .await
     }
 
     /// The first `n` records were shipped: out of the queue.

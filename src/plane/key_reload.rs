@@ -97,26 +97,9 @@ pub fn spawn(
         let files = watched(&config);
         let mut last = stamp(&files);
         let mut current = handle.config().keys.clone();
-        #[cfg(unix)]
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-        let mut tick = tokio::time::interval(poll);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut wake = crate::auth::reload::HupOrTick::new(poll);
         loop {
-            #[cfg(unix)]
-            let hup_fut = async {
-                match hup.as_mut() {
-                    Some(h) => {
-                        h.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            #[cfg(not(unix))]
-            let hup_fut = std::future::pending::<()>();
-            let signalled = tokio::select! {
-                () = hup_fut => true,
-                _ = tick.tick() => false,
-            };
+            let signalled = wake.next().await;
             let now = stamp(&files);
             if !signalled && now == last {
                 continue;

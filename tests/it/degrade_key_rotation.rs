@@ -25,23 +25,7 @@ use brownout_test_support::{redis_url, require_redis, unique, wait_for};
 use redis::AsyncCommands;
 use tower::ServiceExt;
 
-const POLICY: &str = r#"
-evaluate_interval_ms: 50
-command_lease_ms: 3000
-features:
-  - { name: pdf_analysis, criticality: sheddable, disable_at_tier: 1 }
-tiers:
-  t1:
-    hold_down_secs: 1
-    enter:
-      - alertmanager: { alertname: BrownoutGpuSaturated }
-  t2:
-    hold_down_secs: 1
-    params: { model_route: fallback, max_tokens_cap: 128, max_num_seqs: 8 }
-  t3:
-    hold_down_secs: 1
-    params: { admit_min_criticality: critical, retry_after_base_secs: 20, jitter_ratio: 0.5, recovery_eta_max_secs: 600 }
-"#;
+use crate::degrade_override::POLICY;
 
 fn keys(seed: u8, master: &[u8]) -> (PlaneKeys, CommandVerifier) {
     let k = CommandSigningKey::from_seed(&[seed; 32]);
@@ -60,6 +44,25 @@ async fn pin(app: &axum::Router, tier: u8) {
         .unwrap();
     let res = app.clone().oneshot(req).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
+}
+
+/// The stored command once `ok` holds for it (within 5 s).
+async fn stored_when(
+    reader: &mut RedisBus,
+    ok: impl Fn(&Option<brownout_protocol::SignedCommand>) -> bool,
+) -> Option<brownout_protocol::SignedCommand> {
+    let started = Instant::now();
+    loop {
+        let s = reader.stored().await.unwrap();
+        if ok(&s) {
+            return s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the command in Redis never became the expected one: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,44 +92,22 @@ async fn a_reloaded_signing_key_signs_the_next_command() {
     };
 
     pin(&app, 1).await;
-    let started = Instant::now();
-    loop {
-        let s = reader.stored().await.unwrap();
-        if stored_tier(&only_a, &s) == Some(Tier::T1) {
-            assert_eq!(
-                stored_tier(&only_b, &s),
-                None,
-                "not signed with the new key yet"
-            );
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "no T1 command signed with key A: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let s = stored_when(&mut reader, |s| stored_tier(&only_a, s) == Some(Tier::T1)).await;
+    assert_eq!(
+        stored_tier(&only_b, &s),
+        None,
+        "not signed with the new key yet"
+    );
 
     h.replace_keys(b, Duration::from_secs(60));
     tokio::time::sleep(Duration::from_millis(200)).await;
     pin(&app, 2).await;
-    let started = Instant::now();
-    loop {
-        let s = reader.stored().await.unwrap();
-        if stored_tier(&only_b, &s) == Some(Tier::T2) {
-            assert_eq!(
-                stored_tier(&only_a, &s),
-                None,
-                "the old key no longer signs"
-            );
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "no T2 command signed with key B: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let s = stored_when(&mut reader, |s| stored_tier(&only_b, s) == Some(Tier::T2)).await;
+    assert_eq!(
+        stored_tier(&only_a, &s),
+        None,
+        "the old key no longer signs"
+    );
     wait_for("T2 in force", Duration::from_secs(5), || {
         h.status().tier == Tier::T2
     })

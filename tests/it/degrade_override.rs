@@ -15,7 +15,8 @@ use tower::ServiceExt;
 
 const KEY: &[u8] = b"override-replay-test-key";
 
-const POLICY: &str = r#"
+/// A fast policy (50 ms rounds, 1 s hold-downs), also used by `degrade_key_rotation`.
+pub(crate) const POLICY: &str = r#"
 evaluate_interval_ms: 50
 command_lease_ms: 3000
 features:

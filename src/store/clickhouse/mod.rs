@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use brownout_protocol::{AgentSnapshot, Category, Criticality, FailureEvent};
+use brownout_protocol::AgentSnapshot;
 use clickhouse::{Client, Row};
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +49,10 @@ use super::{
     doc_version_us, sqlite::page,
 };
 use crate::config::ClickHouseConfig;
+
+mod rows;
+mod schema;
+use rows::*;
 
 /// The ClickHouse store.
 pub struct ClickHouseStore {
@@ -103,113 +107,6 @@ fn started_before(query_id: &str, prefix: &str, run: &str, before: u64) -> bool 
         Some((r, n)) if r == run => n.parse::<u64>().map_or(true, |n| n < before),
         _ => true,
     }
-}
-
-#[derive(Debug, Row, Serialize, Deserialize)]
-struct ChSpan {
-    ts: u32,
-    start_us: u64,
-    duration_us: u64,
-    trace_id: String,
-    span_id: String,
-    parent_span_id: String,
-    service: String,
-    name: String,
-    kind: u8,
-    status: u8,
-    status_message: String,
-    feature: String,
-    criticality: String,
-    host: String,
-    is_request: u8,
-    attr_keys: Vec<String>,
-    attr_values: Vec<String>,
-    batch_id: u64,
-    seq: u32,
-}
-
-#[derive(Debug, Row, Serialize, Deserialize)]
-struct ChLog {
-    ts: u32,
-    ts_us: u64,
-    trace_id: String,
-    span_id: String,
-    service: String,
-    host: String,
-    severity_number: u8,
-    severity_text: String,
-    body: String,
-    attr_keys: Vec<String>,
-    attr_values: Vec<String>,
-    batch_id: u64,
-    seq: u32,
-}
-
-#[derive(Debug, Row, Serialize, Deserialize)]
-struct ChFailure {
-    ts: u32,
-    ts_ms: u64,
-    id: String,
-    service: String,
-    host: String,
-    request_id: String,
-    trace_id: String,
-    user_id: String,
-    feature: String,
-    criticality: String,
-    category: String,
-    error_type: String,
-    message: String,
-    latency_ms: f64,
-    pattern: String,
-    attr_keys: Vec<String>,
-    attr_values: Vec<String>,
-    batch_id: u64,
-    seq: u32,
-}
-
-#[derive(Debug, Row, Serialize, Deserialize)]
-struct ChSnapshot {
-    ts: u32,
-    ts_ms: u64,
-    host: String,
-    json: String,
-    batch_id: u64,
-    seq: u32,
-}
-
-#[derive(Debug, Row, Serialize, Deserialize)]
-struct ChDoc {
-    kind: String,
-    key: String,
-    version_us: u64,
-    json: String,
-}
-
-fn secs_from_us(us: u64) -> u32 {
-    u32::try_from(us / 1_000_000).unwrap_or(u32::MAX)
-}
-
-fn secs_from_ms(ms: u64) -> u32 {
-    u32::try_from(ms / 1000).unwrap_or(u32::MAX)
-}
-
-fn unzip(attrs: &[(String, String)]) -> (Vec<String>, Vec<String>) {
-    attrs.iter().cloned().unzip()
-}
-
-/// One table as [`ClickHouseStore::migrate`] creates it.
-struct TableDef<'a> {
-    name: &'a str,
-    columns: &'static str,
-    /// The one-node engine: `MergeTree()` or `ReplacingMergeTree(version_us)`.
-    engine: &'static str,
-    /// `PARTITION BY … ORDER BY …`.
-    rest: String,
-    /// The Distributed table's sharding key (cluster only).
-    shard_key: &'static str,
-    /// The DEFAULT of the `deliberate` column, on tables that have one.
-    deliberate: Option<&'static str>,
 }
 
 /// A client for ClickHouse over `https://` with our own TLS configuration (a private CA,
@@ -358,26 +255,6 @@ impl ClickHouseStore {
         ]
     }
 
-    /// The SLI tables' materialized view: each insert into `sli_rows` (on a cluster: into a
-    /// shard's `sli_rows_local`) is summed into `sli_buckets` (`sli_buckets_local`, replicated
-    /// from there). Created after both tables, before any insert can reach them.
-    async fn create_sli_view(&self) -> Result<(), StoreError> {
-        let (from, to) = (
-            self.local_table(&self.sli_rows),
-            self.local_table(&self.sli_buckets),
-        );
-        self.client
-            .query(&format!(
-                "CREATE MATERIALIZED VIEW IF NOT EXISTS {}{} TO {to} AS \
-                 SELECT ts, minute_ms, slo, good, total, refused, batch_id AS batch_ids FROM {from}",
-                self.sli_mv,
-                self.on_cluster()
-            ))
-            .execute()
-            .await?;
-        Ok(())
-    }
-
     /// The cluster name, when this store runs on one.
     pub fn cluster(&self) -> Option<&str> {
         self.cluster.as_deref()
@@ -410,137 +287,6 @@ impl ClickHouseStore {
         &self.failures
     }
 
-    /// Drops this store's tables (tests); on a cluster the Distributed and the local ones, on
-    /// every host.
-    ///
-    /// # Errors
-    /// When ClickHouse refuses.
-    pub async fn drop_tables(&self) -> Result<(), StoreError> {
-        let on = self.on_cluster();
-        self.client
-            .query(&format!("DROP TABLE IF EXISTS {}{on}", self.sli_mv))
-            .execute()
-            .await?;
-        let more = [
-            self.docs.as_str(),
-            self.sli_rows.as_str(),
-            self.sli_buckets.as_str(),
-        ];
-        for t in self.row_tables().into_iter().chain(more) {
-            self.client
-                .query(&format!("DROP TABLE IF EXISTS {t}{on}"))
-                .execute()
-                .await?;
-            if self.cluster.is_some() {
-                self.client
-                    .query(&format!("DROP TABLE IF EXISTS {}{on}", self.local_table(t)))
-                    .execute()
-                    .await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Creates one table if missing: on one node `t` with its engine; on a cluster the
-    /// replicated `<t>_local` on every host (ZooKeeper path
-    /// `/clickhouse/tables/{shard}/<db>.<t>_local`, replica `{replica}`: the servers' macros)
-    /// and the `Distributed` table `t` over it. Then adds the `deliberate` column where the
-    /// table has one and it is missing.
-    async fn create_table(&self, d: &TableDef<'_>) -> Result<(), StoreError> {
-        let Some(cluster) = &self.cluster else {
-            self.client
-                .query(&format!(
-                    "CREATE TABLE IF NOT EXISTS {} ({}) ENGINE = {} {}",
-                    d.name, d.columns, d.engine, d.rest
-                ))
-                .execute()
-                .await?;
-            if let Some(expr) = d.deliberate {
-                self.add_deliberate_column(d.name, expr).await?;
-            }
-            return Ok(());
-        };
-        let local = self.local_table(d.name);
-        let (engine, args) = d
-            .engine
-            .split_once('(')
-            .ok_or_else(|| StoreError::BadQuery(format!("engine {:?}", d.engine)))?;
-        let args = args.trim_end_matches(')');
-        let zk_path = format!("/clickhouse/tables/{{shard}}/{local}");
-        let replicated = if args.is_empty() {
-            format!("Replicated{engine}('{zk_path}', '{{replica}}')")
-        } else {
-            format!("Replicated{engine}('{zk_path}', '{{replica}}', {args})")
-        };
-        self.client
-            .query(&format!(
-                "CREATE TABLE IF NOT EXISTS {local} ON CLUSTER {cluster} ({}) ENGINE = {replicated} {}",
-                d.columns, d.rest
-            ))
-            .execute()
-            .await?;
-        if let Some(expr) = d.deliberate {
-            self.add_deliberate_column(&local, expr).await?;
-        }
-        // The Distributed table only describes the local ones, and 18.16 refuses `ALTER … ON
-        // CLUSTER` on it when the shards replicate internally ("isn't replicated, but shard #1
-        // is replicated according to its cluster definition"). So it is created with every
-        // column, and one that lacks a column (made by an older version) is dropped and made
-        // again; it holds no rows (inserts are synchronous), so nothing is lost.
-        let columns = match d.deliberate {
-            None => d.columns.to_string(),
-            Some(expr) => format!("{}, deliberate UInt8 DEFAULT {expr}", d.columns),
-        };
-        if d.deliberate.is_some()
-            && self.table_exists(d.name).await?
-            && !self.has_deliberate(d.name).await?
-        {
-            self.client
-                .query(&format!(
-                    "DROP TABLE IF EXISTS {} ON CLUSTER {cluster}",
-                    d.name
-                ))
-                .execute()
-                .await?;
-        }
-        let bare_local = local.rsplit('.').next().unwrap_or(&local);
-        self.client
-            .query(&format!(
-                "CREATE TABLE IF NOT EXISTS {} ON CLUSTER {cluster} ({columns}) \
-                 ENGINE = Distributed({cluster}, {}, {bare_local}, {})",
-                d.name, self.database, d.shard_key
-            ))
-            .execute()
-            .await?;
-        Ok(())
-    }
-
-    async fn table_exists(&self, t: &str) -> Result<bool, StoreError> {
-        let bare = t.rsplit('.').next().unwrap_or(t);
-        let n: u64 = self
-            .client
-            .query("SELECT count() FROM system.tables WHERE database = ? AND name = ?")
-            .bind(self.database.as_str())
-            .bind(bare)
-            .fetch_one()
-            .await?;
-        Ok(n > 0)
-    }
-
-    async fn has_deliberate(&self, t: &str) -> Result<bool, StoreError> {
-        let bare = t.rsplit('.').next().unwrap_or(t);
-        let n: u64 = self
-            .client
-            .query(
-                "SELECT count() FROM system.columns WHERE database = ? AND table = ? AND name = 'deliberate'",
-            )
-            .bind(self.database.as_str())
-            .bind(bare)
-            .fetch_one()
-            .await?;
-        Ok(n > 0)
-    }
-
     async fn insert_rows<T>(
         &self,
         table: &str,
@@ -568,31 +314,6 @@ impl ClickHouseStore {
             return Ok(());
         }
         ins.end().await?;
-        Ok(())
-    }
-
-    /// Deliberate refusals (docs/SLO.md "Deliberate refusals"): a `deliberate UInt8` column on
-    /// spans and failures whose DEFAULT reads the attribute arrays, so rows of older parts get
-    /// it computed on read and inserts (which name their columns) need no change. 18.16 has no
-    /// `ADD COLUMN IF NOT EXISTS`: `system.columns` is asked first. On a cluster `t` is the
-    /// local table and the ALTER runs `ON CLUSTER` (once per shard, replicated from there).
-    async fn add_deliberate_column(&self, t: &str, expr: &str) -> Result<(), StoreError> {
-        if !self.has_deliberate(t).await? {
-            self.client
-                .query(&format!(
-                    "ALTER TABLE {t}{} ADD COLUMN deliberate UInt8 DEFAULT {expr}",
-                    self.on_cluster()
-                ))
-                .execute()
-                .await?;
-        }
-        Ok(())
-    }
-
-    async fn ensure_migrated(&self) -> Result<(), StoreError> {
-        if !self.migrated.load(std::sync::atomic::Ordering::Acquire) {
-            self.migrate().await?;
-        }
         Ok(())
     }
 
@@ -716,318 +437,13 @@ impl ClickHouseStore {
     }
 }
 
-/// The ids of the batches in replay mode that have rows in a table (`rows` counts them).
-fn replay_ids(items: &[(&Batch, WriteMode)], rows: fn(&Batch) -> usize) -> Vec<u64> {
-    items
-        .iter()
-        .filter(|(b, m)| *m == WriteMode::Replay && rows(b) > 0)
-        .map(|(b, _)| b.id)
-        .collect()
-}
-
-fn span_count(b: &Batch) -> usize {
-    b.spans.len()
-}
-
-fn log_count(b: &Batch) -> usize {
-    b.logs.len()
-}
-
-fn failure_count(b: &Batch) -> usize {
-    b.failures.len()
-}
-
-fn snapshot_count(b: &Batch) -> usize {
-    b.snapshots.len()
-}
-
-fn sli_count(b: &Batch) -> usize {
-    b.sli.len()
-}
-
-#[derive(Debug, Row, Serialize, Deserialize)]
-struct ChSliRow {
-    ts: u32,
-    minute_ms: u64,
-    slo: String,
-    good: u64,
-    total: u64,
-    refused: u64,
-    batch_id: u64,
-    seq: u32,
-}
-
-/// The SLI rows of `items` not in `present` (each with its batch id and index).
-fn sli_rows<'a>(
-    items: &'a [(&'a Batch, WriteMode)],
-    present: &'a HashSet<(u64, u32)>,
-) -> impl Iterator<Item = ChSliRow> + Send + 'a {
-    items.iter().flat_map(move |&(b, _)| {
-        b.sli
-            .iter()
-            .enumerate()
-            .filter(move |(i, _)| !present.contains(&(b.id, *i as u32)))
-            .map(move |(i, r)| ChSliRow {
-                ts: secs_from_ms(r.minute_ms),
-                minute_ms: r.minute_ms,
-                slo: r.slo.clone(),
-                good: r.counts.good,
-                total: r.counts.total,
-                refused: r.counts.refused,
-                batch_id: b.id,
-                seq: i as u32,
-            })
-    })
-}
-
-/// The spans of `items` not in `present`, as rows (each with its batch id and index).
-fn span_rows<'a>(
-    items: &'a [(&'a Batch, WriteMode)],
-    present: &'a HashSet<(u64, u32)>,
-) -> impl Iterator<Item = ChSpan> + Send + 'a {
-    items.iter().flat_map(move |&(b, _)| {
-        b.spans
-            .iter()
-            .enumerate()
-            .filter(move |(i, _)| !present.contains(&(b.id, *i as u32)))
-            .map(move |(i, s)| {
-                let (attr_keys, attr_values) = unzip(&s.attributes);
-                ChSpan {
-                    ts: secs_from_us(s.start_us),
-                    start_us: s.start_us,
-                    duration_us: s.duration_us,
-                    trace_id: s.trace_id.clone(),
-                    span_id: s.span_id.clone(),
-                    parent_span_id: s.parent_span_id.clone(),
-                    service: s.service.clone(),
-                    name: s.name.clone(),
-                    kind: s.kind,
-                    status: s.status,
-                    status_message: s.status_message.clone(),
-                    feature: s.feature.clone(),
-                    criticality: s.criticality.clone(),
-                    host: s.host.clone(),
-                    is_request: u8::from(s.is_request),
-                    attr_keys,
-                    attr_values,
-                    batch_id: b.id,
-                    seq: i as u32,
-                }
-            })
-    })
-}
-
-fn log_rows<'a>(
-    items: &'a [(&'a Batch, WriteMode)],
-    present: &'a HashSet<(u64, u32)>,
-) -> impl Iterator<Item = ChLog> + Send + 'a {
-    items.iter().flat_map(move |&(b, _)| {
-        b.logs
-            .iter()
-            .enumerate()
-            .filter(move |(i, _)| !present.contains(&(b.id, *i as u32)))
-            .map(move |(i, l)| {
-                let (attr_keys, attr_values) = unzip(&l.attributes);
-                ChLog {
-                    ts: secs_from_us(l.ts_us),
-                    ts_us: l.ts_us,
-                    trace_id: l.trace_id.clone(),
-                    span_id: l.span_id.clone(),
-                    service: l.service.clone(),
-                    host: l.host.clone(),
-                    severity_number: l.severity_number,
-                    severity_text: l.severity_text.clone(),
-                    body: l.body.clone(),
-                    attr_keys,
-                    attr_values,
-                    batch_id: b.id,
-                    seq: i as u32,
-                }
-            })
-    })
-}
-
-fn failure_rows<'a>(
-    items: &'a [(&'a Batch, WriteMode)],
-    present: &'a HashSet<(u64, u32)>,
-) -> impl Iterator<Item = ChFailure> + Send + 'a {
-    items.iter().flat_map(move |&(b, _)| {
-        b.failures
-            .iter()
-            .enumerate()
-            .filter(move |(i, _)| !present.contains(&(b.id, *i as u32)))
-            .map(move |(i, f)| {
-                let e = &f.event;
-                let (attr_keys, attr_values) = super::map_to_pairs(&e.attributes);
-                ChFailure {
-                    ts: secs_from_ms(e.ts_ms),
-                    ts_ms: e.ts_ms,
-                    id: f.id.clone(),
-                    service: e.service.clone(),
-                    host: e.host.clone(),
-                    request_id: e.request_id.clone(),
-                    trace_id: e.trace_id.clone(),
-                    user_id: e.user_id.clone(),
-                    feature: e.feature.clone(),
-                    criticality: e.criticality.as_str().to_string(),
-                    category: e.category.as_str().to_string(),
-                    error_type: e.error_type.clone(),
-                    message: e.message.clone(),
-                    latency_ms: e.latency_ms,
-                    pattern: f.pattern.clone(),
-                    attr_keys,
-                    attr_values,
-                    batch_id: b.id,
-                    seq: i as u32,
-                }
-            })
-    })
-}
-
-fn span_from_ch(s: ChSpan) -> SpanRow {
-    SpanRow {
-        trace_id: s.trace_id,
-        span_id: s.span_id,
-        parent_span_id: s.parent_span_id,
-        service: s.service,
-        name: s.name,
-        kind: s.kind,
-        start_us: s.start_us,
-        duration_us: s.duration_us,
-        status: s.status,
-        status_message: s.status_message,
-        feature: s.feature,
-        criticality: s.criticality,
-        host: s.host,
-        is_request: s.is_request != 0,
-        attributes: s.attr_keys.into_iter().zip(s.attr_values).collect(),
-    }
-}
-
-fn failure_from_ch(f: ChFailure) -> FailureRow {
-    FailureRow {
-        id: f.id,
-        pattern: f.pattern,
-        event: FailureEvent {
-            ts_ms: f.ts_ms,
-            service: f.service,
-            host: f.host,
-            request_id: f.request_id,
-            trace_id: f.trace_id,
-            user_id: f.user_id,
-            feature: f.feature,
-            criticality: Criticality::parse(&f.criticality).unwrap_or_default(),
-            category: Category::parse(&f.category).unwrap_or(Category::Other),
-            error_type: f.error_type,
-            message: f.message,
-            latency_ms: f.latency_ms,
-            attributes: f.attr_keys.into_iter().zip(f.attr_values).collect(),
-        },
-    }
-}
-
-const SPAN_COLS: &str = "ts, start_us, duration_us, trace_id, span_id, parent_span_id, service, name, kind, status, \
-     status_message, feature, criticality, host, is_request, attr_keys, attr_values, batch_id, seq";
-const FAILURE_COLS: &str = "ts, ts_ms, id, service, host, request_id, trace_id, user_id, feature, criticality, category, \
-     error_type, message, latency_ms, pattern, attr_keys, attr_values, batch_id, seq";
-
 impl Store for ClickHouseStore {
     fn backend(&self) -> &'static str {
         "clickhouse"
     }
 
     fn migrate(&self) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
-            let by_day = "PARTITION BY toYYYYMMDD(ts)";
-            let defs = [
-                TableDef {
-                    name: &self.spans,
-                    columns: "ts DateTime, start_us UInt64, duration_us UInt64, trace_id String, \
-                     span_id String, parent_span_id String, service String, name String, kind UInt8, status UInt8, \
-                     status_message String, feature String, criticality String, host String, is_request UInt8, \
-                     attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32",
-                    engine: "MergeTree()",
-                    rest: format!("{by_day} ORDER BY (service, ts)"),
-                    // A trace's spans stay together on one shard, and traces spread evenly.
-                    shard_key: "cityHash64(trace_id)",
-                    deliberate: Some(
-                        "attr_values[indexOf(attr_keys, 'brownout.deliberate')] = 'true'",
-                    ),
-                },
-                TableDef {
-                    name: &self.logs,
-                    columns: "ts DateTime, ts_us UInt64, trace_id String, span_id String, \
-                     service String, host String, severity_number UInt8, severity_text String, body String, \
-                     attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32",
-                    engine: "MergeTree()",
-                    rest: format!("{by_day} ORDER BY (service, ts)"),
-                    // Many logs carry no trace id: spread by record, not by trace.
-                    shard_key: "cityHash64(trace_id, span_id, ts_us)",
-                    deliberate: None,
-                },
-                TableDef {
-                    name: &self.failures,
-                    columns: "ts DateTime, ts_ms UInt64, id String, service String, host String, \
-                     request_id String, trace_id String, user_id String, feature String, criticality String, \
-                     category String, error_type String, message String, latency_ms Float64, pattern String, \
-                     attr_keys Array(String), attr_values Array(String), batch_id UInt64, seq UInt32",
-                    engine: "MergeTree()",
-                    rest: format!("{by_day} ORDER BY (ts, id)"),
-                    // The id is unique and random: an even spread even when most events carry
-                    // no trace id (which would put them all on one shard).
-                    shard_key: "cityHash64(id)",
-                    deliberate: Some(
-                        "attr_values[indexOf(attr_keys, 'deliberate')] = 'true' \
-                         OR attr_values[indexOf(attr_keys, 'brownout.deliberate')] = 'true'",
-                    ),
-                },
-                TableDef {
-                    name: &self.snapshots,
-                    columns: "ts DateTime, ts_ms UInt64, host String, json String, batch_id UInt64, seq UInt32",
-                    engine: "MergeTree()",
-                    rest: format!("{by_day} ORDER BY (host, ts)"),
-                    shard_key: "cityHash64(host)",
-                    deliberate: None,
-                },
-                TableDef {
-                    name: &self.sli_rows,
-                    columns: "ts DateTime, minute_ms UInt64, slo String, good UInt64, total UInt64, \
-                     refused UInt64, batch_id UInt64, seq UInt32",
-                    engine: "MergeTree()",
-                    rest: format!("{by_day} ORDER BY (batch_id, seq)"),
-                    shard_key: "cityHash64(batch_id, seq)",
-                    deliberate: None,
-                },
-                TableDef {
-                    name: &self.sli_buckets,
-                    // `batch_ids` (the sum of the contributing batch ids, wrapping) is read by
-                    // nobody: it keeps two batches' equal counts distinct blocks, which a
-                    // ReplicatedMergeTree's insert deduplication would otherwise drop as one.
-                    columns: "ts DateTime, minute_ms UInt64, slo String, good UInt64, total UInt64, \
-                     refused UInt64, batch_ids UInt64",
-                    engine: "SummingMergeTree()",
-                    rest: format!("{by_day} ORDER BY (slo, minute_ms, ts)"),
-                    shard_key: "cityHash64(slo, minute_ms)",
-                    deliberate: None,
-                },
-                TableDef {
-                    name: &self.docs,
-                    columns: "kind String, key String, version_us UInt64, json String",
-                    engine: "ReplacingMergeTree(version_us)",
-                    rest: "ORDER BY (kind, key)".into(),
-                    // Every version of a document on one shard, where merges replace it.
-                    shard_key: "cityHash64(kind, key)",
-                    deliberate: None,
-                },
-            ];
-            for d in &defs {
-                self.create_table(d).await?;
-            }
-            self.create_sli_view().await?;
-            self.migrated
-                .store(true, std::sync::atomic::Ordering::Release);
-            Ok(())
-        })
+        Box::pin(self.migrate_tables())
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {
@@ -1417,28 +833,6 @@ impl Store for ClickHouseStore {
         })
     }
 }
-
-/// The `YYYYMMDD` partition id of the day holding `ms`.
-fn yyyymmdd(ms: u64) -> u32 {
-    chrono::DateTime::from_timestamp_millis(i64::try_from(ms).unwrap_or(i64::MAX))
-        .map(|t| t.format("%Y%m%d").to_string().parse().unwrap_or(0))
-        .unwrap_or(0)
-}
-
-fn doc_from_ch(d: ChDoc) -> Result<Doc, StoreError> {
-    Ok(Doc {
-        kind: d.kind,
-        key: d.key,
-        updated_ms: d.version_us / 1000,
-        value: serde_json::from_str(&d.json)
-            .map_err(|e| StoreError::Corrupt(format!("doc json: {e}")))?,
-    })
-}
-
-// ---- log search (docs/API.md `GET /api/v1/logs`) ---------------------------------------------
-
-const LOG_COLS: &str = "ts, ts_us, trace_id, span_id, service, host, severity_number, severity_text, \
-     body, attr_keys, attr_values, batch_id, seq";
 
 impl ClickHouseStore {
     /// [`Store::logs`]: newest first by `(ts_us, batch_id, seq)` (unique per row), through the
