@@ -36,6 +36,25 @@ pub mod attr {
     pub const CONVERSATION: &str = "brownout.conversation";
     /// `request` or `agent_task` (other producers; the serving tier's spans are requests).
     pub const KIND: &str = "brownout.kind";
+
+    /// Every name above (the docs test checks each is documented).
+    pub const ALL: &[&str] = &[
+        REQUEST_ID,
+        ROUTE,
+        CRITICALITY,
+        FEATURE,
+        TIER,
+        QUEUE_TIME_S,
+        TTFT_S,
+        TTFT_MS,
+        NUM_PREEMPTIONS,
+        OUTCOME,
+        DELIBERATE,
+        COMMAND_EPOCH,
+        COMMAND_VERSION,
+        CONVERSATION,
+        KIND,
+    ];
 }
 
 /// HTTP headers between clients and the serving tier.
@@ -56,6 +75,18 @@ pub mod header {
     pub const ROUTE: &str = "x-brownout-route";
     /// Response (`--upstream`): the model name the upstream was asked for.
     pub const UPSTREAM_MODEL: &str = "x-brownout-upstream-model";
+
+    /// Every name above (the docs test checks each is documented).
+    pub const ALL: &[&str] = &[
+        CRITICALITY,
+        FEATURE,
+        USER,
+        CONVERSATION,
+        ATTEMPT,
+        OUTCOME,
+        ROUTE,
+        UPSTREAM_MODEL,
+    ];
 }
 
 /// Prometheus metric names the serving tier exports (vLLM's names where vLLM has one) and
@@ -90,6 +121,30 @@ pub mod metric {
     pub const SERVING_ARRIVALS_TOTAL: &str = "brownout_serving_arrivals_total";
     pub const SERVING_ABANDONED_REQUESTS_TOTAL: &str = "brownout_serving_abandoned_requests_total";
     pub const SERVING_ABANDONED_TOKENS_TOTAL: &str = "brownout_serving_abandoned_tokens_total";
+
+    /// Every name above (the docs test checks each is documented).
+    pub const ALL: &[&str] = &[
+        KV_CACHE_USAGE_PERC,
+        NUM_REQUESTS_RUNNING,
+        NUM_REQUESTS_WAITING,
+        NUM_PREEMPTIONS_TOTAL,
+        TIME_TO_FIRST_TOKEN_SECONDS,
+        E2E_REQUEST_LATENCY_SECONDS,
+        REQUEST_QUEUE_TIME_SECONDS,
+        REQUEST_SUCCESS_TOTAL,
+        GENERATION_TOKENS_TOTAL,
+        KV_BLOCKS_USABLE,
+        KV_BLOCKS_USED,
+        KV_INTERNAL_FRAGMENTATION_RATIO,
+        KV_RESERVED_UNUSED_RATIO,
+        KV_TOKEN_OCCUPANCY_RATIO,
+        KV_EXTERNAL_FRAGMENTATION_RATIO,
+        SERVING_TIER,
+        SERVING_REQUESTS_TOTAL,
+        SERVING_ARRIVALS_TOTAL,
+        SERVING_ABANDONED_REQUESTS_TOTAL,
+        SERVING_ABANDONED_TOKENS_TOTAL,
+    ];
 }
 
 #[cfg(test)]
@@ -98,40 +153,34 @@ mod tests {
 
     #[test]
     fn names_keep_their_namespaces() {
-        for a in [
-            attr::REQUEST_ID,
-            attr::ROUTE,
-            attr::CRITICALITY,
-            attr::FEATURE,
-            attr::TIER,
-            attr::QUEUE_TIME_S,
-            attr::TTFT_S,
-            attr::TTFT_MS,
-            attr::NUM_PREEMPTIONS,
-            attr::OUTCOME,
-            attr::DELIBERATE,
-            attr::COMMAND_EPOCH,
-            attr::COMMAND_VERSION,
-            attr::CONVERSATION,
-            attr::KIND,
-        ] {
+        for a in attr::ALL {
             assert!(a.starts_with("brownout."), "{a}");
         }
-        for h in [
-            header::CRITICALITY,
-            header::FEATURE,
-            header::USER,
-            header::CONVERSATION,
-            header::ATTEMPT,
-            header::OUTCOME,
-            header::ROUTE,
-            header::UPSTREAM_MODEL,
-        ] {
+        for h in header::ALL {
             // Lower case: `HeaderName::from_static` panics on anything else.
             assert!(
-                h.starts_with("x-brownout-") && h == h.to_ascii_lowercase(),
+                h.starts_with("x-brownout-") && *h == h.to_ascii_lowercase(),
                 "{h}"
             );
+        }
+        for m in metric::ALL {
+            assert!(m.starts_with("vllm:") || m.starts_with("brownout_"), "{m}");
+        }
+    }
+
+    /// `ALL` of each module lists every constant of it (read from this file).
+    #[test]
+    fn every_name_is_in_its_modules_all() {
+        let src = include_str!("wire.rs");
+        for (module, all) in [
+            ("attr", attr::ALL),
+            ("header", header::ALL),
+            ("metric", metric::ALL),
+        ] {
+            let start = src.find(&format!("pub mod {module} {{")).expect("module");
+            let body = &src[start..start + src[start..].find("\n}").expect("end")];
+            let consts = body.matches("pub const ").count() - 1; // minus ALL itself
+            assert_eq!(consts, all.len(), "{module}::ALL misses a constant");
         }
     }
 }

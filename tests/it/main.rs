@@ -58,3 +58,4 @@ mod web_logs_traces;
 mod web_pages;
 mod web_screenshots;
 mod web_xss;
+mod wire_names_doc;
