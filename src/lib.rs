@@ -21,6 +21,7 @@ pub mod config;
 pub mod defaults;
 pub mod degrade;
 pub mod drill;
+pub mod entry;
 pub mod error;
 pub mod ingest;
 pub mod keys_cli;

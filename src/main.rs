@@ -49,21 +49,11 @@ fn main() -> std::process::ExitCode {
     // `patterns` needs no async runtime; starting one (a thread per core) would dominate a
     // short `patterns mine` run.
     let cli = match cli.cmd {
-        Cmd::Patterns(a) => return exit(brownout::patterns::run_blocking(a)),
-        Cmd::Keys(a) => return exit(brownout::keys_cli::run(&a)),
+        Cmd::Patterns(a) => return brownout::entry::exit(brownout::patterns::run_blocking(a)),
+        Cmd::Keys(a) => return brownout::entry::exit(brownout::keys_cli::run(&a)),
         cmd => Cli { cmd },
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let result = rt.block_on(async move {
+    brownout::entry::block_on(async move {
         match cli.cmd {
             Cmd::Serve(a) => brownout::serve::run(a).await,
             Cmd::Patterns(a) => brownout::patterns::run(a).await,
@@ -81,16 +71,5 @@ fn main() -> std::process::ExitCode {
                  (from the repository: cargo run --release -p brownout-demo -- bench overload)"
             )),
         }
-    });
-    exit(result)
-}
-
-fn exit(result: anyhow::Result<()>) -> std::process::ExitCode {
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    })
 }

@@ -23,27 +23,10 @@ enum Cmd {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     brownout::logging::init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let result = rt.block_on(async move {
+    brownout::entry::block_on(async move {
         match cli.cmd {
             Cmd::Demo(a) => brownout_demo::run(a).await,
             Cmd::Bench(a) => brownout_demo::bench(a).await,
         }
-    });
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    })
 }

@@ -4,7 +4,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{DrillName, Fault, Report, Target, client, get_json, poll, run_fault, success, trim};
+use super::{
+    DrillName, Fault, Report, Target, client, get_json, ingest_token, poll, run_fault, success,
+    trim,
+};
 
 /// clickhouse-kill: sends `events` failure events while the store is down, then checks each is
 /// stored exactly once after recovery.
@@ -21,13 +24,7 @@ pub async fn clickhouse_kill(
     let mut rep = Report::new(DrillName::ClickhouseKill);
     let t0 = Instant::now();
     let c = client()?;
-    let Some(ingest) = t.ingest_token.clone() else {
-        rep.step(
-            t0,
-            "ingest token",
-            false,
-            "pass --ingest-token or BROWNOUT_INGEST_TOKEN",
-        );
+    let Some(ingest) = ingest_token(t, &mut rep, t0) else {
         return Ok(rep);
     };
     let events = events.clamp(1, 1000);

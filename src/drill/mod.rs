@@ -244,6 +244,20 @@ impl Report {
     }
 }
 
+/// The target's ingest token; `None`, with a failed step saying how to give one, without it.
+fn ingest_token(t: &Target, rep: &mut Report, t0: Instant) -> Option<String> {
+    let token = t.ingest_token.clone();
+    if token.is_none() {
+        rep.step(
+            t0,
+            "ingest token",
+            false,
+            "pass --ingest-token or BROWNOUT_INGEST_TOKEN",
+        );
+    }
+    token
+}
+
 fn client() -> anyhow::Result<reqwest::Client> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     Ok(reqwest::Client::builder()

@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{DrillName, Fault, Report, Target, client, get_json, poll, run_fault, success, trim};
+use super::{
+    DrillName, Fault, Report, Target, client, get_json, ingest_token, poll, run_fault, success,
+    trim,
+};
 
 /// Concurrent senders (each one request of [`CHUNK`] events in flight at a time).
 const SENDERS: usize = 4;
@@ -31,13 +34,7 @@ pub async fn plane_kill(
     let mut rep = Report::new(DrillName::PlaneKill);
     let t0 = Instant::now();
     let c = client()?;
-    let Some(ingest) = t.ingest_token.clone() else {
-        rep.step(
-            t0,
-            "ingest token",
-            false,
-            "pass --ingest-token or BROWNOUT_INGEST_TOKEN",
-        );
+    let Some(ingest) = ingest_token(t, &mut rep, t0) else {
         return Ok(rep);
     };
     let events = events.clamp(SENDERS * CHUNK, 100_000);
