@@ -107,17 +107,29 @@ pub fn refusal_error(r: Refusal) -> ApiError {
 /// A refused request is counted under its outcome and still becomes a span and a failure event,
 /// both marked deliberate.
 fn refused(st: &Inner, meta: &RequestMeta, r: &Refusal) {
+    record_refusal(&st.metrics, &st.telemetry, &st.model_name, meta, r);
+}
+
+/// [`refused`] for any front (the engine's API, the `--upstream` proxy): the refusal counted
+/// under its outcome, traced as deliberate for `model`.
+pub(crate) fn record_refusal(
+    metrics: &crate::metrics::Metrics,
+    telemetry: &crate::telemetry::Telemetry,
+    model: &str,
+    meta: &RequestMeta,
+    r: &Refusal,
+) {
     let crit = meta.criticality.as_str();
-    st.metrics.inc_refusal(r.outcome, &meta.feature, crit);
+    metrics.inc_refusal(r.outcome, &meta.feature, crit);
     match r.outcome {
-        Outcome::Shed => st.metrics.inc_shed(crit),
-        Outcome::FeatureDisabled => st.metrics.inc_feature_disabled(&meta.feature),
+        Outcome::Shed => metrics.inc_shed(crit),
+        Outcome::FeatureDisabled => metrics.inc_feature_disabled(&meta.feature),
         _ => {}
     }
     tracing::debug!(outcome = r.outcome.as_str(), detail = %r.detail, "request refused");
-    st.telemetry.request(RequestRecord {
+    telemetry.request(RequestRecord {
         request_id: String::new(),
-        model: st.model_name.clone(),
+        model: model.to_string(),
         route: "none",
         criticality: meta.criticality,
         feature: meta.feature.clone(),

@@ -22,10 +22,10 @@ use super::limiter::{Slot, Wait};
 use super::sse::{self, Splitter};
 use super::{ProxyState, Route, describe};
 use crate::api::error::ApiError;
-use crate::api::handlers::{body_error, meta_error, parse_json, refusal_error};
+use crate::api::handlers::{body_error, meta_error, parse_json, record_refusal, refusal_error};
 use crate::api::openai::{ChatRequest, CompletionRequest, completion_prompt, validate_common};
 use crate::gate::meta::{CRITICALITY_HEADER, TRACEPARENT_HEADER};
-use crate::gate::{Outcome, RequestMeta, UserPermit};
+use crate::gate::{RequestMeta, UserPermit};
 use crate::scheduler::batch::ReserveStats;
 use crate::telemetry::RequestRecord;
 
@@ -672,34 +672,13 @@ fn record(p: &ProxyState, ctx: &Ctx, seen: &Seen, outcome: Result<&str, (Categor
 /// A refusal: counted under its outcome, traced as deliberate (as the engine's API does).
 fn refused(p: &ProxyState, meta: &RequestMeta, r: &crate::gate::Refusal) {
     let inner = &p.inner;
-    let crit = meta.criticality.as_str();
-    inner.metrics.inc_refusal(r.outcome, &meta.feature, crit);
-    match r.outcome {
-        Outcome::Shed => inner.metrics.inc_shed(crit),
-        Outcome::FeatureDisabled => inner.metrics.inc_feature_disabled(&meta.feature),
-        _ => {}
-    }
-    inner.telemetry.request(RequestRecord {
-        request_id: String::new(),
-        model: inner.served_model.clone(),
-        route: "none",
-        criticality: meta.criticality,
-        feature: meta.feature.clone(),
-        tier: r.tier.as_u8(),
-        prompt_tokens: 0,
-        completion_tokens: 0,
-        queue_s: 0.0,
-        ttft_s: 0.0,
-        num_preemptions: 0,
-        latency_s: 0.0,
-        finish_reason: None,
-        failure: Some((r.outcome.category(), r.detail.clone())),
-        outcome: r.outcome.as_str().to_string(),
-        deliberate: true,
-        command: r.command,
-        user: meta.user.clone(),
-        conversation: meta.conversation.clone(),
-    });
+    record_refusal(
+        &inner.metrics,
+        &inner.telemetry,
+        &inner.served_model,
+        meta,
+        r,
+    );
 }
 
 pub async fn models(State(p): State<ProxyState>) -> Json<Value> {
