@@ -203,6 +203,7 @@ impl World {
         let engine_keys = |id: &str| brownout_protocol::EngineKeys {
             verifier: brownout_protocol::CommandVerifier::ed25519([signing.public()]),
             ack_key: brownout_protocol::command_keys::derive_ack_key(&ack_master, id),
+            ack_key_file: None,
         };
 
         let data_dir = std::env::var_os("BROWNOUT_DATA_DIR")

@@ -760,8 +760,69 @@ impl From<&PlaneKeys> for PlaneKeys {
 #[derive(Debug, Clone)]
 pub struct EngineKeys {
     pub verifier: CommandVerifier,
-    /// This instance's own ack key.
+    /// This instance's own ack key (as read at start; see [`EngineKeys::current_ack_key`]).
     pub ack_key: Vec<u8>,
+    /// `BROWNOUT_ACK_KEY_FILE`, read again when it changes (shared by the clones).
+    pub ack_key_file: Option<Arc<AckKeyFile>>,
+}
+
+/// An engine's ack-key file and the key last read from it: read again when the file changed
+/// (compared at most once a second, at the next ack) or after [`request_key_reload`]
+/// (SIGHUP); a file that becomes unreadable or malformed leaves the key read before in use.
+pub struct AckKeyFile {
+    path: PathBuf,
+    state: Mutex<(Instant, u64, Vec<u8>)>,
+}
+
+impl fmt::Debug for AckKeyFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AckKeyFile")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AckKeyFile {
+    /// Reads `path` (a 64-hex-digit secret).
+    ///
+    /// # Errors
+    /// The file cannot be read or holds no such secret.
+    pub fn open(path: &Path) -> Result<AckKeyFile, KeyError> {
+        let key = read_secret_file(path)?;
+        Ok(AckKeyFile {
+            path: path.to_path_buf(),
+            state: Mutex::new((
+                Instant::now(),
+                RELOAD_GENERATION.load(Ordering::Relaxed),
+                key,
+            )),
+        })
+    }
+
+    /// The key, after reading the file again if it is due.
+    pub fn key(&self) -> Vec<u8> {
+        let mut st = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let generation = RELOAD_GENERATION.load(Ordering::Relaxed);
+        let now = Instant::now();
+        if generation != st.1 || now.duration_since(st.0) >= KEY_FILE_CHECK {
+            st.0 = now;
+            st.1 = generation;
+            match read_secret_file(&self.path) {
+                Ok(k) if k != st.2 => {
+                    tracing::info!(path = %self.path.display(), "ack key file changed: acks are sealed with the new key");
+                    st.2 = k;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), error = %e, "ack key file unreadable; the key read before stays in use");
+                }
+            }
+        }
+        st.2.clone()
+    }
 }
 
 impl EngineKeys {
@@ -770,6 +831,7 @@ impl EngineKeys {
         EngineKeys {
             verifier: CommandVerifier::hmac(key),
             ack_key: key.to_vec(),
+            ack_key_file: None,
         }
     }
 
@@ -843,10 +905,14 @@ impl EngineKeys {
         for k in keys {
             verifier.add(k);
         }
+        let mut ack_key_file = None;
         let ack_key = if let Some(k) = var(ACK_KEY_ENV) {
             parse_secret(&k)?
         } else if let Some(p) = var(ACK_KEY_FILE_ENV) {
-            read_secret_file(Path::new(&p))?
+            let f = AckKeyFile::open(Path::new(&p))?;
+            let k = f.key();
+            ack_key_file = Some(Arc::new(f));
+            k
         } else {
             let p = dir.join(ACK_MASTER_FILE);
             if !p.exists() {
@@ -857,7 +923,21 @@ impl EngineKeys {
             }
             derive_ack_key(&read_secret_file(&p)?, instance)
         };
-        Ok(Some(EngineKeys { verifier, ack_key }))
+        Ok(Some(EngineKeys {
+            verifier,
+            ack_key,
+            ack_key_file,
+        }))
+    }
+}
+
+impl EngineKeys {
+    /// The key acks are sealed with now: the ack-key file's latest, or the one read at start.
+    pub fn current_ack_key(&self) -> Vec<u8> {
+        match &self.ack_key_file {
+            Some(f) => f.key(),
+            None => self.ack_key.clone(),
+        }
     }
 }
 
@@ -906,6 +986,40 @@ mod tests {
     const SEED: &[u8; 32] = b"brownout-test-ed25519-seed-00001";
     const ED_SIG: &str = include_str!("../fixtures/command_t2.ed25519.sig");
     const ED_PUB: &str = include_str!("../fixtures/command_t2.ed25519.pub");
+
+    /// An engine's ack-key file rewritten under it: acks are sealed with the new key after a
+    /// reload request; a broken file leaves the key in use.
+    #[test]
+    fn a_changed_ack_key_file_seals_the_next_ack_with_the_new_key() {
+        let dir = std::env::temp_dir().join(format!(
+            "brownout-ackfile-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ack.key");
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        std::fs::write(&path, hex::encode(a)).unwrap();
+        let keys = EngineKeys {
+            verifier: CommandVerifier::ed25519([]),
+            ack_key: a.to_vec(),
+            ack_key_file: Some(Arc::new(AckKeyFile::open(&path).unwrap())),
+        };
+        assert_eq!(keys.current_ack_key(), a.to_vec());
+        std::fs::write(&path, hex::encode(b)).unwrap();
+        request_key_reload();
+        let clone = keys.clone();
+        assert_eq!(clone.current_ack_key(), b.to_vec(), "the new file's key");
+        assert_eq!(keys.current_ack_key(), b.to_vec(), "clones share the file");
+        std::fs::write(&path, "not a key").unwrap();
+        request_key_reload();
+        assert_eq!(
+            keys.current_ack_key(),
+            b.to_vec(),
+            "a broken file changes nothing"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// A key file rotated under a running verifier: the new key is accepted at once after a
     /// reload request, the dropped one for the overlap only, and a broken file changes nothing.

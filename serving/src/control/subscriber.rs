@@ -237,7 +237,7 @@ impl Session<'_> {
                 }
             }
         };
-        let signed = ack.to_signed(&self.cfg.keys.ack_key, &self.cfg.instance_id);
+        let signed = ack.to_signed(&self.cfg.keys.current_ack_key(), &self.cfg.instance_id);
         *self.last_ack = Some(signed);
         self.write_last_ack(conn).await
     }
