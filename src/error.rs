@@ -128,12 +128,6 @@ impl From<PathRejection> for ApiError {
     }
 }
 
-impl From<crate::auth::AuthError> for ApiError {
-    fn from(e: crate::auth::AuthError) -> ApiError {
-        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string())
-    }
-}
-
 /// `axum::Json` whose rejection is an [`ApiError`].
 pub struct Json<T>(pub T);
 

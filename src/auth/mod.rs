@@ -183,6 +183,13 @@ pub enum AuthError {
     Invalid(Role),
 }
 
+/// 401 `unauthorized` in the API's error body (the error module knows nothing of auth).
+impl From<AuthError> for crate::error::ApiError {
+    fn from(e: AuthError) -> crate::error::ApiError {
+        crate::error::ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string())
+    }
+}
+
 impl IntoResponse for AuthError {
     fn into_response(self) -> Response {
         let body =

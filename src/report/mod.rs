@@ -12,6 +12,7 @@
 //! - [`store`]: [`WeekData`] from the server's store, `/reports/{week}`, the weekly task.
 //! - this file: `brownout report` and [`synth_week`] (WeekData from `patterns synth` data).
 
+pub mod compose;
 pub mod escape;
 pub mod export;
 pub mod model;
@@ -23,9 +24,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
+pub use compose::build;
 pub use model::{
     Episode, IdleSlo, InstanceIncident, NO_REQUESTS, PatternWeek, Playbook, Report, SloWeek,
-    WeekData, build,
+    WeekData,
 };
 pub use render::{Format, render};
 

@@ -27,9 +27,7 @@ const KNOWN_CIRCLES: &[&str] = &[
     // Between the control plane's top-level subsystems.
     "brownout src: agents <-> degrade <-> web",
     "brownout src: api <-> ingest",
-    "brownout src: auth <-> error",
     // Between files of one folder.
-    "brownout src/report: model <-> svg",
     "brownout src/slo: openslo <-> raw <-> sloth <-> spec",
 ];
 
