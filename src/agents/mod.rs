@@ -419,4 +419,4 @@ fn loop_failure(kill: &LoopKill, call: &semconv::ToolCall) -> FailureEvent {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -32,8 +32,8 @@ use super::inflate::InflateError;
 use super::pipeline::Pipeline;
 use super::write::Reservation;
 use super::{Accepted, IngestState, SubmitError, accept_reserved, otlp};
-use crate::api::ApiError;
 use crate::auth::Role;
+use crate::error::ApiError;
 
 /// The ingest routes, guarded by the ingest token; each body must arrive within
 /// `ingest.request_timeout_ms` (408 past it).

@@ -867,3 +867,51 @@ fn fn_spark(args: &HashMap<String, Value>) -> tera::Result<Value> {
     );
     Ok(Value::String(svg.as_str().to_string()))
 }
+
+/// The Agents page (the web knows the agents' view; the agents know nothing of the web).
+#[cfg(test)]
+mod agents_page_tests {
+    use super::templates;
+    use crate::agents::tests::{T0, export, guards, kv, s, tool_span};
+    use crate::agents::{AgentsView, breakers, loops};
+
+    #[test]
+    fn the_agents_page_escapes_hostile_names_and_lists_are_bounded() {
+        let g =
+            guards("loops: { window: 1, repeats: 2 }\nbreakers: { min_calls: 1, max_tools: 16 }");
+        let evil = r#"<script>alert("x")</script><img src=x onerror=alert(1)>"#;
+        for i in 0..300u64 {
+            let conv = format!("{evil}{i}");
+            let span = tool_span(
+                (i % 200 + 1) as u8,
+                1,
+                vec![
+                    kv("gen_ai.tool.name", s(&format!("{evil}{}", i % 40))),
+                    kv("gen_ai.conversation.id", s(&conv)),
+                ],
+                true,
+                1,
+            );
+            g.observe_at(&export(vec![span.clone(), span]), T0 + i * 40_000);
+        }
+        let v = g.view(T0 + 300 * 40_000);
+        assert!(v.loop_kills.len() <= loops::KILLS_KEPT);
+        assert!(v.transitions.len() <= breakers::TRANSITIONS_KEPT);
+        assert!(v.breakers.len() <= 16);
+        let mut ctx = tera::Context::from_serialize(&v).unwrap();
+        ctx.insert("page", "agents");
+        let html = templates().render("agents.html", &ctx).unwrap();
+        assert!(!html.contains("<script>alert"), "raw markup in the page");
+        assert!(!html.contains("<img src=x"), "raw markup in the page");
+        assert!(
+            html.contains("&lt;script&gt;alert"),
+            "names are shown, escaped"
+        );
+        assert!(html.contains("Tool breakers"));
+        // An empty view (no guards in this process) renders too.
+        let mut ctx = tera::Context::from_serialize(AgentsView::default()).unwrap();
+        ctx.insert("page", "agents");
+        let html = templates().render("agents.html", &ctx).unwrap();
+        assert!(html.contains("Agent guards are not running"));
+    }
+}

@@ -25,8 +25,6 @@ const CRATES: &[(&str, &str)] = &[
 /// shrinks.
 const KNOWN_CIRCLES: &[&str] = &[
     // Between the control plane's top-level subsystems.
-    "brownout src: agents <-> degrade <-> web",
-    "brownout src: api <-> ingest",
     // Between files of one folder.
     "brownout src/slo: openslo <-> raw <-> sloth <-> spec",
 ];
