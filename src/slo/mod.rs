@@ -29,6 +29,7 @@ pub mod cli;
 pub mod duration;
 pub mod eval;
 pub mod http;
+pub mod model;
 pub mod observe;
 pub mod openslo;
 pub mod persist;

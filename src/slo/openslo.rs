@@ -15,9 +15,9 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::spec::{
-    self, Alerting, Budgeting, Format, Period, PromSli, Selector, Sli, SliKind, SloSpec, SpecError,
-    SpecSource,
+use super::model::{
+    self as spec, Alerting, Budgeting, Format, Period, PromSli, Selector, Sli, SliKind, SloSpec,
+    SpecError, SpecSource,
 };
 
 pub const API_VERSION: &str = "openslo/v1";

@@ -15,9 +15,9 @@ use std::collections::BTreeMap;
 use brownout_protocol::Criticality;
 use serde::Deserialize;
 
-use super::spec::{
-    self, AlertConfig, Alerting, Budgeting, Format, LatencyMetric, Period, PromSli, Selector, Sli,
-    SliKind, SloSpec, SpecError, SpecSource,
+use super::model::{
+    self as spec, AlertConfig, Alerting, Budgeting, Format, LatencyMetric, Period, PromSli,
+    Selector, Sli, SliKind, SloSpec, SpecError, SpecSource,
 };
 
 pub const VERSION: &str = "brownout/v1";
@@ -423,7 +423,7 @@ pub const DELIBERATE_OUTCOMES: &str =
 
 /// The refusals on purpose of an SLO whose SLI is the default request or agent-task counter
 /// (the user-felt view's extra bad events): `None` for latency SLIs and own queries.
-pub(crate) fn default_refused_promql(spec: &super::spec::SloSpec) -> Option<String> {
+pub(crate) fn default_refused_promql(spec: &SloSpec) -> Option<String> {
     let metric = match spec.sli.kind {
         SliKind::Availability => metrics::REQUESTS,
         SliKind::TaskSuccess => metrics::AGENT_TASKS,

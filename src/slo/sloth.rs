@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::spec::{
-    self, AlertConfig, Alerting, Budgeting, Format, Period, PromSli, Selector, Sli, SliKind,
-    SloSpec, SpecError, SpecSource,
+use super::model::{
+    self as spec, AlertConfig, Alerting, Budgeting, Format, Period, PromSli, Selector, Sli,
+    SliKind, SloSpec, SpecError, SpecSource,
 };
 
 pub const VERSION: &str = "prometheus/v1";
