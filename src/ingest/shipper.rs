@@ -384,7 +384,7 @@ impl Shipper {
                         sent -= n;
                         backoff = Duration::from_millis(200);
                         if split {
-                            sli.push(done);
+                            sli.push(self.keep_sli(done));
                         } else {
                             self.commit(done).await;
                         }
@@ -425,7 +425,7 @@ impl Shipper {
             if ok && !gap {
                 let done = self.drain(&mut queue, n);
                 if split {
-                    sli.push(done);
+                    sli.push(self.keep_sli(done));
                 } else {
                     self.commit(done).await;
                 }
@@ -588,6 +588,26 @@ impl Shipper {
     /// The first `n` records were shipped: out of the queue.
     fn drain(&self, queue: &mut VecDeque<Ready>, n: usize) -> Vec<Ready> {
         queue.drain(..n).collect()
+    }
+
+    /// Shipped records whose SLI rows are still to be written: only those rows are kept (and
+    /// the batches' bytes go back to the cache now, so the writer keeps handing batches over in
+    /// memory while they wait).
+    fn keep_sli(&self, done: Vec<Ready>) -> Vec<Ready> {
+        let freed: usize = done.iter().map(|r| r.cached).sum();
+        self.shared.cached.fetch_sub(freed, Ordering::Relaxed);
+        done.into_iter()
+            .map(|r| Ready {
+                end: r.end,
+                batch: Arc::new(Batch {
+                    id: r.batch.id,
+                    sli: r.batch.sli.clone(),
+                    ..Batch::default()
+                }),
+                mode: r.mode,
+                cached: 0,
+            })
+            .collect()
     }
 
     /// These records (the oldest not yet committed, in order) are stored: move the cursor past
