@@ -42,7 +42,7 @@ pub async fn run_controller(
     transport: Transport,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RedisBusError> {
-    let mut cfg = handle.config().clone();
+    let cfg = handle.config().clone();
     let mut key_reloads = handle.key_reloads();
     brownout_protocol::RedisKeys::new(&cfg.cluster)?;
     let mut controller = Controller::new(cfg.policy.clone());
@@ -77,7 +77,7 @@ pub async fn run_controller(
             Ok(()) = key_reloads.changed() => {
                 let reloaded = key_reloads.borrow_and_update().clone();
                 if let Some((keys, overlap)) = reloaded {
-                    redis.rotate_keys(&mut cfg, keys, overlap);
+                    redis.rotate_keys(&cfg.keys, keys, overlap);
                 }
                 continue;
             }
@@ -186,7 +186,8 @@ struct Publisher {
     last: Option<LastPublish>,
     /// The keys a reload replaced, and until when they are still accepted.
     previous_keys: Option<(brownout_protocol::PlaneKeys, std::time::Instant)>,
-    /// The keys of the last reload (`None`: the handle's, from the start).
+    /// The keys of the last reload (`None`: the handle's, from the start): what this
+    /// publisher signs, seals and verifies with.
     keys: Option<brownout_protocol::PlaneKeys>,
 }
 
@@ -210,23 +211,23 @@ impl Publisher {
     /// connected later).
     fn rotate_keys(
         &mut self,
-        cfg: &mut DegradeConfig,
+        start: &brownout_protocol::PlaneKeys,
         mut keys: brownout_protocol::PlaneKeys,
         overlap: std::time::Duration,
     ) {
-        if let brownout_protocol::CommandSigner::Ed25519(old) = &cfg.keys.signer {
-            keys.verifier.add(old.public());
+        let old = self.keys.take().unwrap_or_else(|| start.clone());
+        if let brownout_protocol::CommandSigner::Ed25519(o) = &old.signer {
+            keys.verifier.add(o.public());
         }
-        let old = std::mem::replace(&mut cfg.keys, keys);
         let until = std::time::Instant::now() + overlap;
         if let Some(b) = self.bus.as_mut() {
-            b.set_keys(&cfg.keys, Some((&old, until)));
+            b.set_keys(&keys, Some((&old, until)));
         }
-        self.keys = Some(cfg.keys.clone());
         tracing::info!(
             overlap_s = overlap.as_secs(),
             "degrade: command keys reloaded; the replaced ones are accepted for the overlap"
         );
+        self.keys = Some(keys);
         self.previous_keys = Some((old, until));
     }
 
@@ -235,18 +236,11 @@ impl Publisher {
         if self.bus.is_some() {
             return true;
         }
-        match RedisBus::connect(
-            url,
-            &cfg.cluster,
-            &cfg.replica_id,
-            cfg.redis_timeout,
-            &cfg.keys,
-        )
-        .await
-        {
+        let keys = self.keys.as_ref().unwrap_or(&cfg.keys);
+        match RedisBus::connect(url, &cfg.cluster, &cfg.replica_id, cfg.redis_timeout, keys).await {
             Ok(mut b) => {
                 if let Some((old, until)) = &self.previous_keys {
-                    b.set_keys(&cfg.keys, Some((old, *until)));
+                    b.set_keys(keys, Some((old, *until)));
                 }
                 self.bus = Some(b);
                 true
