@@ -550,6 +550,32 @@ pub(crate) fn map_to_pairs(m: &BTreeMap<String, String>) -> (Vec<String>, Vec<St
     (m.keys().cloned().collect(), m.values().cloned().collect())
 }
 
+/// The agent snapshots of [`Store::latest_snapshots`] from their stored JSON (both backends
+/// keep each as one JSON text).
+pub(crate) fn snapshots_from_json(rows: &[String]) -> Result<Vec<AgentSnapshot>, StoreError> {
+    rows.iter()
+        .map(|j| {
+            serde_json::from_str(j).map_err(|e| StoreError::Corrupt(format!("snapshot json: {e}")))
+        })
+        .collect()
+}
+
+/// A [`Doc`] from its stored columns (its version in µs, its JSON text).
+pub(crate) fn doc_from_json(
+    kind: String,
+    key: String,
+    version_us: u64,
+    json: &str,
+) -> Result<Doc, StoreError> {
+    Ok(Doc {
+        kind,
+        key,
+        updated_ms: version_us / 1000,
+        value: serde_json::from_str(json)
+            .map_err(|e| StoreError::Corrupt(format!("doc json: {e}")))?,
+    })
+}
+
 /// A monotonic microsecond clock for document versions (two writes in one ms still order).
 pub(crate) fn doc_version_us() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};

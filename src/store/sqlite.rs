@@ -13,7 +13,8 @@ use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 use super::{
     Batch, CountQuery, Doc, FailureCursor, FailurePage, FailureQuery, FailureRow, RequestCount,
     RowCounts, SliBucket, SliCounts, SpanRow, Store, StoreError, StoreFuture, WriteMode,
-    attrs_from_json, attrs_to_json, check_sli_bucket, doc_version_us, sli_cutoff_ms,
+    attrs_from_json, attrs_to_json, check_sli_bucket, doc_from_json, doc_version_us, sli_cutoff_ms,
+    snapshots_from_json,
 };
 
 const SCHEMA: &str = r#"
@@ -458,12 +459,7 @@ impl Store for SqliteStore {
             let rows = st
                 .query_map([i(since_ms)], |r| r.get::<_, String>(1))?
                 .collect::<Result<Vec<_>, _>>()?;
-            rows.iter()
-                .map(|j| {
-                    serde_json::from_str(j)
-                        .map_err(|e| StoreError::Corrupt(format!("snapshot json: {e}")))
-                })
-                .collect()
+            snapshots_from_json(&rows)
         })
     }
 
@@ -494,7 +490,8 @@ impl Store for SqliteStore {
                     |r| Ok((u(r.get(0)?), r.get::<_, String>(1)?)),
                 )
                 .optional()?;
-            row.map(|(v, j)| doc(kind, key, v, &j)).transpose()
+            row.map(|(v, j)| doc_from_json(kind, key, v, &j))
+                .transpose()
         })
     }
 
@@ -510,7 +507,7 @@ impl Store for SqliteStore {
                 })?
                 .collect::<Result<Vec<_>, _>>()?;
             rows.into_iter()
-                .map(|(k, v, j)| doc(kind.clone(), k, v, &j))
+                .map(|(k, v, j)| doc_from_json(kind.clone(), k, v, &j))
                 .collect()
         })
     }
@@ -588,16 +585,6 @@ impl Store for SqliteStore {
             })
         })
     }
-}
-
-fn doc(kind: String, key: String, version_us: u64, json: &str) -> Result<Doc, StoreError> {
-    Ok(Doc {
-        kind,
-        key,
-        updated_ms: version_us / 1000,
-        value: serde_json::from_str(json)
-            .map_err(|e| StoreError::Corrupt(format!("doc json: {e}")))?,
-    })
 }
 
 /// Trims a `limit + 1` result to `limit` and sets the cursor when more follow.

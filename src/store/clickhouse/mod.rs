@@ -317,6 +317,24 @@ impl ClickHouseStore {
         Ok(())
     }
 
+    /// Inserts the rows of one table of `items` (`rows`: a batch's rows of it) that table `t`
+    /// does not hold yet ([`ClickHouseStore::present_many`] of the batches in replay mode),
+    /// each converted by `row` with its batch id and index.
+    async fn insert_missing<S: Sync, T>(
+        &self,
+        t: &str,
+        items: &[(&Batch, WriteMode)],
+        rows: fn(&Batch) -> &[S],
+        row: fn(&S, u64, u32) -> T,
+    ) -> Result<(), StoreError>
+    where
+        T: Row + Serialize + for<'a> clickhouse::RowWrite<Value<'a> = T>,
+    {
+        let present = self.present_many(t, &replay_ids(items, rows)).await?;
+        self.insert_rows(t, missing_rows(items, &present, rows, row))
+            .await
+    }
+
     async fn write(&self, b: &Batch, mode: WriteMode) -> Result<(), StoreError> {
         self.write_many(&[(b, mode)], Parts::All).await
     }
@@ -370,65 +388,29 @@ impl ClickHouseStore {
             self.settle().await?;
         }
         if !main {
-            let present = self
-                .present_many(&self.sli_rows, &replay_ids(items, sli_count))
-                .await?;
             return self
-                .insert_rows(&self.sli_rows, sli_rows(items, &present))
+                .insert_missing(&self.sli_rows, items, |b| &b.sli, ch_sli)
                 .await;
         }
-        let spans = async {
-            let present = self
-                .present_many(&self.spans, &replay_ids(items, span_count))
-                .await?;
-            self.insert_rows(&self.spans, span_rows(items, &present))
-                .await
-        };
-        let logs = async {
-            let present = self
-                .present_many(&self.logs, &replay_ids(items, log_count))
-                .await?;
-            self.insert_rows(&self.logs, log_rows(items, &present))
-                .await
-        };
-        let failures = async {
-            let present = self
-                .present_many(&self.failures, &replay_ids(items, failure_count))
-                .await?;
-            self.insert_rows(&self.failures, failure_rows(items, &present))
-                .await
-        };
+        let spans = self.insert_missing(&self.spans, items, |b| &b.spans, ch_span);
+        let logs = self.insert_missing(&self.logs, items, |b| &b.logs, ch_log);
+        let failures = self.insert_missing(&self.failures, items, |b| &b.failures, ch_failure);
         let snapshots = async {
+            let of: fn(&Batch) -> &[AgentSnapshot] = |b| &b.snapshots;
             let present = self
-                .present_many(&self.snapshots, &replay_ids(items, snapshot_count))
+                .present_many(&self.snapshots, &replay_ids(items, of))
                 .await?;
-            let mut snaps = Vec::new();
-            for &(b, _) in items {
-                for (i, s) in b.snapshots.iter().enumerate() {
-                    if present.contains(&(b.id, i as u32)) {
-                        continue;
-                    }
-                    snaps.push(ChSnapshot {
-                        ts: secs_from_ms(s.ts_ms),
-                        ts_ms: s.ts_ms,
-                        host: s.host.clone(),
-                        json: serde_json::to_string(s)
-                            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                        batch_id: b.id,
-                        seq: i as u32,
-                    });
-                }
-            }
+            // Encoded before the insert starts: a snapshot that cannot be is an error, and
+            // nothing of the table is sent.
+            let snaps =
+                missing_rows(items, &present, of, ch_snapshot).collect::<Result<Vec<_>, _>>()?;
             self.insert_rows(&self.snapshots, snaps.into_iter()).await
         };
         let sli = async {
             if !sli {
                 return Ok(());
             }
-            let present = self
-                .present_many(&self.sli_rows, &replay_ids(items, sli_count))
-                .await?;
-            self.insert_rows(&self.sli_rows, sli_rows(items, &present))
+            self.insert_missing(&self.sli_rows, items, |b| &b.sli, ch_sli)
                 .await
         };
         // The tables' inserts run at once: one round trip per group, not five in a row.
@@ -644,12 +626,7 @@ impl Store for ClickHouseStore {
                 .bind(since_ms)
                 .fetch_all()
                 .await?;
-            rows.iter()
-                .map(|j| {
-                    serde_json::from_str(j)
-                        .map_err(|e| StoreError::Corrupt(format!("snapshot json: {e}")))
-                })
-                .collect()
+            super::snapshots_from_json(&rows)
         })
     }
 
