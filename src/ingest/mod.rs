@@ -6,8 +6,9 @@
 //! - [`otlp`]: pure conversion of OTLP messages into rows and failure events.
 //! - [`pipeline`]: bounded memory → batches → store, with [`spool`] as the on-disk fallback
 //!   (with ClickHouse acknowledged from the spool: the WAL writer and shipper of `shipper.rs`).
-//! - [`write`]: what both writers share (a submitted request and its held answer, submit
-//!   errors, the memory reservation, the writer status, the timed store write).
+//! - [`write`]: what both writers share (a submitted request and its held answer, the group
+//!   sealed into one batch, submit errors, the memory reservation, the writer status, the timed
+//!   store write).
 //! - [`hosts`]: per-host last-seen and fresh/stale/down from snapshots.
 //! - [`limits`]: per-tenant item rates.
 //! - [`listen`]: connection caps (per listener and per address), header-read and idle timeouts.
