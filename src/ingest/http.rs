@@ -158,6 +158,39 @@ async fn read_ingest_body(
     .unwrap_or(Err(BodyError::Timeout(ing.request_timeout.as_millis())))
 }
 
+/// The request of a JSON receiver (failures, snapshots): its tenant and its body, read within
+/// the ingest limits ([`read_ingest_body`]). A refused body is counted and answered as an
+/// [`ApiError`] before the handler runs.
+struct JsonBody {
+    tenant: String,
+    bytes: Bytes,
+    /// The memory the body took, to be topped up to its rows' estimate.
+    held: Option<Reservation>,
+}
+
+impl axum::extract::FromRequest<IngestState> for JsonBody {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &IngestState) -> Result<JsonBody, Response> {
+        let (mut parts, body) = req.into_parts();
+        let axum::Extension(Tenant(tenant)) =
+            <axum::Extension<Tenant> as axum::extract::FromRequestParts<IngestState>>::from_request_parts(&mut parts, state)
+                .await
+                .map_err(IntoResponse::into_response)?;
+        let (bytes, held) = read_ingest_body(state, &parts.headers, body)
+            .await
+            .map_err(|e| {
+                e.count(&state.metrics);
+                e.into_api().into_response()
+            })?;
+        Ok(JsonBody {
+            tenant,
+            bytes,
+            held,
+        })
+    }
+}
+
 /// Reads a body up to `max` bytes, un-gzipping when `Content-Encoding: gzip` (again at most
 /// `max` bytes once inflated). Every byte is taken from the in-flight budget before it is
 /// held: the body's frames as they arrive, the inflated output as it is produced
@@ -525,17 +558,12 @@ pub fn parse_ndjson(body: &[u8], max_line: usize) -> NdjsonParse {
 
 async fn failures(
     State(state): State<IngestState>,
-    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    headers: HeaderMap,
-    body: Body,
+    JsonBody {
+        tenant,
+        bytes,
+        held,
+    }: JsonBody,
 ) -> Response {
-    let (bytes, held) = match read_ingest_body(&state, &headers, body).await {
-        Ok(b) => b,
-        Err(e) => {
-            e.count(&state.metrics);
-            return e.into_api().into_response();
-        }
-    };
     let parsed = parse_ndjson(&bytes, state.config.max_ndjson_line_bytes);
     let m = &state.metrics;
     let too_long = parsed.num_too_long as u64;
@@ -584,17 +612,12 @@ async fn failures(
 
 async fn snapshot(
     State(state): State<IngestState>,
-    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    headers: HeaderMap,
-    body: Body,
+    JsonBody {
+        tenant,
+        bytes,
+        held,
+    }: JsonBody,
 ) -> Response {
-    let (bytes, held) = match read_ingest_body(&state, &headers, body).await {
-        Ok(b) => b,
-        Err(e) => {
-            e.count(&state.metrics);
-            return e.into_api().into_response();
-        }
-    };
     let text = match std::str::from_utf8(&bytes) {
         Ok(t) if !t.contains('\0') => t,
         Ok(_) => {
