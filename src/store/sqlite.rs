@@ -361,41 +361,17 @@ impl Store for SqliteStore {
             );
             let mut args: Vec<rusqlite::types::Value> =
                 vec![i(q.since_ms).into(), i(q.until_ms).into()];
-            for (col, v) in [
-                ("service", &q.service),
-                ("category", &q.category),
-                ("feature", &q.feature),
-                ("criticality", &q.criticality),
-                ("pattern", &q.pattern),
-            ] {
-                if let Some(v) = v {
-                    sql.push_str(&format!(" AND {col} = ?"));
-                    args.push(v.clone().into());
-                }
-            }
-            if let Some(d) = q.deliberate {
-                sql.push_str(if d {
-                    " AND deliberate = 1"
-                } else {
-                    " AND deliberate = 0"
-                });
-            }
+            args.extend(q.push_conditions(&mut sql).into_iter().map(Into::into));
             if let Some(cur) = &q.cursor {
-                sql.push_str(" AND (ts_ms < ? OR (ts_ms = ? AND id < ?))");
                 args.push(i(cur.ts_ms).into());
                 args.push(i(cur.ts_ms).into());
                 args.push(cur.id.clone().into());
             }
-            let limit = q.limit.clamp(1, 10_000);
-            sql.push_str(&format!(
-                " ORDER BY ts_ms DESC, id DESC LIMIT {}",
-                limit + 1
-            ));
             let mut st = c.prepare(&sql)?;
             let mut items = st
                 .query_map(params_from_iter(args), failure_from_row)?
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(page(&mut items, limit))
+            Ok(page(&mut items, q.page_size()))
         })
     }
 
@@ -622,12 +598,11 @@ fn search_logs(c: &mut Connection, q: &super::LogQuery) -> Result<super::LogPage
         i(q.since_ms.saturating_mul(1000)).into(),
         i(q.until_ms.saturating_mul(1000)).into(),
     ];
-    for (col, v) in [("service", &q.service), ("host", &q.host)] {
-        if let Some(v) = v {
-            sql.push_str(&format!(" AND {col} = ?"));
-            args.push(v.clone().into());
-        }
-    }
+    args.extend(
+        super::push_equals(&mut sql, &[("service", &q.service), ("host", &q.host)])
+            .into_iter()
+            .map(Into::into),
+    );
     if q.min_severity > 0 {
         sql.push_str(" AND severity_number >= ?");
         args.push(i64::from(q.min_severity).into());

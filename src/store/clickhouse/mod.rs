@@ -44,9 +44,8 @@ use clickhouse::{Client, Row};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Batch, CountQuery, Doc, FailureCursor, FailureQuery, FailureRow, Parts, RequestCount,
-    RowCounts, SliBucket, SliCounts, SpanRow, Store, StoreError, StoreFuture, WriteMode,
-    doc_version_us, sqlite::page,
+    Batch, CountQuery, Doc, FailureQuery, FailureRow, Parts, RequestCount, RowCounts, SliBucket,
+    SliCounts, SpanRow, Store, StoreError, StoreFuture, WriteMode, doc_version_us, sqlite::page,
 };
 use crate::config::ClickHouseConfig;
 
@@ -502,35 +501,7 @@ impl Store for ClickHouseStore {
                 "SELECT {FAILURE_COLS} FROM {} WHERE ts >= toDateTime(?) AND ts <= toDateTime(?) AND ts_ms >= ? AND ts_ms < ?",
                 self.failures
             );
-            let mut strings: Vec<String> = Vec::new();
-            for (col, v) in [
-                ("service", &q.service),
-                ("category", &q.category),
-                ("feature", &q.feature),
-                ("criticality", &q.criticality),
-                ("pattern", &q.pattern),
-            ] {
-                if let Some(v) = v {
-                    sql.push_str(&format!(" AND {col} = ?"));
-                    strings.push(v.clone());
-                }
-            }
-            if let Some(d) = q.deliberate {
-                sql.push_str(if d {
-                    " AND deliberate = 1"
-                } else {
-                    " AND deliberate = 0"
-                });
-            }
-            let cursor: Option<&FailureCursor> = q.cursor.as_ref();
-            if cursor.is_some() {
-                sql.push_str(" AND (ts_ms < ? OR (ts_ms = ? AND id < ?))");
-            }
-            let limit = q.limit.clamp(1, 10_000);
-            sql.push_str(&format!(
-                " ORDER BY ts_ms DESC, id DESC LIMIT {}",
-                limit + 1
-            ));
+            let strings = q.push_conditions(&mut sql);
             let mut query = self
                 .client
                 .query(&sql)
@@ -541,12 +512,12 @@ impl Store for ClickHouseStore {
             for s in strings {
                 query = query.bind(s);
             }
-            if let Some(c) = cursor {
+            if let Some(c) = &q.cursor {
                 query = query.bind(c.ts_ms).bind(c.ts_ms).bind(c.id.as_str());
             }
             let rows: Vec<ChFailure> = query.fetch_all().await?;
             let mut items: Vec<FailureRow> = rows.into_iter().map(failure_from_ch).collect();
-            Ok(page(&mut items, limit))
+            Ok(page(&mut items, q.page_size()))
         })
     }
 
@@ -686,43 +657,34 @@ impl Store for ClickHouseStore {
             let mut dropped = 0u64;
             for (t, cutoff_ms) in self.retained_tables(cutoff_ms) {
                 let cutoff_day = yyyymmdd(cutoff_ms);
-                let days: Vec<u32> = match &self.cluster {
-                    None => {
-                        let parts: Vec<String> = self
-                            .client
-                            .query("SELECT DISTINCT partition FROM system.parts WHERE database = ? AND table = ? AND active")
-                            .bind(self.database.as_str())
-                            .bind(t)
-                            .fetch_all()
-                            .await?;
-                        // Partition ids are YYYYMMDD numbers; anything else is not ours to drop.
-                        parts
-                            .iter()
-                            .filter_map(|p| p.trim_matches('\'').parse::<u32>().ok())
-                            .collect()
-                    }
+                let local = self.local_table(t);
+                let (sql, table) = match &self.cluster {
+                    None => (
+                        "SELECT DISTINCT partition FROM system.parts WHERE database = ? AND table = ? AND active"
+                            .to_string(),
+                        t,
+                    ),
                     // system.parts only knows this host's parts: ask one replica of every
                     // shard (the table function `cluster`, in 18.16 and since).
-                    Some(c) => {
-                        let local = self.local_table(t);
-                        let bare = local.rsplit('.').next().unwrap_or(&local);
-                        let parts: Vec<String> = self
-                            .client
-                            .query(&format!(
-                                "SELECT DISTINCT partition FROM cluster('{c}', system, parts) \
-                                 WHERE database = ? AND table = ? AND active"
-                            ))
-                            .bind(self.database.as_str())
-                            .bind(bare)
-                            .fetch_all()
-                            .await?;
-                        parts
-                            .iter()
-                            .filter_map(|p| p.trim_matches('\'').parse::<u32>().ok())
-                            .collect()
-                    }
+                    Some(c) => (
+                        format!(
+                            "SELECT DISTINCT partition FROM cluster('{c}', system, parts) \
+                             WHERE database = ? AND table = ? AND active"
+                        ),
+                        local.rsplit('.').next().unwrap_or(&local),
+                    ),
                 };
-                let local = self.local_table(t);
+                let parts: Vec<String> = self
+                    .client
+                    .query(&sql)
+                    .bind(self.database.as_str())
+                    .bind(table)
+                    .fetch_all()
+                    .await?;
+                // Partition ids are YYYYMMDD numbers; anything else is not ours to drop.
+                let days = parts
+                    .iter()
+                    .filter_map(|p| p.trim_matches('\'').parse::<u32>().ok());
                 for day in days {
                     if day < cutoff_day {
                         self.client
@@ -822,13 +784,8 @@ impl ClickHouseStore {
              AND ts_us >= ? AND ts_us < ?",
             self.logs
         );
-        let mut strings: Vec<String> = Vec::new();
-        for (col, v) in [("service", &q.service), ("host", &q.host)] {
-            if let Some(v) = v {
-                sql.push_str(&format!(" AND {col} = ?"));
-                strings.push(v.clone());
-            }
-        }
+        let mut strings =
+            super::push_equals(&mut sql, &[("service", &q.service), ("host", &q.host)]);
         if q.min_severity > 0 {
             // A number: written into the query.
             sql.push_str(&format!(" AND severity_number >= {}", q.min_severity));
