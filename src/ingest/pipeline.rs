@@ -714,6 +714,12 @@ mod tests {
         StoreFuture,
     };
 
+    /// Counts `n` down by one; false (and `n` left at 0) once it is spent.
+    fn take_one(n: &AtomicUsize) -> bool {
+        n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
+            .is_ok()
+    }
+
     /// A store whose writes take `delay` (tokio time), fail while `fail` is above 0, and
     /// record what they stored.
     struct Slow {
@@ -828,11 +834,7 @@ mod tests {
                         }
                     }
                 }
-                if self
-                    .lose
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
-                    .is_ok()
-                {
+                if take_one(&self.lose) {
                     return Err(StoreError::BadQuery("answer lost".into()));
                 }
                 Ok(())
@@ -853,11 +855,7 @@ mod tests {
                 self.max_active.fetch_max(now, Ordering::SeqCst);
                 tokio::time::sleep(self.delay).await;
                 self.active.fetch_sub(1, Ordering::SeqCst);
-                if self
-                    .fail
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
-                    .is_ok()
-                {
+                if take_one(&self.fail) {
                     return Err(StoreError::BadQuery("down".into()));
                 }
                 let mut w = self.writes.lock().unwrap();
@@ -886,11 +884,7 @@ mod tests {
                     .lock()
                     .unwrap()
                     .push(batches.iter().map(|(b, m)| (b.id, *m)).collect());
-                if self
-                    .fail_sli
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
-                    .is_ok()
-                {
+                if take_one(&self.fail_sli) {
                     return Err(StoreError::BadQuery("sli insert failed".into()));
                 }
                 Ok(())
