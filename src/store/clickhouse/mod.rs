@@ -450,11 +450,7 @@ impl Store for ClickHouseStore {
     /// One INSERT per table for all of them; the replay check only for the batches in
     /// [`WriteMode::Replay`] (one query per table for all of those).
     fn write_merged(&self, batches: Vec<(Arc<Batch>, WriteMode)>) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
-            let items: Vec<(&Batch, WriteMode)> =
-                batches.iter().map(|(b, m)| (b.as_ref(), *m)).collect();
-            self.write_many(&items, Parts::All).await
-        })
+        self.write_parts(batches, Parts::All)
     }
 
     /// The shipper writes the SLI rows of several groups in one insert.
