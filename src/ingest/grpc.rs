@@ -24,10 +24,10 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
 use opentelemetry_proto::tonic::collector::logs::v1::{
-    ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
+    ExportLogsServiceRequest, ExportLogsServiceResponse,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use prost::Message;
 use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
@@ -37,7 +37,7 @@ use tonic::{Request, Response, Status};
 use super::limits::Signal;
 use super::pipeline::Pipeline;
 use super::write::Reservation;
-use super::{Accepted, IngestState, SubmitError, accept_reserved, otlp};
+use super::{IngestState, SubmitError, otlp};
 
 /// Checks the ingest token (`authorization` metadata, i.e. the HTTP/2 request headers) and
 /// returns the tenant (`x-brownout-tenant`).
@@ -356,58 +356,17 @@ async fn admit<T: Message + Default>(
     Ok((admitted.tenant, msg, reservation))
 }
 
-async fn export_traces(
+/// `TraceService/Export` and `LogsService/Export`: admitted, then accepted
+/// ([`super::accept_export`]).
+async fn export<R: otlp::Export>(
     state: IngestState,
     req: Request<Bytes>,
-) -> Result<Response<ExportTraceServiceResponse>, Status> {
-    let (tenant, req, reservation) =
-        admit::<ExportTraceServiceRequest>(&state, req, Signal::Traces).await?;
-    let c = otlp::convert_traces(&req);
-    drop(req);
-    let rows = Accepted {
-        spans: c.spans,
-        failures: c.failures,
-        ..Accepted::default()
-    };
-    accept_reserved(&state, &tenant, rows, reservation)
+) -> Result<Response<R::Response>, Status> {
+    let (tenant, req, reservation) = admit::<R>(&state, req, R::SIGNAL).await?;
+    super::accept_export(&state, &tenant, req, reservation)
         .await
-        .map_err(submit_status)?;
-    state.metrics.reject_n("malformed", c.rejected);
-    c.truncated.count(&state.metrics);
-    let message = c.first_error.or_else(|| c.truncated.warning());
-    Ok(Response::new(ExportTraceServiceResponse {
-        partial_success: message.map(|m| ExportTracePartialSuccess {
-            rejected_spans: i64::try_from(c.rejected).unwrap_or(i64::MAX),
-            error_message: m,
-        }),
-    }))
-}
-
-async fn export_logs(
-    state: IngestState,
-    req: Request<Bytes>,
-) -> Result<Response<ExportLogsServiceResponse>, Status> {
-    let (tenant, req, reservation) =
-        admit::<ExportLogsServiceRequest>(&state, req, Signal::Logs).await?;
-    let c = otlp::convert_logs(&req, brownout_protocol::now_ms());
-    drop(req);
-    let rows = Accepted {
-        logs: c.logs,
-        failures: c.failures,
-        ..Accepted::default()
-    };
-    accept_reserved(&state, &tenant, rows, reservation)
-        .await
-        .map_err(submit_status)?;
-    state.metrics.reject_n("malformed", c.rejected);
-    c.truncated.count(&state.metrics);
-    let message = c.first_error.or_else(|| c.truncated.warning());
-    Ok(Response::new(ExportLogsServiceResponse {
-        partial_success: message.map(|m| ExportLogsPartialSuccess {
-            rejected_log_records: i64::try_from(c.rejected).unwrap_or(i64::MAX),
-            error_message: m,
-        }),
-    }))
+        .map(Response::new)
+        .map_err(submit_status)
 }
 
 /// One unary method: the raw request to its handler.
@@ -492,12 +451,12 @@ impl<const LOGS: bool> tower::Service<axum::http::Request<tonic::body::Body>> fo
             Ok(match (LOGS, path.as_str()) {
                 (false, "/opentelemetry.proto.collector.trace.v1.TraceService/Export") => {
                     grpc!(RawCodec::<ExportTraceServiceResponse>::default())
-                        .unary(Unary(state, export_traces), req)
+                        .unary(Unary(state, export::<ExportTraceServiceRequest>), req)
                         .await
                 }
                 (true, "/opentelemetry.proto.collector.logs.v1.LogsService/Export") => {
                     grpc!(RawCodec::<ExportLogsServiceResponse>::default())
-                        .unary(Unary(state, export_logs), req)
+                        .unary(Unary(state, export::<ExportLogsServiceRequest>), req)
                         .await
                 }
                 _ => Status::unimplemented(format!("no method {path}")).into_http(),

@@ -19,12 +19,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use brownout_protocol::{AgentSnapshot, FailureEvent};
-use opentelemetry_proto::tonic::collector::logs::v1::{
-    ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 use serde::Serialize;
 
@@ -39,8 +35,8 @@ use crate::error::ApiError;
 /// `ingest.request_timeout_ms` (408 past it).
 pub fn router(state: IngestState) -> Router {
     Router::new()
-        .route("/v1/traces", post(traces))
-        .route("/v1/logs", post(logs))
+        .route("/v1/traces", post(export::<ExportTraceServiceRequest>))
+        .route("/v1/logs", post(export::<ExportLogsServiceRequest>))
         .route("/v1/failures", post(failures))
         .route("/v1/agents/snapshot", post(snapshot))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -160,6 +156,39 @@ async fn read_ingest_body(
     )
     .await
     .unwrap_or(Err(BodyError::Timeout(ing.request_timeout.as_millis())))
+}
+
+/// The request of a JSON receiver (failures, snapshots): its tenant and its body, read within
+/// the ingest limits ([`read_ingest_body`]). A refused body is counted and answered as an
+/// [`ApiError`] before the handler runs.
+struct JsonBody {
+    tenant: String,
+    bytes: Bytes,
+    /// The memory the body took, to be topped up to its rows' estimate.
+    held: Option<Reservation>,
+}
+
+impl axum::extract::FromRequest<IngestState> for JsonBody {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &IngestState) -> Result<JsonBody, Response> {
+        let (mut parts, body) = req.into_parts();
+        let axum::Extension(Tenant(tenant)) =
+            <axum::Extension<Tenant> as axum::extract::FromRequestParts<IngestState>>::from_request_parts(&mut parts, state)
+                .await
+                .map_err(IntoResponse::into_response)?;
+        let (bytes, held) = read_ingest_body(state, &parts.headers, body)
+            .await
+            .map_err(|e| {
+                e.count(&state.metrics);
+                e.into_api().into_response()
+            })?;
+        Ok(JsonBody {
+            tenant,
+            bytes,
+            held,
+        })
+    }
 }
 
 /// Reads a body up to `max` bytes, un-gzipping when `Content-Encoding: gzip` (again at most
@@ -451,84 +480,26 @@ async fn otlp_request<T: Message + Default + for<'de> serde::Deserialize<'de>>(
     Ok((enc, req, reservation))
 }
 
-async fn traces(
+/// `POST /v1/traces` and `POST /v1/logs`: the body decoded within its reservation
+/// ([`otlp_request`]), then accepted ([`super::accept_export`]); the answer in the request's
+/// encoding.
+async fn export<R>(
     State(state): State<IngestState>,
     axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
-    let (enc, req, reservation) = match otlp_request::<ExportTraceServiceRequest>(
-        &state,
-        &headers,
-        body,
-        super::limits::Signal::Traces,
-    )
-    .await
-    {
+) -> Response
+where
+    R: otlp::Export + for<'de> serde::Deserialize<'de>,
+{
+    let (enc, req, reservation) = match otlp_request::<R>(&state, &headers, body, R::SIGNAL).await {
         Ok(x) => x,
         Err(r) => return r,
     };
-    let c = otlp::convert_traces(&req);
-    drop(req);
-    let (rejected, first_error) = (c.rejected, c.first_error.clone());
-    let rows = Accepted {
-        spans: c.spans,
-        failures: c.failures,
-        ..Accepted::default()
-    };
-    if let Err(e) = accept_reserved(&state, &tenant, rows, reservation).await {
-        return otlp_error(enc, submit_error(e));
+    match super::accept_export(&state, &tenant, req, reservation).await {
+        Ok(resp) => encode(enc, StatusCode::OK, &resp, resp.encode_to_vec()),
+        Err(e) => otlp_error(enc, submit_error(e)),
     }
-    state.metrics.reject_n("malformed", rejected);
-    c.truncated.count(&state.metrics);
-    let message = first_error.or_else(|| c.truncated.warning());
-    let resp = ExportTraceServiceResponse {
-        partial_success: message.map(|m| ExportTracePartialSuccess {
-            rejected_spans: i64::try_from(rejected).unwrap_or(i64::MAX),
-            error_message: m,
-        }),
-    };
-    encode(enc, StatusCode::OK, &resp, resp.encode_to_vec())
-}
-
-async fn logs(
-    State(state): State<IngestState>,
-    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let (enc, req, reservation) = match otlp_request::<ExportLogsServiceRequest>(
-        &state,
-        &headers,
-        body,
-        super::limits::Signal::Logs,
-    )
-    .await
-    {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    let c = otlp::convert_logs(&req, brownout_protocol::now_ms());
-    drop(req);
-    let (rejected, first_error) = (c.rejected, c.first_error.clone());
-    let rows = Accepted {
-        logs: c.logs,
-        failures: c.failures,
-        ..Accepted::default()
-    };
-    if let Err(e) = accept_reserved(&state, &tenant, rows, reservation).await {
-        return otlp_error(enc, submit_error(e));
-    }
-    state.metrics.reject_n("malformed", rejected);
-    c.truncated.count(&state.metrics);
-    let message = first_error.or_else(|| c.truncated.warning());
-    let resp = ExportLogsServiceResponse {
-        partial_success: message.map(|m| ExportLogsPartialSuccess {
-            rejected_log_records: i64::try_from(rejected).unwrap_or(i64::MAX),
-            error_message: m,
-        }),
-    };
-    encode(enc, StatusCode::OK, &resp, resp.encode_to_vec())
 }
 
 /// One refused NDJSON line.
@@ -587,17 +558,12 @@ pub fn parse_ndjson(body: &[u8], max_line: usize) -> NdjsonParse {
 
 async fn failures(
     State(state): State<IngestState>,
-    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    headers: HeaderMap,
-    body: Body,
+    JsonBody {
+        tenant,
+        bytes,
+        held,
+    }: JsonBody,
 ) -> Response {
-    let (bytes, held) = match read_ingest_body(&state, &headers, body).await {
-        Ok(b) => b,
-        Err(e) => {
-            e.count(&state.metrics);
-            return e.into_api().into_response();
-        }
-    };
     let parsed = parse_ndjson(&bytes, state.config.max_ndjson_line_bytes);
     let m = &state.metrics;
     let too_long = parsed.num_too_long as u64;
@@ -646,17 +612,12 @@ async fn failures(
 
 async fn snapshot(
     State(state): State<IngestState>,
-    axum::Extension(Tenant(tenant)): axum::Extension<Tenant>,
-    headers: HeaderMap,
-    body: Body,
+    JsonBody {
+        tenant,
+        bytes,
+        held,
+    }: JsonBody,
 ) -> Response {
-    let (bytes, held) = match read_ingest_body(&state, &headers, body).await {
-        Ok(b) => b,
-        Err(e) => {
-            e.count(&state.metrics);
-            return e.into_api().into_response();
-        }
-    };
     let text = match std::str::from_utf8(&bytes) {
         Ok(t) if !t.contains('\0') => t,
         Ok(_) => {

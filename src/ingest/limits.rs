@@ -483,20 +483,12 @@ impl TenantLimiter {
 mod tests {
     use super::*;
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-    use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
+    use opentelemetry_proto::tonic::common::v1::KeyValue;
     use opentelemetry_proto::tonic::resource::v1::Resource;
     use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
     use prost::Message;
 
-    fn kv(k: &str, v: &str) -> KeyValue {
-        KeyValue {
-            key: k.into(),
-            value: Some(AnyValue {
-                value: Some(Value::StringValue(v.into())),
-            }),
-            ..KeyValue::default()
-        }
-    }
+    use crate::ingest::otlp::tests::kv;
 
     fn request(resource_attrs: Vec<KeyValue>, spans: usize, span_attrs: usize) -> Vec<u8> {
         let span = Span {

@@ -6,16 +6,17 @@
 //! - [`otlp`]: pure conversion of OTLP messages into rows and failure events.
 //! - [`pipeline`]: bounded memory → batches → store, with [`spool`] as the on-disk fallback
 //!   (with ClickHouse acknowledged from the spool: the WAL writer and shipper of `shipper.rs`).
-//! - [`write`]: what both writers share (a submitted request and its held answer, submit
-//!   errors, the memory reservation, the writer status, the timed store write).
+//! - [`write`]: what both writers share (a submitted request and its held answer, the group
+//!   sealed into one batch, submit errors, the memory reservation, the writer status, the timed
+//!   store write).
 //! - [`hosts`]: per-host last-seen and fresh/stale/down from snapshots.
 //! - [`limits`]: per-tenant item rates.
 //! - [`listen`]: connection caps (per listener and per address), header-read and idle timeouts.
 //!
-//! All receivers end in [`accept`] / [`accept_reserved`], which tag failures, count, publish
-//! them to live subscribers and submit one batch to the pipeline. Receivers reserve memory
-//! *before* decoding, sized by [`decoded_size`], so requests waiting for memory hold only
-//! their (bounded) bodies.
+//! All receivers end in [`accept`] / [`accept_reserved`] (the OTLP ones, HTTP and gRPC,
+//! through [`accept_export`]), which tag failures, count, publish them to live subscribers and
+//! submit one batch to the pipeline. Receivers reserve memory *before* decoding, sized by
+//! [`decoded_size`], so requests waiting for memory hold only their (bounded) bodies.
 
 pub mod grpc;
 pub mod hosts;
@@ -209,6 +210,36 @@ pub async fn accept_reserved(
         let _ = state.spans_tx.send(Arc::from(live_spans));
     }
     Ok(())
+}
+
+/// What both OTLP receivers do with a decoded export request: convert it, accept its rows
+/// under `reservation` ([`accept_reserved`]), count the items it refused (`malformed`) and what
+/// the per-item limits cut, and build the answer, whose `partial_success` carries the first
+/// refusal's reason or else the limits' warning.
+///
+/// # Errors
+/// Those of [`accept_reserved`] (then nothing is counted as refused).
+pub async fn accept_export<R: otlp::Export>(
+    state: &IngestState,
+    tenant: &str,
+    req: R,
+    reservation: write::Reservation,
+) -> Result<R::Response, SubmitError> {
+    let c = req.convert(brownout_protocol::now_ms());
+    drop(req);
+    let rows = Accepted {
+        spans: c.spans,
+        logs: c.logs,
+        failures: c.failures,
+        ..Accepted::default()
+    };
+    accept_reserved(state, tenant, rows, reservation).await?;
+    state.metrics.reject_n("malformed", c.rejected);
+    c.truncated.count(&state.metrics);
+    let message = c.first_error.or_else(|| c.truncated.warning());
+    Ok(R::response(message.map(|m| {
+        (i64::try_from(c.rejected).unwrap_or(i64::MAX), m)
+    })))
 }
 
 /// The memory to reserve for an OTLP protobuf body: [`limits::protobuf_decoded_estimate`]

@@ -1,4 +1,4 @@
-//! OTLP → rows: pure conversion, shared by the HTTP and gRPC receivers.
+//! OTLP → rows: pure conversion, shared by the HTTP and gRPC receivers (through [`Export`]).
 //!
 //! - A span becomes a [`SpanRow`]; service from the resource's `service.name`, host from
 //!   `host.name`, feature/criticality from the span's (or resource's) `feature` /
@@ -12,9 +12,14 @@
 
 use brownout_protocol::wire::attr;
 use brownout_protocol::{Criticality, FailureEvent};
-use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::logs::v1::{
+    ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
 
 use super::limits::{
     DROPPED_ATTRIBUTES, MAX_ATTRIBUTE_BYTES, MAX_ATTRIBUTES, MAX_EVENTS, MAX_KEY_BYTES,
@@ -168,9 +173,17 @@ fn raw_find<'a>(kvs: &'a [KeyValue], names: &[&str]) -> Option<&'a str> {
     })
 }
 
-/// `service.name` (else `unknown`) and `host.name` (else `host`, else empty) of a resource,
-/// within [`MAX_NAME_BYTES`].
-fn service_and_host(kvs: &[KeyValue], t: &mut Truncated) -> (String, String) {
+/// A resource's attributes (within the per-item limits), its `service.name` (else `unknown`)
+/// and its `host.name` (else `host`, else empty), within [`MAX_NAME_BYTES`]: what every item
+/// under it inherits.
+fn resource_context(
+    resource: Option<&Resource>,
+    t: &mut Truncated,
+) -> (Vec<(String, String)>, String, String) {
+    let kvs = resource.map_or(&[][..], |r| &r.attributes[..]);
+    let attributes = resource
+        .map(|r| pairs(&r.attributes, t))
+        .unwrap_or_default();
     let service = clip(
         raw_find(kvs, &["service.name"]).unwrap_or("unknown"),
         MAX_NAME_BYTES,
@@ -181,7 +194,7 @@ fn service_and_host(kvs: &[KeyValue], t: &mut Truncated) -> (String, String) {
         MAX_NAME_BYTES,
         &mut t.names,
     );
-    (service, host)
+    (attributes, service, host)
 }
 
 fn find<'a>(attrs: &'a [(String, String)], names: &[&str]) -> Option<&'a str> {
@@ -219,15 +232,7 @@ pub fn convert_traces(req: &ExportTraceServiceRequest) -> Converted {
     let mut out = Converted::default();
     let mut t = Truncated::default();
     for rs in &req.resource_spans {
-        let resource: Vec<(String, String)> = rs
-            .resource
-            .as_ref()
-            .map(|r| pairs(&r.attributes, &mut t))
-            .unwrap_or_default();
-        let (service, host) = service_and_host(
-            rs.resource.as_ref().map_or(&[][..], |r| &r.attributes[..]),
-            &mut t,
-        );
+        let (resource, service, host) = resource_context(rs.resource.as_ref(), &mut t);
         for ss in &rs.scope_spans {
             for s in &ss.spans {
                 let trace_id = match trace_hex(&s.trace_id) {
@@ -358,15 +363,7 @@ pub fn convert_logs(req: &ExportLogsServiceRequest, now_ms: u64) -> Converted {
     let mut out = Converted::default();
     let mut t = Truncated::default();
     for rl in &req.resource_logs {
-        let resource: Vec<(String, String)> = rl
-            .resource
-            .as_ref()
-            .map(|r| pairs(&r.attributes, &mut t))
-            .unwrap_or_default();
-        let (service, host) = service_and_host(
-            rl.resource.as_ref().map_or(&[][..], |r| &r.attributes[..]),
-            &mut t,
-        );
+        let (resource, service, host) = resource_context(rl.resource.as_ref(), &mut t);
         for sl in &rl.scope_logs {
             for r in &sl.log_records {
                 // Ids are optional on logs; present ones must be well-formed.
@@ -445,6 +442,60 @@ pub fn convert_logs(req: &ExportLogsServiceRequest, now_ms: u64) -> Converted {
     out
 }
 
+/// An OTLP export request, traces or logs, as both receivers (HTTP and gRPC) take it: what
+/// bounds its decoded size, what it converts to, and its answer.
+pub trait Export: prost::Message + Default + Send + 'static {
+    /// Its `Export*ServiceResponse`.
+    type Response: prost::Message + serde::Serialize + Send + 'static;
+    /// Which pre-decode estimate bounds it ([`super::limits::protobuf_decoded_estimate`]).
+    const SIGNAL: super::limits::Signal;
+    /// Its rows ([`convert_traces`], [`convert_logs`]); `now_ms` is the receive time.
+    fn convert(&self, now_ms: u64) -> Converted;
+    /// The answer: `partial` is the number of refused items and the message of a
+    /// `partial_success`, when there is one.
+    fn response(partial: Option<(i64, String)>) -> Self::Response;
+}
+
+impl Export for ExportTraceServiceRequest {
+    type Response = ExportTraceServiceResponse;
+    const SIGNAL: super::limits::Signal = super::limits::Signal::Traces;
+
+    fn convert(&self, _now_ms: u64) -> Converted {
+        convert_traces(self)
+    }
+
+    fn response(partial: Option<(i64, String)>) -> ExportTraceServiceResponse {
+        ExportTraceServiceResponse {
+            partial_success: partial.map(|(rejected_spans, error_message)| {
+                ExportTracePartialSuccess {
+                    rejected_spans,
+                    error_message,
+                }
+            }),
+        }
+    }
+}
+
+impl Export for ExportLogsServiceRequest {
+    type Response = ExportLogsServiceResponse;
+    const SIGNAL: super::limits::Signal = super::limits::Signal::Logs;
+
+    fn convert(&self, now_ms: u64) -> Converted {
+        convert_logs(self, now_ms)
+    }
+
+    fn response(partial: Option<(i64, String)>) -> ExportLogsServiceResponse {
+        ExportLogsServiceResponse {
+            partial_success: partial.map(|(rejected_log_records, error_message)| {
+                ExportLogsPartialSuccess {
+                    rejected_log_records,
+                    error_message,
+                }
+            }),
+        }
+    }
+}
+
 /// Wraps a failure event for storage with a fresh id and a pattern.
 pub fn failure_row(event: FailureEvent, pattern: String) -> FailureRow {
     FailureRow {
@@ -455,15 +506,14 @@ pub fn failure_row(event: FailureEvent, pattern: String) -> FailureRow {
 }
 
 #[cfg(test)]
-mod tests {
-    use opentelemetry_proto::tonic::common::v1::AnyValue;
+pub(super) mod tests {
     use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
-    use opentelemetry_proto::tonic::resource::v1::Resource;
     use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span};
 
     use super::*;
 
-    fn kv(k: &str, v: &str) -> KeyValue {
+    /// A string attribute (also for the tests of [`super::super::limits`]).
+    pub(crate) fn kv(k: &str, v: &str) -> KeyValue {
         KeyValue {
             key: k.into(),
             value: Some(AnyValue {

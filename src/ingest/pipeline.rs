@@ -44,8 +44,8 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use super::spool::{Spool, SpoolError};
 use super::write::{
-    Held, Item, Reservation, SubmitError, WriterStatus, poisoned, settle, sleep_until_opt, take,
-    timed_store_write,
+    Held, Item, Reservation, SubmitError, WriterStatus, poisoned, seal, settle, sleep_until_opt,
+    take, timed_store_write,
 };
 use crate::config::{ClickHouseAck, IngestConfig, SpoolConfig};
 use crate::metrics::Metrics;
@@ -509,13 +509,9 @@ impl Writer {
 
     /// Writes `pending` to the store or the spool and answers its requests.
     async fn flush(&mut self, pending: &mut Batch, held: &mut Vec<Held>) {
-        if pending.is_empty() {
-            settle(held, Ok(()));
+        let Some(batch) = seal(pending, held) else {
             return;
-        }
-        let mut batch = std::mem::take(pending);
-        batch.id = crate::store::new_batch_id();
-        let batch = Arc::new(batch);
+        };
         let result = if self.spool_is_empty()
             && self.store_up
             && self.timed_write(&batch, WriteMode::Fresh).await
@@ -718,6 +714,12 @@ mod tests {
         StoreFuture,
     };
 
+    /// Counts `n` down by one; false (and `n` left at 0) once it is spent.
+    fn take_one(n: &AtomicUsize) -> bool {
+        n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
+            .is_ok()
+    }
+
     /// A store whose writes take `delay` (tokio time), fail while `fail` is above 0, and
     /// record what they stored.
     struct Slow {
@@ -832,11 +834,7 @@ mod tests {
                         }
                     }
                 }
-                if self
-                    .lose
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
-                    .is_ok()
-                {
+                if take_one(&self.lose) {
                     return Err(StoreError::BadQuery("answer lost".into()));
                 }
                 Ok(())
@@ -857,11 +855,7 @@ mod tests {
                 self.max_active.fetch_max(now, Ordering::SeqCst);
                 tokio::time::sleep(self.delay).await;
                 self.active.fetch_sub(1, Ordering::SeqCst);
-                if self
-                    .fail
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
-                    .is_ok()
-                {
+                if take_one(&self.fail) {
                     return Err(StoreError::BadQuery("down".into()));
                 }
                 let mut w = self.writes.lock().unwrap();
@@ -890,11 +884,7 @@ mod tests {
                     .lock()
                     .unwrap()
                     .push(batches.iter().map(|(b, m)| (b.id, *m)).collect());
-                if self
-                    .fail_sli
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
-                    .is_ok()
-                {
+                if take_one(&self.fail_sli) {
                     return Err(StoreError::BadQuery("sli insert failed".into()));
                 }
                 Ok(())
@@ -985,6 +975,12 @@ mod tests {
         )
         .unwrap();
         (p, task, stop)
+    }
+
+    /// Submits `rows(n)` from a task of its own.
+    fn submit_in_task(p: &Pipeline, n: usize) -> tokio::task::JoinHandle<Result<(), SubmitError>> {
+        let p = p.clone();
+        tokio::spawn(async move { p.submit(rows(n), 100).await })
     }
 
     fn rows(n: usize) -> Batch {
@@ -1135,17 +1131,9 @@ mod tests {
         let store = Slow::new(100, 1, 0);
         let (p, _task, _stop, _dir) = start(Arc::clone(&store));
         let t0 = tokio::time::Instant::now();
-        let first = {
-            let p = p.clone();
-            tokio::spawn(async move { p.submit(rows(3), 100).await })
-        };
+        let first = submit_in_task(&p, 3);
         tokio::time::sleep(Duration::from_millis(10)).await; // the first commit is running
-        let rest: Vec<_> = (0..10)
-            .map(|_| {
-                let p = p.clone();
-                tokio::spawn(async move { p.submit(rows(2), 100).await })
-            })
-            .collect();
+        let rest: Vec<_> = (0..10).map(|_| submit_in_task(&p, 2)).collect();
         first.await.unwrap().unwrap();
         assert!(
             t0.elapsed() >= Duration::from_millis(100),
@@ -1166,15 +1154,9 @@ mod tests {
         let store = Slow::new(100, 2, 0);
         let (p, _task, _stop, _dir) = start(Arc::clone(&store));
         let t0 = tokio::time::Instant::now();
-        let a = {
-            let p = p.clone();
-            tokio::spawn(async move { p.submit(rows(1), 100).await })
-        };
+        let a = submit_in_task(&p, 1);
         tokio::time::sleep(Duration::from_millis(10)).await;
-        let b = {
-            let p = p.clone();
-            tokio::spawn(async move { p.submit(rows(1), 100).await })
-        };
+        let b = submit_in_task(&p, 1);
         a.await.unwrap().unwrap();
         b.await.unwrap().unwrap();
         assert_eq!(store.max_active.load(Ordering::SeqCst), 2);
@@ -1192,15 +1174,9 @@ mod tests {
         // spool (acknowledged from there) and is replayed; every row is stored exactly once.
         let store = Slow::new(100, 2, 1);
         let (p, _task, _stop, _dir) = start(Arc::clone(&store));
-        let a = {
-            let p = p.clone();
-            tokio::spawn(async move { p.submit(rows(4), 100).await })
-        };
+        let a = submit_in_task(&p, 4);
         tokio::time::sleep(Duration::from_millis(10)).await;
-        let b = {
-            let p = p.clone();
-            tokio::spawn(async move { p.submit(rows(5), 100).await })
-        };
+        let b = submit_in_task(&p, 5);
         a.await.unwrap().unwrap();
         b.await.unwrap().unwrap();
         for _ in 0..100 {

@@ -49,7 +49,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::spool::{Pos, ReadAt, Spool, SpoolError};
 use super::write::{
-    Held, Item, SubmitError, WriterStatus, poisoned, settle, sleep_until_opt, take,
+    Held, Item, SubmitError, WriterStatus, poisoned, seal, settle, sleep_until_opt, take,
     timed_store_write,
 };
 use crate::metrics::Metrics;
@@ -194,13 +194,9 @@ impl WalWriter {
     /// Appends the group as one record (one fsync) and answers its requests: `Ok` once it is
     /// durable, `SpoolFull` when it does not fit, `NotStored` when the disk failed.
     async fn append_group(&mut self, pending: &mut Batch, held: &mut Vec<Held>) {
-        if pending.is_empty() {
-            settle(held, Ok(()));
+        let Some(batch) = seal(pending, held) else {
             return;
-        }
-        let mut batch = std::mem::take(pending);
-        batch.id = crate::store::new_batch_id();
-        let batch = Arc::new(batch);
+        };
         let mut tries = 0;
         let mut delay = Duration::from_millis(100);
         // Encoded outside the spool's lock (the shipper commits meanwhile).

@@ -1,8 +1,10 @@
 //! What the two writers share: the in-memory pipeline's (`pipeline.rs`) and the WAL writer and
 //! spool shipper (`shipper.rs`): a submitted request ([`Item`]) and its held answer ([`Held`]),
-//! why a submit was refused ([`SubmitError`]), the memory it holds ([`Reservation`]), the
-//! writer's status, and the timed store write.
+//! the gathered group sealed into one batch ([`seal`]), why a submit was refused
+//! ([`SubmitError`]), the memory it holds ([`Reservation`]), the writer's status, and the timed
+//! store write.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
@@ -48,6 +50,18 @@ pub(super) fn settle(held: &mut Vec<Held>, r: Result<(), SubmitError>) {
     for h in held.drain(..) {
         let _ = h.done.send(r.clone());
     }
+}
+
+/// The gathered group as one batch with a fresh id, ready to write or spool; `None` when it
+/// holds no rows, its requests then answered `Ok` at once (there is nothing to keep).
+pub(super) fn seal(pending: &mut Batch, held: &mut Vec<Held>) -> Option<Arc<Batch>> {
+    if pending.is_empty() {
+        settle(held, Ok(()));
+        return None;
+    }
+    let mut batch = std::mem::take(pending);
+    batch.id = crate::store::new_batch_id();
+    Some(Arc::new(batch))
 }
 
 /// Status the writer reports (for `/api/v1/ingest/status` and tests).

@@ -263,6 +263,58 @@ pub struct FailureQuery {
     pub cursor: Option<FailureCursor>,
 }
 
+impl FailureQuery {
+    /// The page size, clamped to 1..=10 000.
+    pub(crate) fn page_size(&self) -> usize {
+        self.limit.clamp(1, 10_000)
+    }
+
+    /// What both backends append to their failure query after its time range: the equality
+    /// filters, `deliberate`, the cursor's condition (three `?`: its `ts_ms` twice, then its
+    /// id), and the newest-first order with `LIMIT page_size + 1`. Returns the filters' values,
+    /// to bind in order before the cursor's.
+    pub(crate) fn push_conditions(&self, sql: &mut String) -> Vec<String> {
+        let values = push_equals(
+            sql,
+            &[
+                ("service", &self.service),
+                ("category", &self.category),
+                ("feature", &self.feature),
+                ("criticality", &self.criticality),
+                ("pattern", &self.pattern),
+            ],
+        );
+        if let Some(d) = self.deliberate {
+            sql.push_str(if d {
+                " AND deliberate = 1"
+            } else {
+                " AND deliberate = 0"
+            });
+        }
+        if self.cursor.is_some() {
+            sql.push_str(" AND (ts_ms < ? OR (ts_ms = ? AND id < ?))");
+        }
+        sql.push_str(&format!(
+            " ORDER BY ts_ms DESC, id DESC LIMIT {}",
+            self.page_size() + 1
+        ));
+        values
+    }
+}
+
+/// Appends ` AND <column> = ?` to `sql` for each filter that is set; returns their values in
+/// that order, to bind.
+pub(crate) fn push_equals(sql: &mut String, filters: &[(&str, &Option<String>)]) -> Vec<String> {
+    let mut values = Vec::new();
+    for (col, v) in filters {
+        if let Some(v) = v {
+            sql.push_str(&format!(" AND {col} = ?"));
+            values.push(v.clone());
+        }
+    }
+    values
+}
+
 /// Position in the newest-first order of failures: `(ts_ms, id)` of the last row returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailureCursor {
@@ -548,6 +600,32 @@ pub(crate) fn attrs_from_json(s: &str) -> Vec<(String, String)> {
 
 pub(crate) fn map_to_pairs(m: &BTreeMap<String, String>) -> (Vec<String>, Vec<String>) {
     (m.keys().cloned().collect(), m.values().cloned().collect())
+}
+
+/// The agent snapshots of [`Store::latest_snapshots`] from their stored JSON (both backends
+/// keep each as one JSON text).
+pub(crate) fn snapshots_from_json(rows: &[String]) -> Result<Vec<AgentSnapshot>, StoreError> {
+    rows.iter()
+        .map(|j| {
+            serde_json::from_str(j).map_err(|e| StoreError::Corrupt(format!("snapshot json: {e}")))
+        })
+        .collect()
+}
+
+/// A [`Doc`] from its stored columns (its version in µs, its JSON text).
+pub(crate) fn doc_from_json(
+    kind: String,
+    key: String,
+    version_us: u64,
+    json: &str,
+) -> Result<Doc, StoreError> {
+    Ok(Doc {
+        kind,
+        key,
+        updated_ms: version_us / 1000,
+        value: serde_json::from_str(json)
+            .map_err(|e| StoreError::Corrupt(format!("doc json: {e}")))?,
+    })
 }
 
 /// A monotonic microsecond clock for document versions (two writes in one ms still order).

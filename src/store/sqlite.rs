@@ -13,7 +13,8 @@ use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 use super::{
     Batch, CountQuery, Doc, FailureCursor, FailurePage, FailureQuery, FailureRow, RequestCount,
     RowCounts, SliBucket, SliCounts, SpanRow, Store, StoreError, StoreFuture, WriteMode,
-    attrs_from_json, attrs_to_json, check_sli_bucket, doc_version_us, sli_cutoff_ms,
+    attrs_from_json, attrs_to_json, check_sli_bucket, doc_from_json, doc_version_us, sli_cutoff_ms,
+    snapshots_from_json,
 };
 
 const SCHEMA: &str = r#"
@@ -360,41 +361,17 @@ impl Store for SqliteStore {
             );
             let mut args: Vec<rusqlite::types::Value> =
                 vec![i(q.since_ms).into(), i(q.until_ms).into()];
-            for (col, v) in [
-                ("service", &q.service),
-                ("category", &q.category),
-                ("feature", &q.feature),
-                ("criticality", &q.criticality),
-                ("pattern", &q.pattern),
-            ] {
-                if let Some(v) = v {
-                    sql.push_str(&format!(" AND {col} = ?"));
-                    args.push(v.clone().into());
-                }
-            }
-            if let Some(d) = q.deliberate {
-                sql.push_str(if d {
-                    " AND deliberate = 1"
-                } else {
-                    " AND deliberate = 0"
-                });
-            }
+            args.extend(q.push_conditions(&mut sql).into_iter().map(Into::into));
             if let Some(cur) = &q.cursor {
-                sql.push_str(" AND (ts_ms < ? OR (ts_ms = ? AND id < ?))");
                 args.push(i(cur.ts_ms).into());
                 args.push(i(cur.ts_ms).into());
                 args.push(cur.id.clone().into());
             }
-            let limit = q.limit.clamp(1, 10_000);
-            sql.push_str(&format!(
-                " ORDER BY ts_ms DESC, id DESC LIMIT {}",
-                limit + 1
-            ));
             let mut st = c.prepare(&sql)?;
             let mut items = st
                 .query_map(params_from_iter(args), failure_from_row)?
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(page(&mut items, limit))
+            Ok(page(&mut items, q.page_size()))
         })
     }
 
@@ -458,12 +435,7 @@ impl Store for SqliteStore {
             let rows = st
                 .query_map([i(since_ms)], |r| r.get::<_, String>(1))?
                 .collect::<Result<Vec<_>, _>>()?;
-            rows.iter()
-                .map(|j| {
-                    serde_json::from_str(j)
-                        .map_err(|e| StoreError::Corrupt(format!("snapshot json: {e}")))
-                })
-                .collect()
+            snapshots_from_json(&rows)
         })
     }
 
@@ -494,7 +466,8 @@ impl Store for SqliteStore {
                     |r| Ok((u(r.get(0)?), r.get::<_, String>(1)?)),
                 )
                 .optional()?;
-            row.map(|(v, j)| doc(kind, key, v, &j)).transpose()
+            row.map(|(v, j)| doc_from_json(kind, key, v, &j))
+                .transpose()
         })
     }
 
@@ -510,7 +483,7 @@ impl Store for SqliteStore {
                 })?
                 .collect::<Result<Vec<_>, _>>()?;
             rows.into_iter()
-                .map(|(k, v, j)| doc(kind.clone(), k, v, &j))
+                .map(|(k, v, j)| doc_from_json(kind.clone(), k, v, &j))
                 .collect()
         })
     }
@@ -590,16 +563,6 @@ impl Store for SqliteStore {
     }
 }
 
-fn doc(kind: String, key: String, version_us: u64, json: &str) -> Result<Doc, StoreError> {
-    Ok(Doc {
-        kind,
-        key,
-        updated_ms: version_us / 1000,
-        value: serde_json::from_str(json)
-            .map_err(|e| StoreError::Corrupt(format!("doc json: {e}")))?,
-    })
-}
-
 /// Trims a `limit + 1` result to `limit` and sets the cursor when more follow.
 pub(crate) fn page(items: &mut Vec<FailureRow>, limit: usize) -> FailurePage {
     let more = items.len() > limit;
@@ -635,12 +598,11 @@ fn search_logs(c: &mut Connection, q: &super::LogQuery) -> Result<super::LogPage
         i(q.since_ms.saturating_mul(1000)).into(),
         i(q.until_ms.saturating_mul(1000)).into(),
     ];
-    for (col, v) in [("service", &q.service), ("host", &q.host)] {
-        if let Some(v) = v {
-            sql.push_str(&format!(" AND {col} = ?"));
-            args.push(v.clone().into());
-        }
-    }
+    args.extend(
+        super::push_equals(&mut sql, &[("service", &q.service), ("host", &q.host)])
+            .into_iter()
+            .map(Into::into),
+    );
     if q.min_severity > 0 {
         sql.push_str(" AND severity_number >= ?");
         args.push(i64::from(q.min_severity).into());

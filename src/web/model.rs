@@ -212,14 +212,8 @@ pub struct SloSummary {
     pub refused_period: u64,
 }
 
-/// Heartbeat state of a host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HostState {
-    Fresh,
-    Stale,
-    Down,
-}
+/// Heartbeat state of a host: the host registry's own ([`crate::ingest::hosts`]).
+pub use crate::ingest::hosts::HostState;
 
 /// One host in lists.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -44,9 +44,8 @@ use clickhouse::{Client, Row};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Batch, CountQuery, Doc, FailureCursor, FailureQuery, FailureRow, Parts, RequestCount,
-    RowCounts, SliBucket, SliCounts, SpanRow, Store, StoreError, StoreFuture, WriteMode,
-    doc_version_us, sqlite::page,
+    Batch, CountQuery, Doc, FailureQuery, FailureRow, Parts, RequestCount, RowCounts, SliBucket,
+    SliCounts, SpanRow, Store, StoreError, StoreFuture, WriteMode, doc_version_us, sqlite::page,
 };
 use crate::config::ClickHouseConfig;
 
@@ -317,6 +316,24 @@ impl ClickHouseStore {
         Ok(())
     }
 
+    /// Inserts the rows of one table of `items` (`rows`: a batch's rows of it) that table `t`
+    /// does not hold yet ([`ClickHouseStore::present_many`] of the batches in replay mode),
+    /// each converted by `row` with its batch id and index.
+    async fn insert_missing<S: Sync, T>(
+        &self,
+        t: &str,
+        items: &[(&Batch, WriteMode)],
+        rows: fn(&Batch) -> &[S],
+        row: fn(&S, u64, u32) -> T,
+    ) -> Result<(), StoreError>
+    where
+        T: Row + Serialize + for<'a> clickhouse::RowWrite<Value<'a> = T>,
+    {
+        let present = self.present_many(t, &replay_ids(items, rows)).await?;
+        self.insert_rows(t, missing_rows(items, &present, rows, row))
+            .await
+    }
+
     async fn write(&self, b: &Batch, mode: WriteMode) -> Result<(), StoreError> {
         self.write_many(&[(b, mode)], Parts::All).await
     }
@@ -370,65 +387,29 @@ impl ClickHouseStore {
             self.settle().await?;
         }
         if !main {
-            let present = self
-                .present_many(&self.sli_rows, &replay_ids(items, sli_count))
-                .await?;
             return self
-                .insert_rows(&self.sli_rows, sli_rows(items, &present))
+                .insert_missing(&self.sli_rows, items, |b| &b.sli, ch_sli)
                 .await;
         }
-        let spans = async {
-            let present = self
-                .present_many(&self.spans, &replay_ids(items, span_count))
-                .await?;
-            self.insert_rows(&self.spans, span_rows(items, &present))
-                .await
-        };
-        let logs = async {
-            let present = self
-                .present_many(&self.logs, &replay_ids(items, log_count))
-                .await?;
-            self.insert_rows(&self.logs, log_rows(items, &present))
-                .await
-        };
-        let failures = async {
-            let present = self
-                .present_many(&self.failures, &replay_ids(items, failure_count))
-                .await?;
-            self.insert_rows(&self.failures, failure_rows(items, &present))
-                .await
-        };
+        let spans = self.insert_missing(&self.spans, items, |b| &b.spans, ch_span);
+        let logs = self.insert_missing(&self.logs, items, |b| &b.logs, ch_log);
+        let failures = self.insert_missing(&self.failures, items, |b| &b.failures, ch_failure);
         let snapshots = async {
+            let of: fn(&Batch) -> &[AgentSnapshot] = |b| &b.snapshots;
             let present = self
-                .present_many(&self.snapshots, &replay_ids(items, snapshot_count))
+                .present_many(&self.snapshots, &replay_ids(items, of))
                 .await?;
-            let mut snaps = Vec::new();
-            for &(b, _) in items {
-                for (i, s) in b.snapshots.iter().enumerate() {
-                    if present.contains(&(b.id, i as u32)) {
-                        continue;
-                    }
-                    snaps.push(ChSnapshot {
-                        ts: secs_from_ms(s.ts_ms),
-                        ts_ms: s.ts_ms,
-                        host: s.host.clone(),
-                        json: serde_json::to_string(s)
-                            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                        batch_id: b.id,
-                        seq: i as u32,
-                    });
-                }
-            }
+            // Encoded before the insert starts: a snapshot that cannot be is an error, and
+            // nothing of the table is sent.
+            let snaps =
+                missing_rows(items, &present, of, ch_snapshot).collect::<Result<Vec<_>, _>>()?;
             self.insert_rows(&self.snapshots, snaps.into_iter()).await
         };
         let sli = async {
             if !sli {
                 return Ok(());
             }
-            let present = self
-                .present_many(&self.sli_rows, &replay_ids(items, sli_count))
-                .await?;
-            self.insert_rows(&self.sli_rows, sli_rows(items, &present))
+            self.insert_missing(&self.sli_rows, items, |b| &b.sli, ch_sli)
                 .await
         };
         // The tables' inserts run at once: one round trip per group, not five in a row.
@@ -469,11 +450,7 @@ impl Store for ClickHouseStore {
     /// One INSERT per table for all of them; the replay check only for the batches in
     /// [`WriteMode::Replay`] (one query per table for all of those).
     fn write_merged(&self, batches: Vec<(Arc<Batch>, WriteMode)>) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
-            let items: Vec<(&Batch, WriteMode)> =
-                batches.iter().map(|(b, m)| (b.as_ref(), *m)).collect();
-            self.write_many(&items, Parts::All).await
-        })
+        self.write_parts(batches, Parts::All)
     }
 
     /// The shipper writes the SLI rows of several groups in one insert.
@@ -520,35 +497,7 @@ impl Store for ClickHouseStore {
                 "SELECT {FAILURE_COLS} FROM {} WHERE ts >= toDateTime(?) AND ts <= toDateTime(?) AND ts_ms >= ? AND ts_ms < ?",
                 self.failures
             );
-            let mut strings: Vec<String> = Vec::new();
-            for (col, v) in [
-                ("service", &q.service),
-                ("category", &q.category),
-                ("feature", &q.feature),
-                ("criticality", &q.criticality),
-                ("pattern", &q.pattern),
-            ] {
-                if let Some(v) = v {
-                    sql.push_str(&format!(" AND {col} = ?"));
-                    strings.push(v.clone());
-                }
-            }
-            if let Some(d) = q.deliberate {
-                sql.push_str(if d {
-                    " AND deliberate = 1"
-                } else {
-                    " AND deliberate = 0"
-                });
-            }
-            let cursor: Option<&FailureCursor> = q.cursor.as_ref();
-            if cursor.is_some() {
-                sql.push_str(" AND (ts_ms < ? OR (ts_ms = ? AND id < ?))");
-            }
-            let limit = q.limit.clamp(1, 10_000);
-            sql.push_str(&format!(
-                " ORDER BY ts_ms DESC, id DESC LIMIT {}",
-                limit + 1
-            ));
+            let strings = q.push_conditions(&mut sql);
             let mut query = self
                 .client
                 .query(&sql)
@@ -559,12 +508,12 @@ impl Store for ClickHouseStore {
             for s in strings {
                 query = query.bind(s);
             }
-            if let Some(c) = cursor {
+            if let Some(c) = &q.cursor {
                 query = query.bind(c.ts_ms).bind(c.ts_ms).bind(c.id.as_str());
             }
             let rows: Vec<ChFailure> = query.fetch_all().await?;
             let mut items: Vec<FailureRow> = rows.into_iter().map(failure_from_ch).collect();
-            Ok(page(&mut items, limit))
+            Ok(page(&mut items, q.page_size()))
         })
     }
 
@@ -644,12 +593,7 @@ impl Store for ClickHouseStore {
                 .bind(since_ms)
                 .fetch_all()
                 .await?;
-            rows.iter()
-                .map(|j| {
-                    serde_json::from_str(j)
-                        .map_err(|e| StoreError::Corrupt(format!("snapshot json: {e}")))
-                })
-                .collect()
+            super::snapshots_from_json(&rows)
         })
     }
 
@@ -709,43 +653,34 @@ impl Store for ClickHouseStore {
             let mut dropped = 0u64;
             for (t, cutoff_ms) in self.retained_tables(cutoff_ms) {
                 let cutoff_day = yyyymmdd(cutoff_ms);
-                let days: Vec<u32> = match &self.cluster {
-                    None => {
-                        let parts: Vec<String> = self
-                            .client
-                            .query("SELECT DISTINCT partition FROM system.parts WHERE database = ? AND table = ? AND active")
-                            .bind(self.database.as_str())
-                            .bind(t)
-                            .fetch_all()
-                            .await?;
-                        // Partition ids are YYYYMMDD numbers; anything else is not ours to drop.
-                        parts
-                            .iter()
-                            .filter_map(|p| p.trim_matches('\'').parse::<u32>().ok())
-                            .collect()
-                    }
+                let local = self.local_table(t);
+                let (sql, table) = match &self.cluster {
+                    None => (
+                        "SELECT DISTINCT partition FROM system.parts WHERE database = ? AND table = ? AND active"
+                            .to_string(),
+                        t,
+                    ),
                     // system.parts only knows this host's parts: ask one replica of every
                     // shard (the table function `cluster`, in 18.16 and since).
-                    Some(c) => {
-                        let local = self.local_table(t);
-                        let bare = local.rsplit('.').next().unwrap_or(&local);
-                        let parts: Vec<String> = self
-                            .client
-                            .query(&format!(
-                                "SELECT DISTINCT partition FROM cluster('{c}', system, parts) \
-                                 WHERE database = ? AND table = ? AND active"
-                            ))
-                            .bind(self.database.as_str())
-                            .bind(bare)
-                            .fetch_all()
-                            .await?;
-                        parts
-                            .iter()
-                            .filter_map(|p| p.trim_matches('\'').parse::<u32>().ok())
-                            .collect()
-                    }
+                    Some(c) => (
+                        format!(
+                            "SELECT DISTINCT partition FROM cluster('{c}', system, parts) \
+                             WHERE database = ? AND table = ? AND active"
+                        ),
+                        local.rsplit('.').next().unwrap_or(&local),
+                    ),
                 };
-                let local = self.local_table(t);
+                let parts: Vec<String> = self
+                    .client
+                    .query(&sql)
+                    .bind(self.database.as_str())
+                    .bind(table)
+                    .fetch_all()
+                    .await?;
+                // Partition ids are YYYYMMDD numbers; anything else is not ours to drop.
+                let days = parts
+                    .iter()
+                    .filter_map(|p| p.trim_matches('\'').parse::<u32>().ok());
                 for day in days {
                     if day < cutoff_day {
                         self.client
@@ -845,13 +780,8 @@ impl ClickHouseStore {
              AND ts_us >= ? AND ts_us < ?",
             self.logs
         );
-        let mut strings: Vec<String> = Vec::new();
-        for (col, v) in [("service", &q.service), ("host", &q.host)] {
-            if let Some(v) = v {
-                sql.push_str(&format!(" AND {col} = ?"));
-                strings.push(v.clone());
-            }
-        }
+        let mut strings =
+            super::push_equals(&mut sql, &[("service", &q.service), ("host", &q.host)]);
         if q.min_severity > 0 {
             // A number: written into the query.
             sql.push_str(&format!(" AND severity_number >= {}", q.min_severity));

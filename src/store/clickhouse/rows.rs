@@ -3,11 +3,11 @@
 
 use std::collections::HashSet;
 
-use brownout_protocol::{Category, Criticality, FailureEvent};
+use brownout_protocol::{AgentSnapshot, Category, Criticality, FailureEvent};
 use clickhouse::Row;
 use serde::{Deserialize, Serialize};
 
-use crate::store::{Batch, Doc, FailureRow, SpanRow, StoreError, WriteMode};
+use crate::store::{Batch, Doc, FailureRow, LogRow, SliRow, SpanRow, StoreError, WriteMode};
 
 #[derive(Debug, Row, Serialize, Deserialize)]
 pub(super) struct ChSpan {
@@ -102,33 +102,31 @@ pub(super) fn unzip(attrs: &[(String, String)]) -> (Vec<String>, Vec<String>) {
     attrs.iter().cloned().unzip()
 }
 
-/// The ids of the batches in replay mode that have rows in a table (`rows` counts them).
-pub(super) fn replay_ids(items: &[(&Batch, WriteMode)], rows: fn(&Batch) -> usize) -> Vec<u64> {
+/// The ids of the batches in replay mode that have rows in a table (`rows`: the batch's rows of
+/// that table).
+pub(super) fn replay_ids<S>(items: &[(&Batch, WriteMode)], rows: fn(&Batch) -> &[S]) -> Vec<u64> {
     items
         .iter()
-        .filter(|(b, m)| *m == WriteMode::Replay && rows(b) > 0)
+        .filter(|(b, m)| *m == WriteMode::Replay && !rows(b).is_empty())
         .map(|(b, _)| b.id)
         .collect()
 }
 
-pub(super) fn span_count(b: &Batch) -> usize {
-    b.spans.len()
-}
-
-pub(super) fn log_count(b: &Batch) -> usize {
-    b.logs.len()
-}
-
-pub(super) fn failure_count(b: &Batch) -> usize {
-    b.failures.len()
-}
-
-pub(super) fn snapshot_count(b: &Batch) -> usize {
-    b.snapshots.len()
-}
-
-pub(super) fn sli_count(b: &Batch) -> usize {
-    b.sli.len()
+/// The rows of one table in `items` (`rows`: a batch's rows of it) not in `present`, each
+/// converted by `row` with its batch id and index.
+pub(super) fn missing_rows<'a, S: Sync + 'a, T: 'a>(
+    items: &'a [(&'a Batch, WriteMode)],
+    present: &'a HashSet<(u64, u32)>,
+    rows: fn(&Batch) -> &[S],
+    row: fn(&S, u64, u32) -> T,
+) -> impl Iterator<Item = T> + Send + 'a {
+    items.iter().flat_map(move |&(b, _)| {
+        rows(b)
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| !present.contains(&(b.id, *i as u32)))
+            .map(move |(i, r)| row(r, b.id, i as u32))
+    })
 }
 
 #[derive(Debug, Row, Serialize, Deserialize)]
@@ -143,130 +141,106 @@ pub(super) struct ChSliRow {
     pub(super) seq: u32,
 }
 
-/// The SLI rows of `items` not in `present` (each with its batch id and index).
-pub(super) fn sli_rows<'a>(
-    items: &'a [(&'a Batch, WriteMode)],
-    present: &'a HashSet<(u64, u32)>,
-) -> impl Iterator<Item = ChSliRow> + Send + 'a {
-    items.iter().flat_map(move |&(b, _)| {
-        b.sli
-            .iter()
-            .enumerate()
-            .filter(move |(i, _)| !present.contains(&(b.id, *i as u32)))
-            .map(move |(i, r)| ChSliRow {
-                ts: secs_from_ms(r.minute_ms),
-                minute_ms: r.minute_ms,
-                slo: r.slo.clone(),
-                good: r.counts.good,
-                total: r.counts.total,
-                refused: r.counts.refused,
-                batch_id: b.id,
-                seq: i as u32,
-            })
-    })
+/// An SLI row as stored, with its batch id and index.
+pub(super) fn ch_sli(r: &SliRow, batch_id: u64, seq: u32) -> ChSliRow {
+    ChSliRow {
+        ts: secs_from_ms(r.minute_ms),
+        minute_ms: r.minute_ms,
+        slo: r.slo.clone(),
+        good: r.counts.good,
+        total: r.counts.total,
+        refused: r.counts.refused,
+        batch_id,
+        seq,
+    }
 }
 
-/// The spans of `items` not in `present`, as rows (each with its batch id and index).
-pub(super) fn span_rows<'a>(
-    items: &'a [(&'a Batch, WriteMode)],
-    present: &'a HashSet<(u64, u32)>,
-) -> impl Iterator<Item = ChSpan> + Send + 'a {
-    items.iter().flat_map(move |&(b, _)| {
-        b.spans
-            .iter()
-            .enumerate()
-            .filter(move |(i, _)| !present.contains(&(b.id, *i as u32)))
-            .map(move |(i, s)| {
-                let (attr_keys, attr_values) = unzip(&s.attributes);
-                ChSpan {
-                    ts: secs_from_us(s.start_us),
-                    start_us: s.start_us,
-                    duration_us: s.duration_us,
-                    trace_id: s.trace_id.clone(),
-                    span_id: s.span_id.clone(),
-                    parent_span_id: s.parent_span_id.clone(),
-                    service: s.service.clone(),
-                    name: s.name.clone(),
-                    kind: s.kind,
-                    status: s.status,
-                    status_message: s.status_message.clone(),
-                    feature: s.feature.clone(),
-                    criticality: s.criticality.clone(),
-                    host: s.host.clone(),
-                    is_request: u8::from(s.is_request),
-                    attr_keys,
-                    attr_values,
-                    batch_id: b.id,
-                    seq: i as u32,
-                }
-            })
-    })
+/// A span as stored, with its batch id and index.
+pub(super) fn ch_span(s: &SpanRow, batch_id: u64, seq: u32) -> ChSpan {
+    let (attr_keys, attr_values) = unzip(&s.attributes);
+    ChSpan {
+        ts: secs_from_us(s.start_us),
+        start_us: s.start_us,
+        duration_us: s.duration_us,
+        trace_id: s.trace_id.clone(),
+        span_id: s.span_id.clone(),
+        parent_span_id: s.parent_span_id.clone(),
+        service: s.service.clone(),
+        name: s.name.clone(),
+        kind: s.kind,
+        status: s.status,
+        status_message: s.status_message.clone(),
+        feature: s.feature.clone(),
+        criticality: s.criticality.clone(),
+        host: s.host.clone(),
+        is_request: u8::from(s.is_request),
+        attr_keys,
+        attr_values,
+        batch_id,
+        seq,
+    }
 }
 
-pub(super) fn log_rows<'a>(
-    items: &'a [(&'a Batch, WriteMode)],
-    present: &'a HashSet<(u64, u32)>,
-) -> impl Iterator<Item = ChLog> + Send + 'a {
-    items.iter().flat_map(move |&(b, _)| {
-        b.logs
-            .iter()
-            .enumerate()
-            .filter(move |(i, _)| !present.contains(&(b.id, *i as u32)))
-            .map(move |(i, l)| {
-                let (attr_keys, attr_values) = unzip(&l.attributes);
-                ChLog {
-                    ts: secs_from_us(l.ts_us),
-                    ts_us: l.ts_us,
-                    trace_id: l.trace_id.clone(),
-                    span_id: l.span_id.clone(),
-                    service: l.service.clone(),
-                    host: l.host.clone(),
-                    severity_number: l.severity_number,
-                    severity_text: l.severity_text.clone(),
-                    body: l.body.clone(),
-                    attr_keys,
-                    attr_values,
-                    batch_id: b.id,
-                    seq: i as u32,
-                }
-            })
-    })
+/// A log record as stored, with its batch id and index.
+pub(super) fn ch_log(l: &LogRow, batch_id: u64, seq: u32) -> ChLog {
+    let (attr_keys, attr_values) = unzip(&l.attributes);
+    ChLog {
+        ts: secs_from_us(l.ts_us),
+        ts_us: l.ts_us,
+        trace_id: l.trace_id.clone(),
+        span_id: l.span_id.clone(),
+        service: l.service.clone(),
+        host: l.host.clone(),
+        severity_number: l.severity_number,
+        severity_text: l.severity_text.clone(),
+        body: l.body.clone(),
+        attr_keys,
+        attr_values,
+        batch_id,
+        seq,
+    }
 }
 
-pub(super) fn failure_rows<'a>(
-    items: &'a [(&'a Batch, WriteMode)],
-    present: &'a HashSet<(u64, u32)>,
-) -> impl Iterator<Item = ChFailure> + Send + 'a {
-    items.iter().flat_map(move |&(b, _)| {
-        b.failures
-            .iter()
-            .enumerate()
-            .filter(move |(i, _)| !present.contains(&(b.id, *i as u32)))
-            .map(move |(i, f)| {
-                let e = &f.event;
-                let (attr_keys, attr_values) = crate::store::map_to_pairs(&e.attributes);
-                ChFailure {
-                    ts: secs_from_ms(e.ts_ms),
-                    ts_ms: e.ts_ms,
-                    id: f.id.clone(),
-                    service: e.service.clone(),
-                    host: e.host.clone(),
-                    request_id: e.request_id.clone(),
-                    trace_id: e.trace_id.clone(),
-                    user_id: e.user_id.clone(),
-                    feature: e.feature.clone(),
-                    criticality: e.criticality.as_str().to_string(),
-                    category: e.category.as_str().to_string(),
-                    error_type: e.error_type.clone(),
-                    message: e.message.clone(),
-                    latency_ms: e.latency_ms,
-                    pattern: f.pattern.clone(),
-                    attr_keys,
-                    attr_values,
-                    batch_id: b.id,
-                    seq: i as u32,
-                }
-            })
+/// A failure as stored, with its batch id and index.
+pub(super) fn ch_failure(f: &FailureRow, batch_id: u64, seq: u32) -> ChFailure {
+    let e = &f.event;
+    let (attr_keys, attr_values) = crate::store::map_to_pairs(&e.attributes);
+    ChFailure {
+        ts: secs_from_ms(e.ts_ms),
+        ts_ms: e.ts_ms,
+        id: f.id.clone(),
+        service: e.service.clone(),
+        host: e.host.clone(),
+        request_id: e.request_id.clone(),
+        trace_id: e.trace_id.clone(),
+        user_id: e.user_id.clone(),
+        feature: e.feature.clone(),
+        criticality: e.criticality.as_str().to_string(),
+        category: e.category.as_str().to_string(),
+        error_type: e.error_type.clone(),
+        message: e.message.clone(),
+        latency_ms: e.latency_ms,
+        pattern: f.pattern.clone(),
+        attr_keys,
+        attr_values,
+        batch_id,
+        seq,
+    }
+}
+
+/// An agent snapshot as stored (its JSON), with its batch id and index.
+pub(super) fn ch_snapshot(
+    s: &AgentSnapshot,
+    batch_id: u64,
+    seq: u32,
+) -> Result<ChSnapshot, StoreError> {
+    Ok(ChSnapshot {
+        ts: secs_from_ms(s.ts_ms),
+        ts_ms: s.ts_ms,
+        host: s.host.clone(),
+        json: serde_json::to_string(s).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        batch_id,
+        seq,
     })
 }
 
@@ -324,14 +298,9 @@ pub(super) fn yyyymmdd(ms: u64) -> u32 {
         .unwrap_or(0)
 }
 
+/// A document as [`Store::get_doc`](crate::store::Store::get_doc) returns it.
 pub(super) fn doc_from_ch(d: ChDoc) -> Result<Doc, StoreError> {
-    Ok(Doc {
-        kind: d.kind,
-        key: d.key,
-        updated_ms: d.version_us / 1000,
-        value: serde_json::from_str(&d.json)
-            .map_err(|e| StoreError::Corrupt(format!("doc json: {e}")))?,
-    })
+    crate::store::doc_from_json(d.kind, d.key, d.version_us, &d.json)
 }
 
 // ---- log search (docs/API.md `GET /api/v1/logs`) ---------------------------------------------
