@@ -13,6 +13,7 @@
 //! - [`error_body`]: the JSON error body of the control plane's and the gpu-agent's HTTP APIs;
 //! - [`failure`]: the failure event (NDJSON ingest and OTLP-derived) and category inference;
 //! - [`snapshot`]: the gpu-agent snapshot (GPUs and engines, KV fragmentation ratios);
+//! - [`html`]: HTML/XML escaping for the pages and charts each process renders;
 //! - [`wire`]: names both sides spell the same: span attributes, HTTP headers, metric names.
 //!
 //! It has no IO and no async: everything here is a value, a parser or a pure function. The
@@ -24,6 +25,7 @@ pub mod command;
 pub mod command_keys;
 pub mod error_body;
 pub mod failure;
+pub mod html;
 pub mod keys;
 pub mod signing;
 pub mod snapshot;

@@ -229,22 +229,11 @@ impl PlaneOptions {
 const REPORT_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; \
                           base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-async fn report_security_headers(mut res: axum::response::Response) -> axum::response::Response {
+async fn report_security_headers(res: axum::response::Response) -> axum::response::Response {
     use axum::http::{HeaderValue, header};
-    let h = res.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(REPORT_CSP),
-    );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("same-origin"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    let mut res = crate::web::with_security_headers(res, REPORT_CSP);
+    res.headers_mut()
+        .insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     res
 }
 

@@ -4,22 +4,20 @@
 /// Escapes text for a Markdown table cell or paragraph: HTML specials and the characters that
 /// would break a table or start markup.
 pub(crate) fn md_escape(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
+    brownout_protocol::html::escape_with(s, |c, o| {
         match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
             '|' => o.push_str("\\|"),
             '\n' | '\r' => o.push(' '),
             '*' | '_' | '`' | '[' | ']' | '#' | '\\' => {
                 o.push('\\');
                 o.push(c);
             }
-            c => o.push(c),
+            // Quotes stay as they are in Markdown text.
+            '"' | '\'' => o.push(c),
+            _ => return false,
         }
-    }
-    o
+        true
+    })
 }
 
 /// Text inside an inline code span: no backticks, no pipes, no newlines.
@@ -35,17 +33,4 @@ pub(crate) fn code_escape(s: &str) -> String {
 }
 
 /// Escapes text for XML/HTML content and attribute values.
-pub fn html(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&#39;"),
-            c => o.push(c),
-        }
-    }
-    o
-}
+pub use brownout_protocol::html::escape as html;

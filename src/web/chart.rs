@@ -24,21 +24,7 @@ impl Svg {
     }
 }
 
-/// Escapes text for HTML/SVG element content and quoted attribute values.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub use brownout_protocol::html::escape;
 
 /// How the y axis labels a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -436,14 +422,6 @@ pub fn tier_timeline(changes: &[TierChange], start_ms: u64, end_ms: u64, width: 
 /// A horizontal bar for a 0–1 ratio, coloured by zone, with tick marks at `warn` and `crit` and
 /// the value (or `text`, when given) to its right.
 pub fn gauge_bar(ratio: f64, warn: f64, crit: f64, label: &str, text: Option<&str>) -> Svg {
-    const W: f64 = 150.0;
-    const BAR: f64 = 96.0;
-    const H: f64 = 14.0;
-    let r = if ratio.is_finite() {
-        ratio.clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
     let zone = if ratio >= crit {
         "crit"
     } else if ratio >= warn {
@@ -458,41 +436,20 @@ pub fn gauge_bar(ratio: f64, warn: f64, crit: f64, label: &str, text: Option<&st
     };
     let shown = escape(text.unwrap_or(&value));
     let label = escape(label);
-    let mut s = format!(
-        r#"<svg class="gauge" xmlns="http://www.w3.org/2000/svg" width="{W:.0}" height="{H:.0}" viewBox="0 0 {W:.0} {H:.0}" role="img" aria-label="{label}: {shown}"><title>{label}: {shown}</title><rect x="0" y="1" width="{BAR:.0}" height="{:.0}" class="gauge-bg"/><rect x="0" y="1" width="{:.1}" height="{:.0}" class="gauge-fill {zone}"/>"#,
-        H - 2.0,
-        r * BAR,
-        H - 2.0,
-    );
-    for (v, class) in [(warn, "warn"), (crit, "crit")] {
-        if (0.0..=1.0).contains(&v) {
-            let _ = write!(
-                s,
-                r#"<line x1="{0:.1}" x2="{0:.1}" y1="0" y2="{H:.0}" class="tick {class}"/>"#,
-                v * BAR
-            );
-        }
-    }
-    let _ = write!(
-        s,
-        r#"<text x="{:.0}" y="11" class="gauge-text">{shown}</text></svg>"#,
-        BAR + 6.0
-    );
-    Svg(s)
+    bar(BarParts {
+        class: "gauge",
+        title: &format!("{label}: {shown}"),
+        fill: ratio,
+        zone,
+        ticks: [(warn, "warn"), (crit, "crit")],
+        shown: &shown,
+    })
 }
 
 /// The bar of an error budget: filled by what is *left* (full at 100 %, empty when spent or
 /// overspent), amber from half spent, red from three quarters spent, with ticks there, and
 /// `text` (the remaining budget as shown) to its right and in its tooltip.
 pub fn budget_bar(remaining: f64, text: &str) -> Svg {
-    const W: f64 = 150.0;
-    const BAR: f64 = 96.0;
-    const H: f64 = 14.0;
-    let left = if remaining.is_finite() {
-        remaining.clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
     let zone = if !remaining.is_finite() || remaining <= 0.25 {
         "crit"
     } else if remaining <= 0.5 {
@@ -501,18 +458,61 @@ pub fn budget_bar(remaining: f64, text: &str) -> Svg {
         "ok"
     };
     let shown = escape(text);
+    bar(BarParts {
+        class: "gauge budget",
+        title: &format!("error budget left: {shown}"),
+        fill: remaining,
+        zone,
+        ticks: [(0.5, "warn"), (0.25, "crit")],
+        shown: &shown,
+    })
+}
+
+/// What tells one bar ([`gauge_bar`], [`budget_bar`]) from another; the text is escaped already.
+struct BarParts<'a> {
+    class: &'static str,
+    title: &'a str,
+    /// How much of the bar is filled, 0–1 (clamped; not finite: empty).
+    fill: f64,
+    zone: &'static str,
+    /// Tick marks at these 0–1 positions (one outside the bar is not drawn).
+    ticks: [(f64, &'static str); 2],
+    shown: &'a str,
+}
+
+/// A 150×14 bar: the background, the fill in its zone's colour, the ticks, and the shown value
+/// to its right; the title is its tooltip and accessible name.
+fn bar(p: BarParts<'_>) -> Svg {
+    const W: f64 = 150.0;
+    const BAR: f64 = 96.0;
+    const H: f64 = 14.0;
+    let BarParts {
+        class,
+        title,
+        fill,
+        zone,
+        ticks,
+        shown,
+    } = p;
+    let fill = if fill.is_finite() {
+        fill.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
     let mut s = format!(
-        r#"<svg class="gauge budget" xmlns="http://www.w3.org/2000/svg" width="{W:.0}" height="{H:.0}" viewBox="0 0 {W:.0} {H:.0}" role="img" aria-label="error budget left: {shown}"><title>error budget left: {shown}</title><rect x="0" y="1" width="{BAR:.0}" height="{:.0}" class="gauge-bg"/><rect x="0" y="1" width="{:.1}" height="{:.0}" class="gauge-fill {zone}"/>"#,
+        r#"<svg class="{class}" xmlns="http://www.w3.org/2000/svg" width="{W:.0}" height="{H:.0}" viewBox="0 0 {W:.0} {H:.0}" role="img" aria-label="{title}"><title>{title}</title><rect x="0" y="1" width="{BAR:.0}" height="{:.0}" class="gauge-bg"/><rect x="0" y="1" width="{:.1}" height="{:.0}" class="gauge-fill {zone}"/>"#,
         H - 2.0,
-        left * BAR,
+        fill * BAR,
         H - 2.0,
     );
-    for (v, class) in [(0.5, "warn"), (0.25, "crit")] {
-        let _ = write!(
-            s,
-            r#"<line x1="{0:.1}" x2="{0:.1}" y1="0" y2="{H:.0}" class="tick {class}"/>"#,
-            v * BAR
-        );
+    for (v, class) in ticks {
+        if (0.0..=1.0).contains(&v) {
+            let _ = write!(
+                s,
+                r#"<line x1="{0:.1}" x2="{0:.1}" y1="0" y2="{H:.0}" class="tick {class}"/>"#,
+                v * BAR
+            );
+        }
     }
     let _ = write!(
         s,

@@ -40,46 +40,27 @@ pub use model::*;
 use chart::{LineOpts, Severity, Threshold, YFormat};
 
 /// The templates, embedded so the binary does not depend on its working directory.
-const TEMPLATES: &[(&str, &str)] = &[
-    ("base.html", include_str!("../../templates/web/base.html")),
-    (
-        "macros.html",
-        include_str!("../../templates/web/macros.html"),
-    ),
-    (
-        "overview.html",
-        include_str!("../../templates/web/overview.html"),
-    ),
-    ("hosts.html", include_str!("../../templates/web/hosts.html")),
-    ("host.html", include_str!("../../templates/web/host.html")),
-    (
-        "service.html",
-        include_str!("../../templates/web/service.html"),
-    ),
-    (
-        "instance.html",
-        include_str!("../../templates/web/instance.html"),
-    ),
-    ("logs.html", include_str!("../../templates/web/logs.html")),
-    ("trace.html", include_str!("../../templates/web/trace.html")),
-    (
-        "patterns.html",
-        include_str!("../../templates/web/patterns.html"),
-    ),
-    ("slos.html", include_str!("../../templates/web/slos.html")),
-    (
-        "degradation.html",
-        include_str!("../../templates/web/degradation.html"),
-    ),
-    (
-        "resource.html",
-        include_str!("../../templates/web/resource.html"),
-    ),
-    (
-        "agents.html",
-        include_str!("../../templates/web/agents.html"),
-    ),
-    ("error.html", include_str!("../../templates/web/error.html")),
+macro_rules! templates {
+    ($($name:literal),* $(,)?) => {
+        &[$(($name, include_str!(concat!("../../templates/web/", $name)))),*]
+    };
+}
+const TEMPLATES: &[(&str, &str)] = templates![
+    "base.html",
+    "macros.html",
+    "overview.html",
+    "hosts.html",
+    "host.html",
+    "service.html",
+    "instance.html",
+    "logs.html",
+    "trace.html",
+    "patterns.html",
+    "slos.html",
+    "degradation.html",
+    "resource.html",
+    "agents.html",
+    "error.html",
 ];
 const CSS: &str = include_str!("../../templates/web/static/brownout.css");
 const JS: &str = include_str!("../../templates/web/static/brownout.js");
@@ -178,11 +159,17 @@ pub fn router(source: Arc<dyn UiDataSource>) -> Router {
         .with_state(state)
 }
 
-async fn security_headers(mut res: Response) -> Response {
+async fn security_headers(res: Response) -> Response {
+    with_security_headers(res, CSP)
+}
+
+/// Sets `csp` as the response's Content-Security-Policy, with `nosniff` and the UI's referrer
+/// policy: the headers every page of the UI and of the report routes carries.
+pub(crate) fn with_security_headers(mut res: Response, csp: &'static str) -> Response {
     let h = res.headers_mut();
     h.insert(
         header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CSP),
+        HeaderValue::from_static(csp),
     );
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,

@@ -180,21 +180,7 @@ async fn get_stream(
     Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
-/// Escapes text for HTML element content and attribute values.
-pub fn escape_html(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for ch in s.chars() {
-        match ch {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub use brownout_protocol::html::escape as escape_html;
 
 const PAGE_HEAD: &str = r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>brownout: features</title>
