@@ -144,39 +144,42 @@ where
     }
 }
 
-/// `axum::extract::Query` whose rejection is an [`ApiError`].
-pub struct Query<T>(pub T);
+/// An axum extractor from the request's parts whose rejection is an [`ApiError`] (the
+/// rejection's `From` impl above picks the error code).
+macro_rules! parts_extractor {
+    ($(#[$doc:meta])* $name:ident, $rejection:ty) => {
+        $(#[$doc])*
+        pub struct $name<T>(pub T);
 
-impl<T, S> FromRequestParts<S> for Query<T>
-where
-    axum::extract::Query<T>: FromRequestParts<S, Rejection = QueryRejection>,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
+        impl<T, S> FromRequestParts<S> for $name<T>
+        where
+            axum::extract::$name<T>: FromRequestParts<S, Rejection = $rejection>,
+            S: Send + Sync,
+        {
+            type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let axum::extract::Query(v) =
-            axum::extract::Query::<T>::from_request_parts(parts, state).await?;
-        Ok(Query(v))
-    }
+            async fn from_request_parts(
+                parts: &mut Parts,
+                state: &S,
+            ) -> Result<Self, Self::Rejection> {
+                let axum::extract::$name(v) =
+                    axum::extract::$name::<T>::from_request_parts(parts, state).await?;
+                Ok($name(v))
+            }
+        }
+    };
 }
 
-/// `axum::extract::Path` whose rejection is an [`ApiError`].
-pub struct Path<T>(pub T);
-
-impl<T, S> FromRequestParts<S> for Path<T>
-where
-    axum::extract::Path<T>: FromRequestParts<S, Rejection = PathRejection>,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let axum::extract::Path(v) =
-            axum::extract::Path::<T>::from_request_parts(parts, state).await?;
-        Ok(Path(v))
-    }
-}
+parts_extractor!(
+    /// `axum::extract::Query` whose rejection is an [`ApiError`].
+    Query,
+    QueryRejection
+);
+parts_extractor!(
+    /// `axum::extract::Path` whose rejection is an [`ApiError`].
+    Path,
+    PathRejection
+);
 
 /// Paths where JSON clients live (`/api/`, `/ui/api/`, `/v1/`): unknown routes, refused
 /// sign-ins and the like answer there in this contract, elsewhere (browser pages) in HTML.

@@ -143,6 +143,25 @@ pub struct OverrideRequest {
 
 const MAX_OVERRIDE_SECS: u64 = 7 * 24 * 3600;
 
+/// An override's `duration_secs` (1 to [`MAX_OVERRIDE_SECS`]) and its reason (1–512 bytes after
+/// trimming, returned trimmed), checked the same way for the fleet and for one instance.
+fn checked_duration_and_reason(duration_secs: u64, reason: &str) -> Result<&str, ApiError> {
+    if duration_secs == 0 || duration_secs > MAX_OVERRIDE_SECS {
+        return Err(ApiError::bad_request(
+            "invalid_duration",
+            format!("duration_secs must be between 1 and {MAX_OVERRIDE_SECS}"),
+        ));
+    }
+    let reason = reason.trim();
+    if reason.is_empty() || reason.len() > 512 {
+        return Err(ApiError::bad_request(
+            "invalid_reason",
+            "reason must be 1-512 characters",
+        ));
+    }
+    Ok(reason)
+}
+
 /// `POST /api/v1/degrade/instances/{instance_id}` body.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -193,19 +212,7 @@ async fn post_instance(
             "max_num_seqs must be at least 1 (use drain to stop default traffic)",
         ));
     }
-    if req.duration_secs == 0 || req.duration_secs > MAX_OVERRIDE_SECS {
-        return Err(ApiError::bad_request(
-            "invalid_duration",
-            format!("duration_secs must be between 1 and {MAX_OVERRIDE_SECS}"),
-        ));
-    }
-    let reason = req.reason.trim();
-    if reason.is_empty() || reason.len() > 512 {
-        return Err(ApiError::bad_request(
-            "invalid_reason",
-            "reason must be 1-512 characters",
-        ));
-    }
+    let reason = checked_duration_and_reason(req.duration_secs, &req.reason)?;
     let now = now_ms();
     let existing = h.instance_overrides();
     let active = existing.iter().filter(|(_, o)| o.until_ms > now).count();
@@ -257,19 +264,7 @@ async fn post_override(
     let Json(req) = body?;
     let tier = Tier::try_from(req.tier)
         .map_err(|e| ApiError::bad_request("invalid_tier", e.to_string()))?;
-    if req.duration_secs == 0 || req.duration_secs > MAX_OVERRIDE_SECS {
-        return Err(ApiError::bad_request(
-            "invalid_duration",
-            format!("duration_secs must be between 1 and {MAX_OVERRIDE_SECS}"),
-        ));
-    }
-    let reason = req.reason.trim();
-    if reason.is_empty() || reason.len() > 512 {
-        return Err(ApiError::bad_request(
-            "invalid_reason",
-            "reason must be 1-512 characters",
-        ));
-    }
+    let reason = checked_duration_and_reason(req.duration_secs, &req.reason)?;
     let o = Override {
         tier,
         until_ms: now_ms() + req.duration_secs * 1000,

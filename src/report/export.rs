@@ -78,6 +78,87 @@ fn jira_text(s: &str) -> String {
     o
 }
 
+/// How one export writes the parts of an item both exports carry.
+struct Markup {
+    /// A labelled line's start: `*Label:* ` or `- **Label:** `.
+    field: fn(&str) -> String,
+    /// User-controlled text.
+    text: fn(&str) -> String,
+    /// A trace id.
+    id: fn(&str) -> String,
+    /// A section heading, with what follows it up to the section's text.
+    heading: fn(&str) -> String,
+    /// What stands before the verify step (Markdown makes it a task list item).
+    task: &'static str,
+}
+
+const JIRA: Markup = Markup {
+    field: |l| format!("*{l}:* "),
+    text: jira_text,
+    id: jira_text,
+    heading: |h| format!("h3. {h}\n"),
+    task: "",
+};
+
+const MARKDOWN: Markup = Markup {
+    field: |l| format!("- **{l}:** "),
+    text: md,
+    id: |s| format!("`{}`", code(s)),
+    heading: |h| format!("## {h}\n\n"),
+    task: "- [ ] ",
+};
+
+/// An item's week figures, expected win-back, change, verify step and detection signal.
+fn facts(m: &Markup, r: &Report, item: &RoadmapItem, out: &mut String) {
+    if let Some(t) = top_of(r, item) {
+        out.push_str(&format!(
+            "{}{} failures, {} of the bad events, {} users, trend {}\n",
+            (m.field)("This week"),
+            t.pattern.count,
+            t.impact_pct,
+            t.pattern.affected_users,
+            (m.text)(&t.trend)
+        ));
+        if !t.pattern.features.is_empty() {
+            out.push_str(&format!(
+                "{}{}\n",
+                (m.field)("Features"),
+                (m.text)(&t.pattern.features.join(", "))
+            ));
+        }
+        if !t.pattern.example_trace_id.is_empty() {
+            out.push_str(&format!(
+                "{}{}\n",
+                (m.field)("Example trace"),
+                (m.id)(&t.pattern.example_trace_id)
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "{}about {} of the week's bad events\n\n",
+        (m.field)("Expected win-back"),
+        item.win_back_pct
+    ));
+    out.push_str(&format!(
+        "{}{}\n\n",
+        (m.heading)("Change"),
+        (m.text)(&item.change)
+    ));
+    out.push_str(&format!(
+        "{}{}{}\n",
+        (m.heading)("Verify"),
+        m.task,
+        (m.text)(&item.verify)
+    ));
+    if !item.signal.is_empty() {
+        out.push_str(&format!(
+            "\n{}{}\n",
+            (m.heading)("Detection signal"),
+            (m.text)(&item.signal)
+        ));
+    }
+}
+
 fn jira_description(r: &Report, item: &RoadmapItem) -> String {
     let mut d = String::new();
     d.push_str(&format!(
@@ -90,39 +171,7 @@ fn jira_description(r: &Report, item: &RoadmapItem) -> String {
         item.pattern_label.replace("{noformat}", "")
     ));
     d.push_str(&format!("*Category:* {}\n", jira_text(&item.category)));
-    if let Some(t) = top_of(r, item) {
-        d.push_str(&format!(
-            "*This week:* {} failures, {} of the bad events, {} users, trend {}\n",
-            t.pattern.count,
-            t.impact_pct,
-            t.pattern.affected_users,
-            jira_text(&t.trend)
-        ));
-        if !t.pattern.features.is_empty() {
-            d.push_str(&format!(
-                "*Features:* {}\n",
-                jira_text(&t.pattern.features.join(", "))
-            ));
-        }
-        if !t.pattern.example_trace_id.is_empty() {
-            d.push_str(&format!(
-                "*Example trace:* {}\n",
-                jira_text(&t.pattern.example_trace_id)
-            ));
-        }
-    }
-    d.push_str(&format!(
-        "*Expected win-back:* about {} of the week's bad events\n\n",
-        item.win_back_pct
-    ));
-    d.push_str(&format!("h3. Change\n{}\n\n", jira_text(&item.change)));
-    d.push_str(&format!("h3. Verify\n{}\n", jira_text(&item.verify)));
-    if !item.signal.is_empty() {
-        d.push_str(&format!(
-            "\nh3. Detection signal\n{}\n",
-            jira_text(&item.signal)
-        ));
-    }
+    facts(&JIRA, r, item, &mut d);
     d.push_str(&format!(
         "\nPlaybook {} · {}",
         jira_text(&item.playbook_id),
@@ -181,36 +230,7 @@ pub fn github_body(r: &Report, item: &RoadmapItem) -> String {
         code(&item.pattern_label),
         md(&item.category)
     ));
-    if let Some(t) = top_of(r, item) {
-        b.push_str(&format!(
-            "- **This week:** {} failures, {} of the bad events, {} users, trend {}\n",
-            t.pattern.count,
-            t.impact_pct,
-            t.pattern.affected_users,
-            md(&t.trend)
-        ));
-        if !t.pattern.features.is_empty() {
-            b.push_str(&format!(
-                "- **Features:** {}\n",
-                md(&t.pattern.features.join(", "))
-            ));
-        }
-        if !t.pattern.example_trace_id.is_empty() {
-            b.push_str(&format!(
-                "- **Example trace:** `{}`\n",
-                code(&t.pattern.example_trace_id)
-            ));
-        }
-    }
-    b.push_str(&format!(
-        "- **Expected win-back:** about {} of the week's bad events\n\n",
-        item.win_back_pct
-    ));
-    b.push_str(&format!("## Change\n\n{}\n\n", md(&item.change)));
-    b.push_str(&format!("## Verify\n\n- [ ] {}\n", md(&item.verify)));
-    if !item.signal.is_empty() {
-        b.push_str(&format!("\n## Detection signal\n\n{}\n", md(&item.signal)));
-    }
+    facts(&MARKDOWN, r, item, &mut b);
     b.push_str(&format!(
         "\n---\nPlaybook `{}` · {} · labels: {}\n",
         code(&item.playbook_id),

@@ -96,13 +96,7 @@ pub(super) fn mask_token(token: &str, out: &mut String) {
                 }
             } else if cb[0].is_ascii_digit() && !colon_or_backslash {
                 // A number, an address, a date, an id.
-                let keep = cb.len()
-                    - cb.iter()
-                        .rev()
-                        .take_while(|&&x| matches!(x, b'.' | b'/'))
-                        .count();
-                out.push_str(WILDCARD);
-                out.push_str(&c[keep..]);
+                wildcard_then_tail(c, out, |x| matches!(x, b'.' | b'/'));
             } else {
                 mask_compound(c, out);
             }
@@ -160,20 +154,12 @@ fn mask_compound(c: &str, out: &mut String) {
     // A number, an address, a date, an id: a value, unless glued to a word by a colon
     // (`10.250.10.6:50010:Got`).
     if b[0].is_ascii_digit() && !b.contains(&b':') && !b.contains(&b'\\') {
-        let keep = b.len()
-            - b.iter()
-                .rev()
-                .take_while(|&&x| matches!(x, b'.' | b'/'))
-                .count();
-        out.push_str(WILDCARD);
-        out.push_str(&c[keep..]);
+        wildcard_then_tail(c, out, |x| matches!(x, b'.' | b'/'));
         return;
     }
     // A relative path.
     if c.starts_with("./") || c.starts_with("../") || c.starts_with("~/") {
-        let core = c.trim_end_matches(['.', ':']);
-        out.push_str(WILDCARD);
-        out.push_str(&c[core.len()..]);
+        wildcard_then_tail(c, out, |x| matches!(x, b'.' | b':'));
         return;
     }
     // Leading punctuation that reads as syntax (`#5`, `:0`, `......0`), but not a sign or the
@@ -191,28 +177,30 @@ fn mask_compound(c: &str, out: &mut String) {
     }
     // A path, with its trailing slash (`/var/www/html/`).
     if b[0] == b'/' && b.len() > 1 {
-        let keep = b.len()
-            - b.iter()
-                .rev()
-                .take_while(|&&x| matches!(x, b'.' | b':'))
-                .count();
-        out.push_str(WILDCARD);
-        out.push_str(&c[keep..]);
+        wildcard_then_tail(c, out, |x| matches!(x, b'.' | b':'));
         return;
     }
     // Trailing punctuation (`10.0.0.1:`, `done.`, `1/`).
-    let keep = b.len()
-        - b.iter()
-            .rev()
-            .take_while(|&&x| matches!(x, b'.' | b':' | b'/'))
-            .count();
-    let (core, tail) = c.split_at(keep);
+    let (core, tail) = split_tail(c, |x| matches!(x, b'.' | b':' | b'/'));
     if core.is_empty() {
         out.push_str(c);
         return;
     }
     mask_core(core, out);
     out.push_str(tail);
+}
+
+/// `c` split before its trailing run of bytes that `tail` accepts (ASCII punctuation: the
+/// split falls on a char boundary).
+fn split_tail(c: &str, tail: impl Fn(u8) -> bool) -> (&str, &str) {
+    let n = c.bytes().rev().take_while(|&x| tail(x)).count();
+    c.split_at(c.len() - n)
+}
+
+/// The wildcard for `c`, then the trailing punctuation that `tail` accepts, kept as written.
+fn wildcard_then_tail(c: &str, out: &mut String, tail: impl Fn(u8) -> bool) {
+    out.push_str(WILDCARD);
+    out.push_str(split_tail(c, tail).1);
 }
 
 fn mask_core(c: &str, out: &mut String) {
