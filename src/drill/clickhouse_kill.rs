@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{
-    DrillName, Fault, Report, Target, client, get_json, ingest_token, poll, run_fault, success,
-    trim,
+    DrillName, Fault, IngestStart, Report, Target, get_json, ingest_start, poll, run_fault,
+    success, trim,
 };
 
 /// clickhouse-kill: sends `events` failure events while the store is down, then checks each is
@@ -21,14 +21,17 @@ pub async fn clickhouse_kill(
     events: usize,
     timeout: Duration,
 ) -> anyhow::Result<Report> {
-    let mut rep = Report::new(DrillName::ClickhouseKill);
-    let t0 = Instant::now();
-    let c = client()?;
-    let Some(ingest) = ingest_token(t, &mut rep, t0) else {
-        return Ok(rep);
+    let IngestStart {
+        mut rep,
+        t0,
+        c,
+        ingest,
+        service,
+    } = match ingest_start(t, DrillName::ClickhouseKill)? {
+        Ok(start) => start,
+        Err(rep) => return Ok(rep),
     };
     let events = events.clamp(1, 1000);
-    let service = format!("drill-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     if !rep.check(t0, "fault injected", run_fault(fault, "store down").await) {
         return Ok(rep);
     }

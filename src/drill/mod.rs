@@ -244,18 +244,39 @@ impl Report {
     }
 }
 
-/// The target's ingest token; `None`, with a failed step saying how to give one, without it.
-fn ingest_token(t: &Target, rep: &mut Report, t0: Instant) -> Option<String> {
-    let token = t.ingest_token.clone();
-    if token.is_none() {
+/// Where the two ingest drills (clickhouse-kill, plane-kill) start: their report and clock, a
+/// client, the target's ingest token, and a service name of their own for the events they send.
+struct IngestStart {
+    rep: Report,
+    t0: Instant,
+    c: reqwest::Client,
+    ingest: String,
+    service: String,
+}
+
+/// The start of an ingest drill; `Err(report)`, with a failed step saying how to give one,
+/// when the target has no ingest token.
+fn ingest_start(t: &Target, name: DrillName) -> anyhow::Result<Result<IngestStart, Report>> {
+    let mut rep = Report::new(name);
+    let t0 = Instant::now();
+    let c = client()?;
+    let Some(ingest) = t.ingest_token.clone() else {
         rep.step(
             t0,
             "ingest token",
             false,
             "pass --ingest-token or BROWNOUT_INGEST_TOKEN",
         );
-    }
-    token
+        return Ok(Err(rep));
+    };
+    let service = format!("drill-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    Ok(Ok(IngestStart {
+        rep,
+        t0,
+        c,
+        ingest,
+        service,
+    }))
 }
 
 fn client() -> anyhow::Result<reqwest::Client> {

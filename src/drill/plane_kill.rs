@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{
-    DrillName, Fault, Report, Target, client, get_json, ingest_token, poll, run_fault, success,
-    trim,
+    DrillName, Fault, IngestStart, Report, Target, get_json, ingest_start, poll, run_fault,
+    success, trim,
 };
 
 /// Concurrent senders (each one request of [`CHUNK`] events in flight at a time).
@@ -31,14 +31,17 @@ pub async fn plane_kill(
     events: usize,
     timeout: Duration,
 ) -> anyhow::Result<Report> {
-    let mut rep = Report::new(DrillName::PlaneKill);
-    let t0 = Instant::now();
-    let c = client()?;
-    let Some(ingest) = ingest_token(t, &mut rep, t0) else {
-        return Ok(rep);
+    let IngestStart {
+        mut rep,
+        t0,
+        c,
+        ingest,
+        service,
+    } = match ingest_start(t, DrillName::PlaneKill)? {
+        Ok(start) => start,
+        Err(rep) => return Ok(rep),
     };
     let events = events.clamp(SENDERS * CHUNK, 100_000);
-    let service = format!("drill-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let acked: Arc<Mutex<BTreeSet<usize>>> = Arc::default();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     // Kill mid-ingest: once a third is acknowledged. The sender that crosses it wakes the

@@ -266,17 +266,11 @@ pub(crate) fn check_name(file: &str, field: &str, name: &str) -> Result<(), Spec
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-')
         && !name.ends_with('-');
-    if ok {
-        Ok(())
-    } else {
-        Err(SpecError::invalid(
-            file,
-            field,
-            format!(
-                "{name:?} must be 1–63 lowercase letters, digits or '-', not starting or ending with '-'"
-            ),
-        ))
-    }
+    require(ok, file, field, || {
+        format!(
+            "{name:?} must be 1–63 lowercase letters, digits or '-', not starting or ending with '-'"
+        )
+    })
 }
 
 /// Text that becomes a label value: non-empty, no control characters.
@@ -341,14 +335,22 @@ pub(crate) fn check_alert_name(file: &str, field: &str, name: &str) -> Result<()
             .bytes()
             .enumerate()
             .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
+    require(ok, file, field, || {
+        format!("{name:?} is not a valid alert name")
+    })
+}
+
+/// `Ok` when `ok`; else the spec error at `file`/`field` that `why` words.
+fn require(
+    ok: bool,
+    file: &str,
+    field: &str,
+    why: impl FnOnce() -> String,
+) -> Result<(), SpecError> {
     if ok {
         Ok(())
     } else {
-        Err(SpecError::invalid(
-            file,
-            field,
-            format!("{name:?} is not a valid alert name"),
-        ))
+        Err(SpecError::invalid(file, field, why()))
     }
 }
 

@@ -130,6 +130,12 @@ pub struct Point {
     pub value: f64,
 }
 
+impl Point {
+    pub fn new(ts_ms: u64, value: f64) -> Point {
+        Point { ts_ms, value }
+    }
+}
+
 /// A named time series.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Series {

@@ -62,10 +62,9 @@ fn host_detail(
     }
     for s in hist {
         for (id, usage, _) in &s.engines {
-            kv.entry(id.clone()).or_default().push(Point {
-                ts_ms: s.ts_ms,
-                value: *usage,
-            });
+            kv.entry(id.clone())
+                .or_default()
+                .push(Point::new(s.ts_ms, *usage));
         }
     }
     HostDetailView {
@@ -74,10 +73,7 @@ fn host_detail(
         host: summary(h),
         vram_series: hist
             .iter()
-            .map(|s| Point {
-                ts_ms: s.ts_ms,
-                value: s.max_vram,
-            })
+            .map(|s| Point::new(s.ts_ms, s.max_vram))
             .collect(),
         kv_series: kv
             .into_iter()
@@ -85,10 +81,7 @@ fn host_detail(
             .collect(),
         queue_series: hist
             .iter()
-            .map(|s| Point {
-                ts_ms: s.ts_ms,
-                value: s.queue as f64,
-            })
+            .map(|s| Point::new(s.ts_ms, s.queue as f64))
             .collect(),
         instances,
     }

@@ -41,10 +41,7 @@ pub(super) fn pattern_detail(p: Pattern, examples: Vec<PatternExample>, now: u64
         trend: p
             .counts
             .iter()
-            .map(|c| Point {
-                ts_ms: c.start_ms,
-                value: c.count as f64,
-            })
+            .map(|c| Point::new(c.start_ms, c.count as f64))
             .collect(),
         examples,
     }

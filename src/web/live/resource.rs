@@ -24,10 +24,7 @@ fn engine_resources(h: &HostView, hist: &[HostSample], now: u64) -> Vec<EngineRe
                     s.engines
                         .iter()
                         .find(|(id, _, _)| *id == e.id)
-                        .map(|(_, _, q)| Point {
-                            ts_ms: s.ts_ms,
-                            value: *q as f64,
-                        })
+                        .map(|(_, _, q)| Point::new(s.ts_ms, *q as f64))
                 })
                 .collect();
             EngineResource {

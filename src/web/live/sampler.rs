@@ -94,10 +94,10 @@ pub(super) fn record_report(c: &mut Caches, report: &SloReport) {
             .back()
             .is_none_or(|p| report.evaluated_at_ms >= p.ts_ms + SAMPLE_EVERY_MS)
         {
-            ring.push_back(Point {
-                ts_ms: report.evaluated_at_ms,
-                value: finite(s.budget_remaining_ratio),
-            });
+            ring.push_back(Point::new(
+                report.evaluated_at_ms,
+                finite(s.budget_remaining_ratio),
+            ));
             while ring.len() > HISTORY_LEN {
                 ring.pop_front();
             }

@@ -179,9 +179,8 @@ fn service_summary(
         .buckets
         .iter()
         .filter(|(b, _)| **b + TREND_BUCKET_MS > start)
-        .map(|(b, (good, total, failures))| Point {
-            ts_ms: *b,
-            value: ServiceFacts::ratio(*good, *total, *failures).1,
+        .map(|(b, (good, total, failures))| {
+            Point::new(*b, ServiceFacts::ratio(*good, *total, *failures).1)
         })
         .collect();
     ServiceSummary {
