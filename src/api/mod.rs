@@ -186,13 +186,7 @@ async fn failures(
     Query(p): Query<FailureParams>,
 ) -> Result<Response, ApiError> {
     let q = failure_query(p, brownout_protocol::now_ms())?;
-    let mut page = state
-        .store
-        .failures(&q)
-        .await
-        .map_err(|e| ApiError::store(&e))?;
-    bound_page(&mut page, MAX_PAGE_BYTES);
-    Ok(Json(page).into_response())
+    bounded_json(state.store.failures(&q).await, bound_page)
 }
 
 /// A failures page holds at most about this many bytes of JSON; past it the page ends early
@@ -200,17 +194,32 @@ async fn failures(
 /// many rows: docs/SECURITY.md).
 pub const MAX_PAGE_BYTES: usize = 4 << 20;
 
-/// Ends `page` early once its rows pass `max` bytes of JSON (always keeping one row).
-fn bound_page(page: &mut crate::store::FailurePage, max: usize) {
+/// A store page as the JSON answer, cut by `bound` to [`MAX_PAGE_BYTES`]; a store error is
+/// the API's store error.
+fn bounded_json<P: serde::Serialize>(
+    page: Result<P, crate::store::StoreError>,
+    bound: fn(&mut P, usize),
+) -> Result<Response, ApiError> {
+    let mut page = page.map_err(|e| ApiError::store(&e))?;
+    bound(&mut page, MAX_PAGE_BYTES);
+    Ok(Json(page).into_response())
+}
+
+/// How many of `items` fit in `max` bytes of JSON (one separator byte each); at least one.
+fn fits_in<T: serde::Serialize>(items: &[T], max: usize) -> usize {
     let mut total = 0usize;
-    let mut keep = page.items.len();
-    for (i, row) in page.items.iter().enumerate() {
+    for (i, row) in items.iter().enumerate() {
         total += serde_json::to_vec(row).map_or(0, |v| v.len() + 1);
         if total > max && i > 0 {
-            keep = i;
-            break;
+            return i;
         }
     }
+    items.len()
+}
+
+/// Ends `page` early once its rows pass `max` bytes of JSON (always keeping one row).
+fn bound_page(page: &mut crate::store::FailurePage, max: usize) {
+    let keep = fits_in(&page.items, max);
     if keep < page.items.len() {
         page.items.truncate(keep);
         if let Some(last) = page.items.last() {
@@ -323,26 +332,12 @@ async fn logs(
     Query(p): Query<LogParams>,
 ) -> Result<Response, ApiError> {
     let q = log_query(p, brownout_protocol::now_ms())?;
-    let mut page = state
-        .store
-        .logs(&q)
-        .await
-        .map_err(|e| ApiError::store(&e))?;
-    bound_log_page(&mut page, MAX_PAGE_BYTES);
-    Ok(Json(page).into_response())
+    bounded_json(state.store.logs(&q).await, bound_log_page)
 }
 
 /// [`bound_page`] for log records: ends the page early past `max` bytes of JSON.
 pub fn bound_log_page(page: &mut LogPage, max: usize) {
-    let mut total = 0usize;
-    let mut keep = page.items.len();
-    for (i, row) in page.items.iter().enumerate() {
-        total += serde_json::to_vec(row).map_or(0, |v| v.len() + 1);
-        if total > max && i > 0 {
-            keep = i;
-            break;
-        }
-    }
+    let keep = fits_in(&page.items, max);
     if keep < page.items.len() {
         page.items.truncate(keep);
         page.next_cursor = page.items.last().map(|h| h.pos.encode());

@@ -20,7 +20,8 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::error::ApiError;
 use super::openai::{
-    ChatRequest, CompletionRequest, Validated, chat_messages, completion_prompt, validate_common,
+    ChatRequest, CommonParams, CompletionRequest, Validated, chat_messages, completion_prompt,
+    validate_common,
 };
 use super::text::TextAssembler;
 use super::{AppState, Inner};
@@ -53,7 +54,7 @@ pub struct RequestCtx {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub enum Kind {
     Completion,
     Chat,
 }
@@ -200,33 +201,50 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
     })
 }
 
-pub async fn completions(
-    State(st): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let r = async {
-        let meta = RequestMeta::from_headers(&headers).map_err(meta_error)?;
-        let body = body.map_err(body_error)?;
-        let req: CompletionRequest = parse_json(&headers, &body)?;
-        let meta = meta
-            .with_body(req.common.user.as_deref(), std::iter::empty())
-            .map_err(meta_error)?;
-        let v = validate_common(
-            &req.common,
-            &st.inner.model_name,
-            st.inner.engine.max_model_len(),
-        )?;
-        let prompt = completion_prompt(&req.prompt)?;
-        let ctx = admit(&st.inner, meta)?;
-        let tokens = st.inner.codec.encode(&prompt);
-        generate(&st, ctx, tokens, v, Kind::Completion).await
+/// What the two OpenAI endpoints tell apart: their request type, its tools, and its input to
+/// tokenize (checked before admission, encoded after it).
+pub trait Endpoint: serde::de::DeserializeOwned {
+    const KIND: Kind;
+    fn common(&self) -> &CommonParams;
+    /// The declared tools (checked against the `tool:<name>` breakers).
+    fn tools(&self) -> Vec<&str> {
+        Vec::new()
     }
-    .await;
-    r.unwrap_or_else(IntoResponse::into_response)
+    fn input(&self) -> Result<Input, ApiError>;
 }
 
-pub async fn chat_completions(
+/// A request's checked input.
+pub enum Input {
+    Text(String),
+    Chat(Vec<(String, String)>),
+}
+
+impl Endpoint for CompletionRequest {
+    const KIND: Kind = Kind::Completion;
+    fn common(&self) -> &CommonParams {
+        &self.common
+    }
+    fn input(&self) -> Result<Input, ApiError> {
+        completion_prompt(&self.prompt).map(Input::Text)
+    }
+}
+
+impl Endpoint for ChatRequest {
+    const KIND: Kind = Kind::Chat;
+    fn common(&self) -> &CommonParams {
+        &self.common
+    }
+    fn tools(&self) -> Vec<&str> {
+        self.tool_names()
+    }
+    fn input(&self) -> Result<Input, ApiError> {
+        chat_messages(&self.messages).map(Input::Chat)
+    }
+}
+
+/// `POST /v1/completions` (`R` = [`CompletionRequest`]) and `POST /v1/chat/completions`
+/// ([`ChatRequest`]): headers, body, validation, admission, then generation.
+pub async fn endpoint<R: Endpoint>(
     State(st): State<AppState>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -234,20 +252,23 @@ pub async fn chat_completions(
     let r = async {
         let meta = RequestMeta::from_headers(&headers).map_err(meta_error)?;
         let body = body.map_err(body_error)?;
-        let req: ChatRequest = parse_json(&headers, &body)?;
-        let tools = req.tool_names();
+        let req: R = parse_json(&headers, &body)?;
+        let tools = req.tools();
         let meta = meta
-            .with_body(req.common.user.as_deref(), tools.iter().copied())
+            .with_body(req.common().user.as_deref(), tools.iter().copied())
             .map_err(meta_error)?;
         let v = validate_common(
-            &req.common,
+            req.common(),
             &st.inner.model_name,
             st.inner.engine.max_model_len(),
         )?;
-        let msgs = chat_messages(&req.messages)?;
+        let input = req.input()?;
         let ctx = admit(&st.inner, meta)?;
-        let tokens = st.inner.codec.encode_chat(&msgs);
-        generate(&st, ctx, tokens, v, Kind::Chat).await
+        let tokens = match &input {
+            Input::Text(prompt) => st.inner.codec.encode(prompt),
+            Input::Chat(msgs) => st.inner.codec.encode_chat(msgs),
+        };
+        generate(&st, ctx, tokens, v, R::KIND).await
     }
     .await;
     r.unwrap_or_else(IntoResponse::into_response)

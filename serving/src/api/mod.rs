@@ -186,8 +186,14 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     let limit = state.inner.max_body_bytes;
     Router::new()
-        .route("/v1/completions", post(handlers::completions))
-        .route("/v1/chat/completions", post(handlers::chat_completions))
+        .route(
+            "/v1/completions",
+            post(handlers::endpoint::<openai::CompletionRequest>),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(handlers::endpoint::<openai::ChatRequest>),
+        )
         .route("/v1/models", get(handlers::models))
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
