@@ -84,8 +84,8 @@ fn reload_keys_on_sighup() {
         Ok(mut hup) => {
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
-                    tracing::info!("SIGHUP: the command public keys are read again");
                     brownout_protocol::command_keys::request_key_reload();
+                    tracing::info!("SIGHUP: the command public keys are read again");
                 }
             });
         }

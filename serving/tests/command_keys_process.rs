@@ -60,7 +60,8 @@ impl Server {
         .await
     }
 
-    /// [`Server::start`] with the key variables given (set after the defaults are cleared).
+    /// [`Server::start`] with the key variables given (set after the defaults are cleared; they
+    /// may also set `RUST_LOG`).
     async fn start_with(
         cluster: &str,
         instance: &str,
@@ -83,8 +84,8 @@ impl Server {
             .env_remove("BROWNOUT_COMMAND_PUBKEY")
             .env_remove("BROWNOUT_COMMAND_PUBKEY_FILE")
             .env_remove("BROWNOUT_COMMAND_PUBKEY_OVERLAP_S")
-            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("BROWNOUT_CONTROL_PLANE")
             .stdout(Stdio::null())
@@ -343,6 +344,8 @@ async fn a_rotated_key_file_is_picked_up_by_a_running_engine() {
         &[
             ("BROWNOUT_COMMAND_PUBKEY_FILE", path.as_str()),
             ("BROWNOUT_COMMAND_PUBKEY_OVERLAP_S", "0"),
+            // The SIGHUP handler's line, which the test waits for.
+            ("RUST_LOG", "warn,brownout_serve=info"),
         ],
         &derive_ack_key(&master, "k1"),
     )
@@ -363,6 +366,20 @@ async fn a_rotated_key_file_is_picked_up_by_a_running_engine() {
         .status()
         .unwrap();
     assert!(hup.success());
+    // The signal is handled on the engine's runtime: wait until it is (the reload then happens
+    // at the next command), so a loaded machine does not race the command past it.
+    let start = std::time::Instant::now();
+    while !e
+        .log()
+        .contains("SIGHUP: the command public keys are read again")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the engine never handled SIGHUP:\n{}",
+            e.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let s = CommandSigner::Ed25519(new).sign(&command(&cl, 3, Tier::T2));
     assert_applied(
         &put_and_wait(&cl, &s, 3, &acks, &one).await,

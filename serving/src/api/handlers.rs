@@ -701,11 +701,22 @@ fn stream_response(
 }
 
 pub async fn models(State(st): State<AppState>) -> Json<Value> {
+    model_list(
+        &st.inner.model_name,
+        st.inner.created_s,
+        json!(st.inner.model_name),
+        json!(st.inner.engine.max_model_len()),
+    )
+}
+
+/// `/v1/models`' answer: the one served model (`root` and `max_model_len` are what the engine or
+/// the upstream says; `null` when it does not say).
+pub fn model_list(id: &str, created_s: u64, root: Value, max_model_len: Value) -> Json<Value> {
     Json(json!({
         "object": "list",
         "data": [{
-            "id": st.inner.model_name, "object": "model", "created": st.inner.created_s, "owned_by": "brownout",
-            "root": st.inner.model_name, "parent": null, "max_model_len": st.inner.engine.max_model_len(),
+            "id": id, "object": "model", "created": created_s, "owned_by": "brownout",
+            "root": root, "parent": null, "max_model_len": max_model_len,
         }],
     }))
 }

@@ -71,6 +71,24 @@ pub enum ModelError {
     Unhealthy { route: &'static str, reason: String },
 }
 
+impl ModelError {
+    /// `copy_block(src, dst)`'s block ids as indexes, or the error when either is not below
+    /// `num_blocks` (the CPU and the CUDA KV tensors check the same way).
+    pub(crate) fn check_block_pair(
+        src: u32,
+        dst: u32,
+        num_blocks: usize,
+    ) -> Result<(usize, usize), ModelError> {
+        let (s, d) = (src as usize, dst as usize);
+        if s >= num_blocks || d >= num_blocks {
+            return Err(ModelError::InvalidInput(format!(
+                "copy_block({src}, {dst}) with {num_blocks} blocks"
+            )));
+        }
+        Ok((s, d))
+    }
+}
+
 /// The K/V memory of all blocks, per layer `[num_blocks][block_size][num_kv_heads][head_dim]`.
 #[derive(Debug)]
 pub struct KvTensors {
@@ -139,13 +157,7 @@ impl KvTensors {
     /// # Errors
     /// A block id out of range.
     pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), ModelError> {
-        let (s, d) = (src as usize, dst as usize);
-        if s >= self.num_blocks || d >= self.num_blocks {
-            return Err(ModelError::InvalidInput(format!(
-                "copy_block({src}, {dst}) with {} blocks",
-                self.num_blocks
-            )));
-        }
+        let (s, d) = ModelError::check_block_pair(src, dst, self.num_blocks)?;
         let bl = self.block_len();
         for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
             buf.copy_within(s * bl..(s + 1) * bl, d * bl);

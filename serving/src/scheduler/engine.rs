@@ -568,6 +568,17 @@ impl<B: ModelBackend> Engine<B> {
         }
     }
 
+    /// Ends each of `seqs` as failed with a model error saying `msg`.
+    fn fail_model_error(&mut self, seqs: impl IntoIterator<Item = SeqId>, msg: &str) {
+        for seq in seqs {
+            self.finish(seq, |stats| SeqEvent::Failed {
+                category: Category::ModelError,
+                message: msg.to_string(),
+                stats,
+            });
+        }
+    }
+
     fn finish(&mut self, id: SeqId, ev: impl FnOnce(SeqStats) -> SeqEvent) {
         let now = Instant::now();
         let stats = self.stats_of(id, now);
@@ -727,25 +738,11 @@ impl<B: ModelBackend> Engine<B> {
                         logits.len(),
                         chunks.len()
                     );
-                    for c in &chunks {
-                        let m = msg.clone();
-                        self.finish(c.seq, |stats| SeqEvent::Failed {
-                            category: Category::ModelError,
-                            message: m,
-                            stats,
-                        });
-                    }
+                    self.fail_model_error(chunks.iter().map(|c| c.seq), &msg);
                 }
                 Err(msg) => {
                     tracing::warn!(route = route.as_str(), error = %msg, "model forward failed");
-                    for c in &chunks {
-                        let m = msg.clone();
-                        self.finish(c.seq, |stats| SeqEvent::Failed {
-                            category: Category::ModelError,
-                            message: m,
-                            stats,
-                        });
-                    }
+                    self.fail_model_error(chunks.iter().map(|c| c.seq), &msg);
                 }
             }
         }

@@ -279,26 +279,7 @@ async fn handle(
         Ok(b) => b,
         Err(e) => {
             let msg = format!("reading the upstream's answer failed: {e}");
-            record(
-                p,
-                &ctx,
-                &Seen::default(),
-                Err((Category::TimeoutNetwork, &msg)),
-            );
-            let timeout = e.contains("timed out");
-            return Err(ApiError::new(
-                if timeout {
-                    StatusCode::GATEWAY_TIMEOUT
-                } else {
-                    StatusCode::BAD_GATEWAY
-                },
-                if timeout {
-                    "upstream_timeout"
-                } else {
-                    "upstream_error"
-                },
-                msg,
-            ));
+            return Err(upstream_failed(p, &ctx, msg, e.contains("timed out")));
         }
     };
     #[derive(Deserialize, Default)]
@@ -407,26 +388,24 @@ fn send_error(p: &ProxyState, route: &Route, ctx: &Ctx, e: &reqwest::Error) -> A
             format!("failed: {why}.")
         }
     );
+    upstream_failed(p, ctx, msg, timeout).with("route", json!(route.name()))
+}
+
+/// An upstream that failed after it was reached: recorded as a network failure, answered 504
+/// `upstream_timeout` when it timed out, else 502 `upstream_error`.
+fn upstream_failed(p: &ProxyState, ctx: &Ctx, msg: String, timeout: bool) -> ApiError {
     record(
         p,
         ctx,
         &Seen::default(),
         Err((Category::TimeoutNetwork, &msg)),
     );
-    ApiError::new(
-        if timeout {
-            StatusCode::GATEWAY_TIMEOUT
-        } else {
-            StatusCode::BAD_GATEWAY
-        },
-        if timeout {
-            "upstream_timeout"
-        } else {
-            "upstream_error"
-        },
-        msg,
-    )
-    .with("route", json!(route.name()))
+    let (status, code) = if timeout {
+        (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout")
+    } else {
+        (StatusCode::BAD_GATEWAY, "upstream_error")
+    };
+    ApiError::new(status, code, msg)
 }
 
 /// An upstream's non-2xx answer, passed on: its OpenAI error object as it is (status and
@@ -683,14 +662,12 @@ fn refused(p: &ProxyState, meta: &RequestMeta, r: &crate::gate::Refusal) {
 
 pub async fn models(State(p): State<ProxyState>) -> Json<Value> {
     let i = &p.inner;
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": i.served_model, "object": "model", "created": i.created_s, "owned_by": "brownout",
-            "root": i.primary.model(), "parent": null,
-            "max_model_len": i.primary.upstream.max_model_len(),
-        }],
-    }))
+    crate::api::handlers::model_list(
+        &i.served_model,
+        i.created_s,
+        json!(i.primary.model()),
+        json!(i.primary.upstream.max_model_len()),
+    )
 }
 
 /// `/health`: 503 `upstream_unavailable` while the primary route's upstream is down, 503

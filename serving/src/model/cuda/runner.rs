@@ -586,13 +586,7 @@ impl CudaRunner {
     /// # Errors
     /// A block id out of range, or a CUDA error.
     pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), ModelError> {
-        let (s, d) = (src as usize, dst as usize);
-        if s >= self.num_blocks || d >= self.num_blocks {
-            return Err(ModelError::InvalidInput(format!(
-                "copy_block({src}, {dst}) with {} blocks",
-                self.num_blocks
-            )));
-        }
+        let (s, d) = ModelError::check_block_pair(src, dst, self.num_blocks)?;
         let k = &*self.m.k;
         k.kv_copy_block(&mut self.kv, s, d, self.geo)
             .and_then(|()| k.sync())
