@@ -247,6 +247,19 @@ pub struct ScheduledChunk {
     pub samples: bool,
 }
 
+impl ScheduledChunk {
+    /// `num_tokens` tokens of `seq` from `start_pos`, of a sequence of `total`: sampled when they
+    /// reach its end.
+    pub fn new(seq: SeqId, start_pos: usize, num_tokens: usize, total: usize) -> ScheduledChunk {
+        ScheduledChunk {
+            seq,
+            start_pos,
+            num_tokens,
+            samples: start_pos + num_tokens == total,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepPlan {
     pub chunks: Vec<ScheduledChunk>,
@@ -539,12 +552,8 @@ impl Scheduler {
                             let t = self.kv.block_table(id).unwrap_or(&[]);
                             nc.add(&t[t.len() - new_blocks..]);
                         }
-                        plan.chunks.push(ScheduledChunk {
-                            seq: id,
-                            start_pos: computed,
-                            num_tokens: n,
-                            samples: computed + n == total,
-                        });
+                        plan.chunks
+                            .push(ScheduledChunk::new(id, computed, n, total));
                         budget -= n;
                         i += 1;
                         break;
@@ -653,12 +662,7 @@ impl Scheduler {
                 }
             }
             self.insert_running(id);
-            plan.chunks.push(ScheduledChunk {
-                seq: id,
-                start_pos: cached,
-                num_tokens: n,
-                samples: cached + n == total,
-            });
+            plan.chunks.push(ScheduledChunk::new(id, cached, n, total));
             budget -= n;
         }
         plan

@@ -408,6 +408,30 @@ mod x86 {
         }
     }
 
+    /// A tile's blocks per row, quant bytes and record bytes, after checking that panel `p` and
+    /// tokens `t0..t0 + t` are inside `w` and `qx` and that `acc` holds `t` rows: what makes
+    /// every load of the tile kernels in bounds.
+    #[inline(always)]
+    fn tile_dims(
+        w: &Repacked,
+        qx: &Q8Act,
+        p: usize,
+        t0: usize,
+        t: usize,
+        acc_rows: usize,
+    ) -> (usize, usize, usize) {
+        let nb = w.blocks();
+        let (qb, rec) = (qbytes(w.ty), record_bytes(w.ty));
+        assert!(
+            acc_rows == t
+                && (p + 1) * nb * rec <= w.data.len()
+                && (t0 + t) * nb <= qx.d.len()
+                && qx.q.len() >= (t0 + t) * nb * QK,
+            "repacked tile sizes"
+        );
+        (nb, qb, rec)
+    }
+
     /// Records ahead of the one in use that are prefetched (one token group streams the
     /// panel from memory).
     const PREFETCH_RECORDS: usize = 8;
@@ -422,15 +446,7 @@ mod x86 {
         t0: usize,
         acc: &mut [[f32; RP]],
     ) {
-        let nb = w.blocks();
-        let (qb, rec) = (qbytes(w.ty), record_bytes(w.ty));
-        assert!(
-            acc.len() == T
-                && (p + 1) * nb * rec <= w.data.len()
-                && (t0 + T) * nb <= qx.d.len()
-                && qx.q.len() >= (t0 + T) * nb * QK,
-            "repacked tile sizes"
-        );
+        let (nb, qb, rec) = tile_dims(w, qx, p, t0, T, acc.len());
         // SAFETY: every load is inside the panel's records or the tokens' blocks (asserted);
         // the features are enabled by the caller.
         unsafe {
@@ -540,15 +556,7 @@ mod x86 {
         t0: usize,
         acc: &mut [[f32; RP]],
     ) {
-        let nb = w.blocks();
-        let (qb, rec) = (qbytes(w.ty), record_bytes(w.ty));
-        assert!(
-            acc.len() == T
-                && (p + 1) * nb * rec <= w.data.len()
-                && (t0 + T) * nb <= qx.d.len()
-                && qx.q.len() >= (t0 + T) * nb * QK,
-            "repacked tile sizes"
-        );
+        let (nb, qb, rec) = tile_dims(w, qx, p, t0, T, acc.len());
         // SAFETY: as in vnni.
         unsafe {
             let base = w.data.as_ptr().add(p * nb * rec);
