@@ -10,15 +10,7 @@
 set -euo pipefail
 [ -f /usr/share/java/zookeeper.jar ] || { echo "zookeeper is not installed (apt-get install zookeeper)" >&2; exit 1; }
 command -v clickhouse-server >/dev/null || { echo "clickhouse-server is not installed" >&2; exit 1; }
-tmp=$(mktemp -d /tmp/brownout-chc.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$(dirname "$0")/lib.sh" chc
 
 zk=$(port)
 mkdir -p "$tmp/zk/data"

@@ -6,15 +6,7 @@
 #   bench/with-sentinel.sh target/debug/examples/degrade_bench 10 500 0
 set -euo pipefail
 command -v redis-sentinel >/dev/null || { echo "redis-sentinel is not installed (apt-get install redis-sentinel)" >&2; exit 1; }
-tmp=$(mktemp -d /tmp/brownout-sentinel.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$(dirname "$0")/lib.sh" sentinel
 up() { for _ in $(seq 1 100); do redis-cli -p "$1" ping >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "port $1 did not answer" >&2; exit 1; }
 m=$(port); r=$(port)
 mkdir -p "$tmp/m" "$tmp/r"

@@ -35,12 +35,18 @@ use opentelemetry::trace::{
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 
-fn arg(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
+mod common;
+use common::arg;
+
+/// The spans the load generator says it created (its `created N` line; 0 without one).
+fn created_spans(stdout: &[u8]) -> u64 {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("created ")
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 fn rss_kib() -> u64 {
@@ -138,13 +144,7 @@ async fn external(args: &[String]) -> anyhow::Result<()> {
     }
     let output = out.await??;
     let load_secs = t0.elapsed().as_secs_f64();
-    let created: u64 = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("created ")
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0);
+    let created = created_spans(&output.stdout);
     let accepted = scrape_spans(&c, &metrics).await? - base;
     let steady: Vec<u64> = if rates.len() > 3 {
         rates[1..rates.len() - 1].to_vec()
@@ -464,13 +464,7 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
     }
     let output = out.await??;
     let load_secs = t0.elapsed().as_secs_f64();
-    let created: u64 = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("created ")
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0);
+    let created = created_spans(&output.stdout);
     let accepted = state.metrics.ingest.spans_total.get();
     // Wait for the writer to drain what it holds.
     let drain_start = Instant::now();

@@ -19,13 +19,8 @@ use brownout::store::clickhouse::ClickHouseStore;
 use brownout::store::sqlite::SqliteStore;
 use brownout::store::{Batch, LogCursor, LogQuery, LogRow, Store, WriteMode};
 
-fn arg(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
-}
+mod common;
+use common::arg;
 
 const DAY_MS: u64 = 86_400_000;
 

@@ -14,8 +14,6 @@
 //! Uses REDIS_URL (default redis://127.0.0.1:6379; `redis+sentinel://…` too, e.g. under
 //! `bench/with-sentinel.sh`) for part 1; needs `redis-server` on PATH.
 
-use std::net::TcpListener;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use brownout::degrade::redis::{PublishOutcome, RedisBus};
@@ -153,63 +151,6 @@ async fn latency(url: &str, n_subs: usize, n_cmds: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-struct OwnRedis {
-    port: u16,
-    dir: std::path::PathBuf,
-    child: Option<Child>,
-}
-
-impl OwnRedis {
-    fn start() -> anyhow::Result<OwnRedis> {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let dir = std::env::temp_dir().join(format!("brownout-bench-redis-{port}"));
-        std::fs::create_dir_all(&dir)?;
-        let mut r = OwnRedis {
-            port,
-            dir,
-            child: None,
-        };
-        r.spawn()?;
-        Ok(r)
-    }
-    fn spawn(&mut self) -> anyhow::Result<()> {
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        self.child = Some(child);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        Ok(())
-    }
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 const POLICY: &str = r#"
 evaluate_interval_ms: 100
 command_lease_ms: 30000
@@ -226,8 +167,8 @@ tiers:
 "#;
 
 async fn convergence(n_subs: usize, rounds: usize) -> anyhow::Result<()> {
-    let mut own = OwnRedis::start()?;
-    let url = format!("redis://127.0.0.1:{}", own.port);
+    let mut own = brownout_test_support::OwnRedis::start();
+    let url = own.url();
     let cl = "bench-restart";
     let mut cfg = DegradeConfig::new(cl, KEY, Policy::from_yaml(POLICY)?);
     cfg.leader_lease_ms = 3000;
@@ -265,7 +206,7 @@ async fn convergence(n_subs: usize, rounds: usize) -> anyhow::Result<()> {
         tier = if tier == Tier::T1 { Tier::T2 } else { Tier::T1 };
         h.set_override(pin(tier));
         tokio::time::sleep(Duration::from_secs(1)).await;
-        own.spawn()?;
+        own.spawn();
         let back = Instant::now();
         while !wait_all(tier, &handles) {
             anyhow::ensure!(back.elapsed() < Duration::from_secs(20), "never converged");

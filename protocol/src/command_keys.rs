@@ -730,31 +730,39 @@ impl PlaneKeys {
     }
 }
 
-impl<const N: usize> From<&[u8; N]> for PlaneKeys {
-    fn from(k: &[u8; N]) -> PlaneKeys {
-        PlaneKeys::hmac(k)
-    }
+/// `From` a shared HMAC key (as bytes, an array, a `Vec` or a reference to one: the
+/// compatibility mode's `hmac` constructor) and from a reference to the keys themselves.
+macro_rules! from_hmac_key {
+    ($t:ident) => {
+        impl<const N: usize> From<&[u8; N]> for $t {
+            fn from(k: &[u8; N]) -> $t {
+                $t::hmac(k)
+            }
+        }
+        impl From<&[u8]> for $t {
+            fn from(k: &[u8]) -> $t {
+                $t::hmac(k)
+            }
+        }
+        impl From<Vec<u8>> for $t {
+            fn from(k: Vec<u8>) -> $t {
+                $t::hmac(&k)
+            }
+        }
+        impl From<&Vec<u8>> for $t {
+            fn from(k: &Vec<u8>) -> $t {
+                $t::hmac(k)
+            }
+        }
+        impl From<&$t> for $t {
+            fn from(k: &$t) -> $t {
+                k.clone()
+            }
+        }
+    };
 }
-impl From<&[u8]> for PlaneKeys {
-    fn from(k: &[u8]) -> PlaneKeys {
-        PlaneKeys::hmac(k)
-    }
-}
-impl From<Vec<u8>> for PlaneKeys {
-    fn from(k: Vec<u8>) -> PlaneKeys {
-        PlaneKeys::hmac(&k)
-    }
-}
-impl From<&Vec<u8>> for PlaneKeys {
-    fn from(k: &Vec<u8>) -> PlaneKeys {
-        PlaneKeys::hmac(k)
-    }
-}
-impl From<&PlaneKeys> for PlaneKeys {
-    fn from(k: &PlaneKeys) -> PlaneKeys {
-        k.clone()
-    }
-}
+
+from_hmac_key!(PlaneKeys);
 
 /// What an engine (serving tier, proxy) verifies commands and seals acks with.
 #[derive(Debug, Clone)]
@@ -941,31 +949,7 @@ impl EngineKeys {
     }
 }
 
-impl<const N: usize> From<&[u8; N]> for EngineKeys {
-    fn from(k: &[u8; N]) -> EngineKeys {
-        EngineKeys::hmac(k)
-    }
-}
-impl From<&[u8]> for EngineKeys {
-    fn from(k: &[u8]) -> EngineKeys {
-        EngineKeys::hmac(k)
-    }
-}
-impl From<Vec<u8>> for EngineKeys {
-    fn from(k: Vec<u8>) -> EngineKeys {
-        EngineKeys::hmac(&k)
-    }
-}
-impl From<&Vec<u8>> for EngineKeys {
-    fn from(k: &Vec<u8>) -> EngineKeys {
-        EngineKeys::hmac(k)
-    }
-}
-impl From<&EngineKeys> for EngineKeys {
-    fn from(k: &EngineKeys) -> EngineKeys {
-        k.clone()
-    }
-}
+from_hmac_key!(EngineKeys);
 
 #[cfg(test)]
 mod tests {

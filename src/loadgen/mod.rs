@@ -37,6 +37,49 @@ pub use client::{Deadlines, Failure};
 pub use plan::{Arrival, ClientKind, ClientMix, FlowKind, LoadShape, plan_arrivals};
 pub use stats::{CallOutcome, FlowEnd, FlowRecord, LoadReport, Recorder, Timeline};
 
+/// The client-behaviour flags `brownout loadgen` and `brownout-demo bench overload` share.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientArgs {
+    /// Shares of client kinds: `well_behaved=0.6,naive=0.3,impatient=0.1`.
+    #[arg(long, default_value = "well_behaved=0.6,naive=0.3,impatient=0.1")]
+    pub client_mix: ClientMix,
+    /// Whole-flow deadline overrides, `KIND=SECS,…` (`agent=10` sets every multi-call kind;
+    /// kinds: login, basic_qa, chat, trip_planner, pdf_analysis, image_generation,
+    /// multilingual_email). Defaults: login 3, basic_qa 4, the rest 8.
+    #[arg(long, default_value = "")]
+    pub deadline: String,
+    /// Chance that a user whose flow failed retries the whole flow (after 1–3 s).
+    #[arg(long, default_value_t = 0.3)]
+    pub flow_retry_prob: f64,
+}
+
+impl ClientArgs {
+    /// # Errors
+    /// `--flow-retry-prob` outside [0, 1], or a bad `--deadline` spec.
+    pub fn check(&self) -> anyhow::Result<Deadlines> {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.flow_retry_prob),
+            "--flow-retry-prob must be in [0, 1]"
+        );
+        let mut deadlines = Deadlines::default();
+        deadlines
+            .apply(&self.deadline)
+            .map_err(anyhow::Error::msg)?;
+        Ok(deadlines)
+    }
+
+    /// Sets the client mix, the flow deadlines and the flow-retry chance on `c`.
+    ///
+    /// # Errors
+    /// As [`ClientArgs::check`].
+    pub fn apply(&self, c: &mut LoadConfig) -> anyhow::Result<()> {
+        c.deadlines = self.check()?;
+        c.client_mix = self.client_mix;
+        c.flow_retry_prob = self.flow_retry_prob;
+        Ok(())
+    }
+}
+
 /// Command-line arguments of `brownout loadgen`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LoadgenArgs {
@@ -55,17 +98,8 @@ pub struct LoadgenArgs {
     /// Compresses think time (docs/REQUIREMENTS.md R10.2: 2–8 s between calls) by this factor.
     #[arg(long, default_value_t = 4.0)]
     pub speed: f64,
-    /// Shares of client kinds: `well_behaved=0.6,naive=0.3,impatient=0.1`.
-    #[arg(long, default_value = "well_behaved=0.6,naive=0.3,impatient=0.1")]
-    pub client_mix: ClientMix,
-    /// Whole-flow deadline overrides, `KIND=SECS,…` (`agent=10` sets every multi-call kind;
-    /// kinds: login, basic_qa, chat, trip_planner, pdf_analysis, image_generation,
-    /// multilingual_email). Defaults: login 3, basic_qa 4, the rest 8.
-    #[arg(long, default_value = "")]
-    pub deadline: String,
-    /// Chance that a user whose flow failed retries the whole flow (after 1–3 s).
-    #[arg(long, default_value_t = 0.3)]
-    pub flow_retry_prob: f64,
+    #[command(flatten)]
+    pub clients: ClientArgs,
     /// Whole-flow retries per user at most.
     #[arg(long, default_value_t = 2)]
     pub max_flow_retries: u32,
@@ -145,10 +179,6 @@ impl LoadConfig {
     /// A bad `--deadline` spec or an out-of-range number.
     pub fn from_args(a: &LoadgenArgs) -> anyhow::Result<LoadConfig> {
         anyhow::ensure!(
-            (0.0..=1.0).contains(&a.flow_retry_prob),
-            "--flow-retry-prob must be in [0, 1]"
-        );
-        anyhow::ensure!(
             a.speed > 0.0 && a.speed.is_finite(),
             "--speed must be a positive number"
         );
@@ -156,8 +186,6 @@ impl LoadConfig {
             a.impatient_timeout_secs > 0.0 && a.impatient_timeout_secs.is_finite(),
             "--impatient-timeout-secs must be a positive number"
         );
-        let mut deadlines = Deadlines::default();
-        deadlines.apply(&a.deadline).map_err(anyhow::Error::msg)?;
         let mut c = LoadConfig::new(
             a.target.clone(),
             LoadShape {
@@ -168,9 +196,7 @@ impl LoadConfig {
             },
         );
         c.speed = a.speed;
-        c.client_mix = a.client_mix;
-        c.deadlines = deadlines;
-        c.flow_retry_prob = a.flow_retry_prob;
+        a.clients.apply(&mut c)?;
         c.max_flow_retries = a.max_flow_retries;
         c.impatient_timeout = Duration::from_secs_f64(a.impatient_timeout_secs);
         c.model = a.model.clone();

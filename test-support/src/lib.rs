@@ -197,7 +197,8 @@ impl OwnRedis {
                 "own redis-server did not start on port {}",
                 self.port
             );
-            std::thread::sleep(Duration::from_millis(10));
+            // Short: `degrade_bench` times convergence from the moment this returns.
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
 

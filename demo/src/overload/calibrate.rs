@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use brownout::loadgen::{Deadlines, LoadConfig, LoadShape};
+use brownout::loadgen::{LoadConfig, LoadShape};
 use brownout_protocol::Tier;
 use serde::Serialize;
 
@@ -19,15 +19,9 @@ pub(super) fn load_config(
     shape: LoadShape,
     label: &str,
 ) -> anyhow::Result<LoadConfig> {
-    let mut deadlines = Deadlines::default();
-    deadlines
-        .apply(&args.deadline)
-        .map_err(anyhow::Error::msg)?;
     let mut c = LoadConfig::new(targets, shape);
     c.speed = args.speed;
-    c.client_mix = args.client_mix;
-    c.deadlines = deadlines;
-    c.flow_retry_prob = args.flow_retry_prob;
+    args.clients.apply(&mut c)?;
     c.max_tokens = args.max_tokens;
     c.seed = args.seed;
     c.label = label.to_string();

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use brownout::loadgen::ClientMix;
 use brownout_serving::scheduler::SchedulingPolicy;
 
 use crate::world::WorldOptions;
@@ -81,15 +80,8 @@ pub struct OverloadArgs {
     /// Recovery in the ablation runs, seconds (default: --recovery-secs).
     #[arg(long)]
     pub ablation_recovery_secs: Option<u64>,
-    /// Shares of client kinds.
-    #[arg(long, default_value = "well_behaved=0.6,naive=0.3,impatient=0.1")]
-    pub client_mix: ClientMix,
-    /// Whole-flow deadline overrides, `KIND=SECS,…` (`agent=10`, `login=3`, …).
-    #[arg(long, default_value = "")]
-    pub deadline: String,
-    /// Chance that a user whose flow failed retries the whole flow.
-    #[arg(long, default_value_t = 0.3)]
-    pub flow_retry_prob: f64,
+    #[command(flatten)]
+    pub clients: brownout::loadgen::ClientArgs,
     /// Think time (2–8 s between calls) is divided by this.
     #[arg(long, default_value_t = 8.0)]
     pub speed: f64,

@@ -38,7 +38,6 @@ pub use runs::*;
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
-use brownout::loadgen::Deadlines;
 
 /// Runs the benchmark; the last stdout line is `{"baseline": {...}, "loop_off": {...}, "loop_on": {...}}`.
 ///
@@ -55,16 +54,10 @@ pub async fn run(args: OverloadArgs) -> anyhow::Result<()> {
         "--base-load-ratio must be in (0, 1)"
     );
     anyhow::ensure!(
-        (0.0..=1.0).contains(&args.flow_retry_prob),
-        "--flow-retry-prob must be in [0, 1]"
-    );
-    anyhow::ensure!(
         args.speed > 0.0 && args.speed.is_finite(),
         "--speed must be positive"
     );
-    Deadlines::default()
-        .apply(&args.deadline)
-        .map_err(anyhow::Error::msg)?;
+    args.clients.check()?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let model = args.model.clone().unwrap_or_else(super::default_model);
