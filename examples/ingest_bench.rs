@@ -75,6 +75,25 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(bench(&args))
 }
 
+/// This example again in `--load` mode (the load generator), its stdout piped: `first` (such as
+/// `--ca FILE`), then the transport, endpoint, token, seconds, threads and rate, in that order.
+fn spawn_load(first: &[&str], values: &[&String; 6]) -> anyhow::Result<tokio::process::Child> {
+    let names = [
+        "--transport",
+        "--endpoint",
+        "--token",
+        "--seconds",
+        "--threads",
+        "--rate",
+    ];
+    let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
+    cmd.args(first).arg("--load");
+    for (n, v) in names.iter().zip(values) {
+        cmd.arg(n).arg(v);
+    }
+    Ok(cmd.stdout(std::process::Stdio::piped()).spawn()?)
+}
+
 /// `brownout_ingest_spans_total` as the server's `/metrics` shows it.
 async fn scrape_spans(c: &reqwest::Client, url: &str) -> anyhow::Result<u64> {
     let text = c.get(url).send().await?.error_for_status()?.text().await?;
@@ -104,25 +123,10 @@ async fn external(args: &[String]) -> anyhow::Result<()> {
     );
     let c = reqwest::Client::new();
     let base = scrape_spans(&c, &metrics).await?;
-    let exe = std::env::current_exe()?;
-    let child = tokio::process::Command::new(exe)
-        .args([
-            "--load",
-            "--transport",
-            &transport,
-            "--endpoint",
-            &endpoint,
-            "--token",
-            &token,
-            "--seconds",
-            &seconds,
-            "--threads",
-            &threads,
-            "--rate",
-            &rate,
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
+    let child = spawn_load(
+        &[],
+        &[&transport, &endpoint, &token, &seconds, &threads, &rate],
+    )?;
     let out = tokio::spawn(child.wait_with_output());
     println!(
         "external server {metrics} transport={transport} threads={threads} rate={rate} seconds={seconds}"
@@ -405,29 +409,19 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
         format!("{scheme}://{}", run.otlp_http_addr)
     };
 
-    let exe = std::env::current_exe()?;
-    let mut load_cmd = tokio::process::Command::new(exe);
-    if tls == "on" {
-        load_cmd.arg("--ca").arg(&ca_file);
-    }
-    let child = load_cmd
-        .args([
-            "--load",
-            "--transport",
+    let ca = ca_file.display().to_string();
+    let tls_args: &[&str] = if tls == "on" { &["--ca", &ca] } else { &[] };
+    let child = spawn_load(
+        tls_args,
+        &[
             &transport,
-            "--endpoint",
             &endpoint,
-            "--token",
             &ingest_token,
-            "--seconds",
             &seconds,
-            "--threads",
             &threads,
-            "--rate",
             &rate,
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
+        ],
+    )?;
     let child_pid = child.id().unwrap_or(0);
     let out = tokio::spawn(child.wait_with_output());
 

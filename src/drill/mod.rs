@@ -246,13 +246,7 @@ impl Report {
 
 /// Where the two ingest drills (clickhouse-kill, plane-kill) start: their report and clock, a
 /// client, the target's ingest token, and a service name of their own for the events they send.
-struct IngestStart {
-    rep: Report,
-    t0: Instant,
-    c: reqwest::Client,
-    ingest: String,
-    service: String,
-}
+type IngestStart = (Report, Instant, reqwest::Client, String, String);
 
 /// The start of an ingest drill; `Err(report)`, with a failed step saying how to give one,
 /// when the target has no ingest token.
@@ -270,13 +264,7 @@ fn ingest_start(t: &Target, name: DrillName) -> anyhow::Result<Result<IngestStar
         return Ok(Err(rep));
     };
     let service = format!("drill-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    Ok(Ok(IngestStart {
-        rep,
-        t0,
-        c,
-        ingest,
-        service,
-    }))
+    Ok(Ok((rep, t0, c, ingest, service)))
 }
 
 fn client() -> anyhow::Result<reqwest::Client> {

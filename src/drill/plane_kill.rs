@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{
-    DrillName, Fault, IngestStart, Report, Target, get_json, ingest_start, poll, run_fault,
-    success, trim,
+    DrillName, Fault, Report, Target, get_json, ingest_start, poll, run_fault, success, trim,
 };
 
 /// Concurrent senders (each one request of [`CHUNK`] events in flight at a time).
@@ -31,13 +30,7 @@ pub async fn plane_kill(
     events: usize,
     timeout: Duration,
 ) -> anyhow::Result<Report> {
-    let IngestStart {
-        mut rep,
-        t0,
-        c,
-        ingest,
-        service,
-    } = match ingest_start(t, DrillName::PlaneKill)? {
+    let (mut rep, t0, c, ingest, service) = match ingest_start(t, DrillName::PlaneKill)? {
         Ok(start) => start,
         Err(rep) => return Ok(rep),
     };

