@@ -94,6 +94,18 @@ fn spawn_load(first: &[&str], values: &[&String; 6]) -> anyhow::Result<tokio::pr
     Ok(cmd.stdout(std::process::Stdio::piped()).spawn()?)
 }
 
+/// The mean and the lowest of the per-second rates in the steady state: without the first and
+/// the last second (ramp up, flush) when there are more than three.
+fn steady_rate(rates: &[u64]) -> (f64, u64) {
+    let steady = if rates.len() > 3 {
+        &rates[1..rates.len() - 1]
+    } else {
+        rates
+    };
+    let mean = steady.iter().sum::<u64>() as f64 / steady.len().max(1) as f64;
+    (mean, steady.iter().copied().min().unwrap_or(0))
+}
+
 /// `brownout_ingest_spans_total` as the server's `/metrics` shows it.
 async fn scrape_spans(c: &reqwest::Client, url: &str) -> anyhow::Result<u64> {
     let text = c.get(url).send().await?.error_for_status()?.text().await?;
@@ -150,13 +162,7 @@ async fn external(args: &[String]) -> anyhow::Result<()> {
     let load_secs = t0.elapsed().as_secs_f64();
     let created = created_spans(&output.stdout);
     let accepted = scrape_spans(&c, &metrics).await? - base;
-    let steady: Vec<u64> = if rates.len() > 3 {
-        rates[1..rates.len() - 1].to_vec()
-    } else {
-        rates.clone()
-    };
-    let mean = steady.iter().sum::<u64>() as f64 / steady.len().max(1) as f64;
-    let min = steady.iter().copied().min().unwrap_or(0);
+    let (mean, min) = steady_rate(&rates);
     println!(
         "summary: external transport={transport} created={created} accepted={accepted} \
          sdk_dropped_or_failed={} load_s={load_secs:.1} mean_spans_per_s={mean:.0} min_spans_per_s={min}",
@@ -478,14 +484,7 @@ async fn bench(args: &[String]) -> anyhow::Result<()> {
     let store_handle = state.store.clone();
     drop(state);
     run.stop().await?;
-    // Steady state: drop the first and last second (ramp up / flush).
-    let steady: Vec<u64> = if rates.len() > 3 {
-        rates[1..rates.len() - 1].to_vec()
-    } else {
-        rates.clone()
-    };
-    let mean = steady.iter().sum::<u64>() as f64 / steady.len().max(1) as f64;
-    let min = steady.iter().copied().min().unwrap_or(0);
+    let (mean, min) = steady_rate(&rates);
     println!();
     println!(
         "summary: store={store} transport={transport} tls={tls} created={created} accepted={accepted} stored={stored} \
