@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, DriverError,
-    LaunchConfig, PushKernelArg,
+    LaunchArgs, LaunchConfig, PushKernelArg,
 };
 
 /// Largest head size the attention kernel holds in shared memory (`MAX_HD` in the source).
@@ -136,6 +136,16 @@ fn drv(what: &str) -> impl Fn(DriverError) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
 
+/// Launches `b` with `cfg`; a driver error is reported under the kernel's `name`.
+///
+/// # Safety
+/// As [`LaunchArgs::launch`]: `b`'s argument list matches the kernel and every buffer it
+/// touches is large enough (each caller states why).
+unsafe fn launch(b: &mut LaunchArgs<'_>, cfg: LaunchConfig, name: &str) -> Result<(), String> {
+    // SAFETY: the caller's contract.
+    unsafe { b.launch(cfg) }.map(drop).map_err(drv(name))
+}
+
 /// Grid-stride launch over `total` elements.
 fn stride_cfg(total: usize) -> LaunchConfig {
     let blocks = total
@@ -224,9 +234,7 @@ impl Kernels {
         let mut b = self.stream.launch_builder(&self.embed_gather);
         b.arg(embed).arg(tokens).arg(x).arg(&h);
         // SAFETY: argument list matches the kernel; x holds n·h, tokens n ids < embed rows.
-        unsafe { b.launch(rows_cfg(n)) }
-            .map(drop)
-            .map_err(drv("embed_gather"))
+        unsafe { launch(&mut b, rows_cfg(n), "embed_gather") }
     }
 
     /// `out[i] = rmsnorm(x[i]) · w` for `n` rows of width `h`.
@@ -246,9 +254,7 @@ impl Kernels {
         let mut b = self.stream.launch_builder(&self.rmsnorm);
         b.arg(x).arg(w).arg(out).arg(&h).arg(&eps);
         // SAFETY: argument list matches the kernel; x and out hold n·h floats, w h.
-        unsafe { b.launch(rows_cfg(n)) }
-            .map(drop)
-            .map_err(drv("rmsnorm"))
+        unsafe { launch(&mut b, rows_cfg(n), "rmsnorm") }
     }
 
     /// `out[i] = rmsnorm(x[rows[i]]) · w` for the `n_out` rows listed.
@@ -270,9 +276,7 @@ impl Kernels {
         let mut b = self.stream.launch_builder(&self.rmsnorm_gather);
         b.arg(x).arg(w).arg(out).arg(rows).arg(&h).arg(&eps);
         // SAFETY: argument list matches the kernel; rows index rows of x; out holds n_out·h.
-        unsafe { b.launch(rows_cfg(n_out)) }
-            .map(drop)
-            .map_err(drv("rmsnorm_gather"))
+        unsafe { launch(&mut b, rows_cfg(n_out), "rmsnorm_gather") }
     }
 
     /// `y[n][rows] = x[n][cols] · wᵀ`.
@@ -302,9 +306,7 @@ impl Kernels {
         let mut b = self.stream.launch_builder(&self.matmul_xwt);
         b.arg(x).arg(w).arg(y).arg(&ni).arg(&ri).arg(&ci);
         // SAFETY: argument list matches the kernel; x holds n·cols, w rows·cols, y n·rows.
-        unsafe { b.launch(cfg) }
-            .map(drop)
-            .map_err(drv("matmul_xwt"))
+        unsafe { launch(&mut b, cfg, "matmul_xwt") }
     }
 
     /// RoPE on the first `heads` heads of each of the `n` qkv rows (row width `qkv_w`),
@@ -339,9 +341,7 @@ impl Kernels {
             .arg(&hd)
             .arg(&hf);
         // SAFETY: argument list matches the kernel; positions < table rows (validated).
-        unsafe { b.launch(rows_cfg(n)) }
-            .map(drop)
-            .map_err(drv("rope"))
+        unsafe { launch(&mut b, rows_cfg(n), "rope") }
     }
 
     /// K/V of `n` tokens into their slots of the K plane at `k_off` and V plane at `v_off`.
@@ -377,9 +377,7 @@ impl Kernels {
             .arg(&qd)
             .arg(&kd);
         // SAFETY: argument list matches the kernel; slots < blocks·block_size (validated).
-        unsafe { b.launch(rows_cfg(n)) }
-            .map(drop)
-            .map_err(drv("kv_write"))
+        unsafe { launch(&mut b, rows_cfg(n), "kv_write") }
     }
 
     /// Paged attention of `n` tokens into `out[n][num_heads·head_dim]`.
@@ -434,9 +432,7 @@ impl Kernels {
             .arg(&scale);
         // SAFETY: argument list matches the kernel; every block id read is < num_blocks and
         // every table long enough (validated before the step).
-        unsafe { b.launch(cfg) }
-            .map(drop)
-            .map_err(drv("paged_attention"))
+        unsafe { launch(&mut b, cfg, "paged_attention") }
     }
 
     /// `act[n][f] = silu(gu[:, :f]) · gu[:, f:]`.
@@ -455,9 +451,7 @@ impl Kernels {
         let mut b = self.stream.launch_builder(&self.silu_mul);
         b.arg(gu).arg(act).arg(&t).arg(&fi);
         // SAFETY: argument list matches the kernel; gu holds n·2f, act n·f.
-        unsafe { b.launch(stride_cfg(total)) }
-            .map(drop)
-            .map_err(drv("silu_mul"))
+        unsafe { launch(&mut b, stride_cfg(total), "silu_mul") }
     }
 
     /// `x[..total] += o[..total]`.
@@ -474,9 +468,7 @@ impl Kernels {
         let mut b = self.stream.launch_builder(&self.add_inplace);
         b.arg(x).arg(o).arg(&t);
         // SAFETY: argument list matches the kernel; both hold at least `total` floats.
-        unsafe { b.launch(stride_cfg(total)) }
-            .map(drop)
-            .map_err(drv("add_inplace"))
+        unsafe { launch(&mut b, stride_cfg(total), "add_inplace") }
     }
 
     /// Copies the listed blocks of every plane into `staging` (`[plane][block][block_len]`).
@@ -487,23 +479,8 @@ impl Kernels {
         blocks: &CudaSlice<i32>,
         geo: KvGeometry,
     ) -> Result<(), String> {
-        let total = geo.planes * blocks.len() * geo.block_len;
-        if total == 0 {
-            return Ok(());
-        }
-        let (nb, pl, plen, bl) = geo.args(blocks.len())?;
-        let mut b = self.stream.launch_builder(&self.kv_gather_blocks);
-        b.arg(kv)
-            .arg(staging)
-            .arg(blocks)
-            .arg(&nb)
-            .arg(&pl)
-            .arg(&plen)
-            .arg(&bl);
-        // SAFETY: argument list matches the kernel; staging holds `total`, block ids valid.
-        unsafe { b.launch(stride_cfg(total)) }
-            .map(drop)
-            .map_err(drv("kv_gather_blocks"))
+        let f = &self.kv_gather_blocks;
+        self.kv_blocks(f, "kv_gather_blocks", kv, staging, blocks, geo)
     }
 
     /// The inverse of [`Kernels::kv_gather_blocks`].
@@ -514,23 +491,38 @@ impl Kernels {
         blocks: &CudaSlice<i32>,
         geo: KvGeometry,
     ) -> Result<(), String> {
+        let f = &self.kv_scatter_blocks;
+        self.kv_blocks(f, "kv_scatter_blocks", kv, staging, blocks, geo)
+    }
+
+    /// The launch shared by the gather and the scatter (kernel `func`, called `name`): both
+    /// take `(kv, staging, blocks, nb, planes, plane_len, block_len)` and differ only in which
+    /// of `kv` and `staging` they write.
+    #[allow(clippy::too_many_arguments)]
+    fn kv_blocks<'a, K, S>(
+        &'a self,
+        func: &'a CudaFunction,
+        name: &str,
+        kv: K,
+        staging: S,
+        blocks: &'a CudaSlice<i32>,
+        geo: KvGeometry,
+    ) -> Result<(), String>
+    where
+        LaunchArgs<'a>: PushKernelArg<K> + PushKernelArg<S>,
+    {
         let total = geo.planes * blocks.len() * geo.block_len;
         if total == 0 {
             return Ok(());
         }
         let (nb, pl, plen, bl) = geo.args(blocks.len())?;
-        let mut b = self.stream.launch_builder(&self.kv_scatter_blocks);
-        b.arg(kv)
-            .arg(staging)
-            .arg(blocks)
-            .arg(&nb)
-            .arg(&pl)
-            .arg(&plen)
-            .arg(&bl);
-        // SAFETY: argument list matches the kernel; staging holds `total`, block ids valid.
-        unsafe { b.launch(stride_cfg(total)) }
-            .map(drop)
-            .map_err(drv("kv_scatter_blocks"))
+        let mut b: LaunchArgs<'a> = self.stream.launch_builder(func);
+        b.arg(kv).arg(staging).arg(blocks);
+        // The scalars live only in this call: the builder narrows to their lifetime.
+        let mut b: LaunchArgs<'_> = b;
+        b.arg(&nb).arg(&pl).arg(&plen).arg(&bl);
+        // SAFETY: argument list matches both kernels; staging holds `total`, block ids valid.
+        unsafe { launch(&mut b, stride_cfg(total), name) }
     }
 
     /// Block `src` copied onto block `dst` in every plane.
@@ -550,9 +542,7 @@ impl Kernels {
         let mut b = self.stream.launch_builder(&self.kv_copy_block);
         b.arg(kv).arg(&s).arg(&d).arg(&pl).arg(&plen).arg(&bl);
         // SAFETY: argument list matches the kernel; src, dst < num_blocks (checked by caller).
-        unsafe { b.launch(stride_cfg(total)) }
-            .map(drop)
-            .map_err(drv("kv_copy_block"))
+        unsafe { launch(&mut b, stride_cfg(total), "kv_copy_block") }
     }
 
     /// Waits for the stream and reports any error recorded by an asynchronous call.
