@@ -548,39 +548,35 @@ impl Metrics {
         [self.model_name.as_str()]
     }
 
+    /// Sets the model's series of `g` to `v`.
+    fn set(&self, g: &GaugeVec, v: f64) {
+        g.with_label_values(&self.l()).set(v);
+    }
+
     pub fn set_kv(&self, s: &KvStats) {
         let l = self.l();
-        self.kv_cache_usage_perc
-            .with_label_values(&l)
-            .set(s.usage_ratio);
+        self.set(&self.kv_cache_usage_perc, s.usage_ratio);
         self.kv_blocks_total
             .with_label_values(&l)
             .set(s.num_blocks_total as i64);
         self.kv_blocks_used
             .with_label_values(&l)
             .set(s.num_blocks_used as i64);
-        self.kv_internal_fragmentation
-            .with_label_values(&l)
-            .set(s.internal_fragmentation_ratio);
-        self.kv_reserved_unused
-            .with_label_values(&l)
-            .set(s.reserved_unused_ratio);
-        self.kv_token_occupancy
-            .with_label_values(&l)
-            .set(s.token_occupancy_ratio);
-        self.kv_external_fragmentation
-            .with_label_values(&l)
-            .set(s.external_fragmentation_ratio);
+        self.set(
+            &self.kv_internal_fragmentation,
+            s.internal_fragmentation_ratio,
+        );
+        self.set(&self.kv_reserved_unused, s.reserved_unused_ratio);
+        self.set(&self.kv_token_occupancy, s.token_occupancy_ratio);
+        self.set(
+            &self.kv_external_fragmentation,
+            s.external_fragmentation_ratio,
+        );
     }
 
     pub fn set_queue(&self, running: usize, waiting: usize) {
-        let l = self.l();
-        self.num_requests_running
-            .with_label_values(&l)
-            .set(running as f64);
-        self.num_requests_waiting
-            .with_label_values(&l)
-            .set(waiting as f64);
+        self.set(&self.num_requests_running, running as f64);
+        self.set(&self.num_requests_waiting, waiting as f64);
     }
 
     pub fn inc(&self, c: &CounterVec, by: f64) {
@@ -596,25 +592,18 @@ impl Metrics {
     /// One finished request, as vLLM's `PrometheusStatLogger` records `finished_requests`:
     /// its finish reason, phase times and token counts.
     pub fn observe_finished(&self, finished_reason: &str, f: &FinishedRequest) {
-        let l = self.l();
         self.request_success
             .with_label_values(&[self.model_name.as_str(), finished_reason])
             .inc();
-        self.queue_time.with_label_values(&l).observe(f.queue_s);
-        self.prefill_time.with_label_values(&l).observe(f.prefill_s);
-        self.decode_time.with_label_values(&l).observe(f.decode_s);
-        self.request_prompt_tokens
-            .with_label_values(&l)
-            .observe(f.prompt_tokens as f64);
-        self.request_generation_tokens
-            .with_label_values(&l)
-            .observe(f.generation_tokens as f64);
+        self.observe(&self.queue_time, f.queue_s);
+        self.observe(&self.prefill_time, f.prefill_s);
+        self.observe(&self.decode_time, f.decode_s);
+        self.observe(&self.request_prompt_tokens, f.prompt_tokens as f64);
+        self.observe(&self.request_generation_tokens, f.generation_tokens as f64);
     }
 
     pub fn set_tier(&self, tier: u8) {
-        self.serving_tier
-            .with_label_values(&self.l())
-            .set(f64::from(tier));
+        self.set(&self.serving_tier, f64::from(tier));
     }
     pub fn inc_shed(&self, criticality: &str) {
         self.shed_total
