@@ -63,6 +63,8 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, in the order of the checks that give them (the module's table;
+    /// `checks_run_in_the_documented_order` holds the gate to it).
     pub const ALL: [Outcome; 7] = [
         Outcome::LoopAbort,
         Outcome::FeatureDisabled,
