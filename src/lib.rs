@@ -32,6 +32,7 @@ pub mod patterns;
 pub mod plane;
 pub mod report;
 pub mod serve;
+pub mod share_rounds;
 pub mod slo;
 pub mod store;
 pub mod stream_outbox;

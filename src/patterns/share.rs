@@ -481,57 +481,49 @@ pub struct ShareTask {
 /// reach the others), saving a checkpoint every minute and at the end. The connection is
 /// retried every interval until it succeeds.
 pub async fn run(task: ShareTask, shutdown: impl std::future::Future<Output = ()>) {
-    let op_timeout = Duration::from_secs(2);
-    tokio::pin!(shutdown);
-    let mut ticker = tokio::time::interval(task.interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut cursor = Some(task.cursor);
-    let mut share: Option<PatternShare> = None;
-    let mut failing = false;
-    let mut last_save = tokio::time::Instant::now();
-    loop {
-        let stopping = tokio::select! {
-            () = &mut shutdown => true,
-            _ = ticker.tick() => false,
-        };
-        if share.is_none() {
-            match PatternShare::connect(&task.url, &task.cluster, &task.replica, op_timeout).await {
-                Ok(s) => share = Some(s.with_cursor(cursor.take().unwrap_or_default())),
-                Err(e) => {
-                    if !failing {
-                        tracing::warn!(error = %e, "failure sharing: cannot reach Redis; failures wait until it answers");
-                        failing = true;
-                    }
-                    if stopping {
-                        break;
-                    }
-                    continue;
-                }
-            }
-        }
-        if let Some(s) = share.as_mut() {
-            let now_sec = brownout_protocol::now_ms() / 1000;
-            match s.round(&task.engine, &task.outbox, now_sec).await {
-                Ok(_) => {
-                    if failing {
-                        tracing::info!("failure sharing: Redis answers again");
-                        failing = false;
-                    }
-                }
-                Err(e) => {
-                    if !failing {
-                        tracing::warn!(error = %e, "failure sharing: a round failed; failures are kept and sent later");
-                        failing = true;
-                    }
-                }
-            }
-            if stopping || last_save.elapsed() >= Duration::from_secs(60) {
-                last_save = tokio::time::Instant::now();
-                save_checkpoint(task.store.as_ref(), &s.checkpoint(&task.engine)).await;
-            }
-        }
-        if stopping {
-            break;
+    let logs = crate::share_rounds::RoundLogs {
+        unreachable: "failure sharing: cannot reach Redis; failures wait until it answers",
+        round_failed: "failure sharing: a round failed; failures are kept and sent later",
+        back: "failure sharing: Redis answers again",
+    };
+    let interval = task.interval;
+    let rounds = ShareRounds {
+        cursor: Some(task.cursor.clone()),
+        task,
+        last_save: tokio::time::Instant::now(),
+    };
+    crate::share_rounds::run_rounds(rounds, interval, shutdown, &logs).await;
+}
+
+/// [`run`]'s task: the cursor to continue from (until connected) and the last checkpoint.
+struct ShareRounds {
+    task: ShareTask,
+    cursor: Option<ShareCursor>,
+    last_save: tokio::time::Instant,
+}
+
+impl crate::share_rounds::Sharing for ShareRounds {
+    type Share = PatternShare;
+
+    async fn connect(&mut self) -> anyhow::Result<PatternShare> {
+        let t = &self.task;
+        PatternShare::connect(&t.url, &t.cluster, &t.replica, Duration::from_secs(2))
+            .await
+            .map(|s| s.with_cursor(self.cursor.take().unwrap_or_default()))
+    }
+
+    async fn round(&mut self, s: &mut PatternShare) -> anyhow::Result<()> {
+        let now_sec = brownout_protocol::now_ms() / 1000;
+        s.round(&self.task.engine, &self.task.outbox, now_sec)
+            .await
+            .map(drop)
+    }
+
+    /// A checkpoint every minute and at the end.
+    async fn after(&mut self, s: &mut PatternShare, stopping: bool) {
+        if stopping || self.last_save.elapsed() >= Duration::from_secs(60) {
+            self.last_save = tokio::time::Instant::now();
+            save_checkpoint(self.task.store.as_ref(), &s.checkpoint(&self.task.engine)).await;
         }
     }
 }

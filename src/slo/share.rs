@@ -175,50 +175,42 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     slo.enable_sharing();
-    let op_timeout = Duration::from_secs(2);
-    tokio::pin!(shutdown);
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut share: Option<SloShare> = None;
-    let mut failing = false;
-    loop {
-        let stopping = tokio::select! {
-            () = &mut shutdown => true,
-            _ = ticker.tick() => false,
-        };
-        if share.is_none() {
-            match SloShare::connect(&url, &cluster, &replica, op_timeout).await {
-                Ok(s) => share = Some(s),
-                Err(e) => {
-                    if !failing {
-                        tracing::warn!(error = %e, "SLO counter sharing: cannot reach Redis; counting locally until it answers");
-                        failing = true;
-                    }
-                    if stopping {
-                        break;
-                    }
-                    continue;
-                }
-            }
-        }
-        if let Some(s) = share.as_mut() {
-            match s.round(&slo).await {
-                Ok(_) => {
-                    if failing {
-                        tracing::info!("SLO counter sharing: Redis answers again");
-                        failing = false;
-                    }
-                }
-                Err(e) => {
-                    if !failing {
-                        tracing::warn!(error = %e, "SLO counter sharing: a round failed; deltas are kept and sent later");
-                        failing = true;
-                    }
-                }
-            }
-        }
-        if stopping {
-            break;
-        }
+    let logs = crate::share_rounds::RoundLogs {
+        unreachable: "SLO counter sharing: cannot reach Redis; counting locally until it answers",
+        round_failed: "SLO counter sharing: a round failed; deltas are kept and sent later",
+        back: "SLO counter sharing: Redis answers again",
+    };
+    let rounds = SloRounds {
+        slo,
+        url,
+        cluster,
+        replica,
+    };
+    crate::share_rounds::run_rounds(rounds, interval, shutdown, &logs).await;
+}
+
+/// [`run`]'s task.
+struct SloRounds {
+    slo: SloHandle,
+    url: String,
+    cluster: String,
+    replica: String,
+}
+
+impl crate::share_rounds::Sharing for SloRounds {
+    type Share = SloShare;
+
+    async fn connect(&mut self) -> anyhow::Result<SloShare> {
+        SloShare::connect(
+            &self.url,
+            &self.cluster,
+            &self.replica,
+            Duration::from_secs(2),
+        )
+        .await
+    }
+
+    async fn round(&mut self, s: &mut SloShare) -> anyhow::Result<()> {
+        s.round(&self.slo).await.map(drop)
     }
 }
