@@ -387,6 +387,29 @@ impl CappedStream {
         // byte is closed after the idle timeout.
         self.idle_on != Some(false) && self.idle.as_mut().poll(cx).is_ready()
     }
+
+    /// What a write that returned `r` means here: bytes moved are progress and go to the head
+    /// scan (`written(n)`: the start of them); a pending write past the idle timeout fails.
+    fn after_write<'a>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<std::io::Result<usize>>,
+        written: impl FnOnce(usize) -> &'a [u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match r {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.progressed();
+                    if let Some(w) = self.watch.as_mut() {
+                        w.wrote(written(n));
+                    }
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending if self.idle_expired(cx) => Poll::Ready(Err(idle_error())),
+            other => other,
+        }
+    }
 }
 
 impl Drop for CappedStream {
@@ -424,6 +447,20 @@ impl<S> Watched<S> {
     pub fn get_ref(&self) -> &S {
         &self.io
     }
+
+    /// Shows the head scan what a write that returned `r` wrote (`written(n)`: the start of it).
+    fn after_write<'a>(
+        &mut self,
+        r: Poll<std::io::Result<usize>>,
+        written: impl FnOnce(usize) -> &'a [u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if let Poll::Ready(Ok(n)) = r
+            && let Some(w) = self.watch.0.as_mut()
+        {
+            w.wrote(written(n));
+        }
+        r
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
@@ -443,6 +480,26 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     }
 }
 
+/// The `AsyncWrite` methods both wrappers ([`Watched`], [`CappedStream`]) pass straight to their
+/// `io`: flush, shutdown and whether vectored writes are native. A macro, since these are trait
+/// methods.
+macro_rules! forward_to_io {
+    () => {
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.io).poll_flush(cx)
+        }
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.io).poll_shutdown(cx)
+        }
+        fn is_write_vectored(&self) -> bool {
+            self.io.is_write_vectored()
+        }
+    };
+}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
@@ -450,34 +507,16 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.io).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = r
-            && let Some(w) = self.watch.0.as_mut()
-        {
-            w.wrote(&buf[..n]);
-        }
-        r
+        self.after_write(r, |n| &buf[..n])
     }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
+    forward_to_io!();
     fn poll_write_vectored(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = r
-            && let Some(w) = self.watch.0.as_mut()
-        {
-            w.wrote(first_written(bufs, n));
-        }
-        r
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        self.after_write(r, |n| first_written(bufs, n))
     }
 }
 
@@ -543,51 +582,19 @@ impl AsyncWrite for CappedStream {
         if self.slot.evicted(cx) {
             return Poll::Ready(Err(evicted_error()));
         }
-        match Pin::new(&mut self.io).poll_write(cx, buf) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    self.progressed();
-                    if let Some(w) = self.watch.as_mut() {
-                        w.wrote(&buf[..n]);
-                    }
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Pending if self.idle_expired(cx) => Poll::Ready(Err(idle_error())),
-            other => other,
-        }
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.after_write(cx, r, |n| &buf[..n])
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
+    forward_to_io!();
 
     fn poll_write_vectored(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        match Pin::new(&mut self.io).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    self.progressed();
-                    if let Some(w) = self.watch.as_mut() {
-                        w.wrote(first_written(bufs, n));
-                    }
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Pending if self.idle_expired(cx) => Poll::Ready(Err(idle_error())),
-            other => other,
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.after_write(cx, r, |n| first_written(bufs, n))
     }
 }
 

@@ -332,13 +332,18 @@ mod tests {
     }
 
     async fn serve(tls: Arc<Tls>) -> Server {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
         let limits = ConnLimits {
             header_read_timeout: Duration::from_secs(2),
             ..ConnLimits::default()
         };
-        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok over tls" }));
+        serve_with(tls, limits, "ok over tls").await
+    }
+
+    /// An HTTPS server on a spare loopback port under `limits`, answering `body` at `/`.
+    async fn serve_with(tls: Arc<Tls>, limits: ConnLimits, body: &'static str) -> Server {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let app = axum::Router::new().route("/", axum::routing::get(move || async move { body }));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(crate::serve_https(
             CappedListener::new(l, limits, OverCap::Http503),
@@ -492,24 +497,14 @@ mod tests {
             client_ca: None,
         })
         .unwrap();
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
         let limits = ConnLimits {
             max: 2,
             per_ip: 8,
             header_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(30),
         };
-        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(crate::serve_https(
-            CappedListener::new(l, limits, OverCap::Http503),
-            Some(tls),
-            app,
-            async move {
-                let _ = rx.await;
-            },
-        ));
+        let s = serve_with(tls, limits, "ok").await;
+        let addr = s.addr;
         let mut stalled = Vec::new();
         for _ in 0..2 {
             let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -522,8 +517,7 @@ mod tests {
             assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         }
         drop(stalled);
-        let _ = tx.send(());
-        task.await.unwrap().unwrap();
+        s.stop().await;
         let _ = std::fs::remove_dir_all(&dir);
     }
 
